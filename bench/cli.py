@@ -1,0 +1,111 @@
+"""`zerobench` (= `python -m bench`): run, cells, report."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .matrix import MatrixError
+
+DEFAULT_MATRIX = Path(__file__).parent / "matrices" / "smoke.yaml"
+
+
+def _matrix_arg(p):
+    p.add_argument("matrix", nargs="?", default=None,
+                   help=f"matrix YAML (default: the embedded CPU smoke matrix, {DEFAULT_MATRIX.name})")
+
+
+def _resolve(m: str | None) -> str:
+    return str(DEFAULT_MATRIX) if m is None else m
+
+
+def cmd_cells(args) -> int:
+    from .run import plan
+
+    p = plan(_resolve(args.matrix), args.filter)
+    n_skip = sum(1 for it in p.items if it.skip)
+    print(f"{p.source}: {len(p.items)} cells, {len(p.items) - n_skip} runnable here, {n_skip} skipped")
+    for it in p.items:
+        mark = "run " if it.skip is None else "skip"
+        print(f"  {mark}  {it.cell.id}")
+        if it.skip is not None:
+            print(f"        why: {it.skip.reason}\n        fix: {it.skip.fix}\n        source: {it.skip.source}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from . import report as _  # noqa: F401 - fail early if the report stack is broken
+    from .run import run
+
+    src = _resolve(args.matrix)
+    if args.dry_run:
+        return cmd_cells(args)
+    try:
+        p, results_path, written = run(src, results=args.results, filters=args.filter, resume=args.resume,
+                                       progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print("\nzerobench: interrupted; results so far are saved. Continue with --resume.", file=sys.stderr)
+        return 130
+    print(f"results: {results_path}")
+    if not args.no_report:
+        from .report import write_reports
+
+        out = Path(args.report or (Path("reports") / results_path.stem))
+        paths = write_reports([results_path], out)
+        print("report: " + ", ".join(str(x) for x in paths))
+    bad = [r for r in written if r["status"] not in ("ok", "skipped")]
+    return 1 if (bad and args.strict) else 0
+
+
+def cmd_report(args) -> int:
+    from .report import write_reports
+
+    paths = [Path(p) for p in args.results]
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        print(f"zerobench report: no such results file: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    out = Path(args.output or (Path("reports") / paths[0].stem))
+    written = write_reports(paths, out, formats=args.format)
+    print("report: " + ", ".join(str(x) for x in written))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="zerobench", description="Benchmark and ablate DeepSpeed/PEFT training setups.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="run a matrix: every valid cell in its own process; results appended")
+    _matrix_arg(r)
+    r.add_argument("--dry-run", action="store_true", help="validate and list the cells, run nothing")
+    r.add_argument("--filter", action="append", metavar="REGEX",
+                   help="only cells whose id matches (repeatable: all must match), e.g. --filter zero=3")
+    r.add_argument("--resume", action="store_true", help="skip cells that already have a result in the results file")
+    r.add_argument("--results", metavar="PATH", help="results file (default: results/<matrix name>.jsonl)")
+    r.add_argument("--report", metavar="PATH", help="report path without suffix (default: reports/<results name>)")
+    r.add_argument("--no-report", action="store_true", help="do not write the reports at the end")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar (one line per cell still printed)")
+    r.add_argument("--strict", action="store_true", help="exit 1 if any cell failed (for CI jobs)")
+    r.set_defaults(func=cmd_run)
+
+    c = sub.add_parser("cells", help="list a matrix's cells, with the reason each skipped one is skipped")
+    _matrix_arg(c)
+    c.add_argument("--filter", action="append", metavar="REGEX")
+    c.set_defaults(func=cmd_cells)
+
+    rp = sub.add_parser("report", help="write Markdown (and HTML) reports from results files")
+    rp.add_argument("results", nargs="+", help="results .jsonl files")
+    rp.add_argument("-o", "--output", help="output path without suffix (default: reports/<first results name>)")
+    rp.add_argument("--format", action="append", choices=["md", "html"], help="default: all")
+    rp.set_defaults(func=cmd_report)
+
+    args = ap.parse_args(argv)
+    try:
+        return args.func(args)
+    except MatrixError as e:
+        print(e, file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

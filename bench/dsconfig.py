@@ -1,0 +1,68 @@
+"""Cell -> the exact DeepSpeed config JSON the worker hands to deepspeed.initialize.
+
+Pure data, built in the orchestrator before any process starts, and stored with every result.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .cells import Cell
+
+__all__ = ["build", "OPTIMIZER_SECTIONS", "CLIENT_OPTIMIZERS"]
+
+# DeepSpeed-built optimizers: the "optimizer" section that makes DeepSpeed build each one.
+OPTIMIZER_SECTIONS: dict[str, dict[str, Any]] = {
+    # torch_adam makes DeepSpeed build torch.optim.AdamW instead of its fused kernel: the baseline.
+    "adamw": {"type": "AdamW", "params": {"torch_adam": True, "adam_w_mode": True}},
+    "fusedadam": {"type": "Adam", "params": {"adam_w_mode": True}},
+    # Under ZeRO-Offload DeepSpeed turns "AdamW" into DeepSpeedCPUAdam (rules keep it to offload cells).
+    "cpuadam": {"type": "AdamW", "params": {}},
+    "fusedlamb": {"type": "Lamb", "params": {}},
+    # 1-bit: run uncompressed for freeze_step steps, then compress; keep that inside warmup.
+    "onebitadam": {"type": "OneBitAdam", "params": {"freeze_step": 2, "cuda_aware": False, "comm_backend_name": "nccl"}},
+    "zerooneadam": {"type": "ZeroOneAdam", "params": {"var_freeze_step": 2, "var_update_scaler": 1,
+                                                      "local_step_scaler": 1, "local_step_clipper": 2,
+                                                      "cuda_aware": False, "comm_backend_name": "nccl"}},
+    "onebitlamb": {"type": "OneBitLamb", "params": {"freeze_step": 2, "cuda_aware": False, "comm_backend_name": "nccl"}},
+}
+# Built by the worker and passed to deepspeed.initialize(optimizer=...).
+CLIENT_OPTIMIZERS = ("paged_adamw", "paged_adamw_8bit", "adamw_8bit")
+
+
+def build(cell: Cell) -> dict[str, Any]:
+    """The DeepSpeed config for a generated cell (user ds_config cells are loaded, checked and patched elsewhere)."""
+    zero: dict[str, Any] = {"stage": cell.zero_stage}
+    if cell.zero_stage >= 1:
+        # Overlap and contiguous buffers are DeepSpeed's recommended settings for throughput.
+        zero.update(overlap_comm=cell.zero_stage >= 2, contiguous_gradients=cell.zero_stage >= 2)
+    if cell.offload in ("optimizer", "optimizer+params"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if cell.offload == "optimizer+params":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    if cell.zero_stage == 3:
+        # Gather weights for save: not needed to benchmark, and it costs a full-model gather.
+        zero["stage3_gather_16bit_weights_on_model_save"] = False
+
+    cfg: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": cell.micro_batch,
+        "gradient_accumulation_steps": cell.grad_accum,
+        "gradient_clipping": 1.0,
+        "zero_optimization": zero,
+        "steps_per_print": 10**9,  # DeepSpeed's own step log would interleave with ours
+        "wall_clock_breakdown": False,
+    }
+    if cell.precision == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    elif cell.precision == "fp16":
+        # Dynamic loss scaling; overflow steps are skipped by DeepSpeed and counted by the worker.
+        cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                       "hysteresis": 2, "min_loss_scale": 1}
+    if cell.optimizer in OPTIMIZER_SECTIONS:
+        sec = OPTIMIZER_SECTIONS[cell.optimizer]
+        cfg["optimizer"] = {"type": sec["type"], "params": {"lr": cell.lr, "weight_decay": 0.0, **sec["params"]}}
+    else:
+        # A client optimizer under ZeRO: DeepSpeed refuses "untested" optimizers unless told.
+        cfg["zero_allow_untested_optimizer"] = True
+    if cell.offload != "none" and cell.optimizer == "cpuadam":
+        cfg["zero_force_ds_cpu_optimizer"] = True
+    return cfg

@@ -1,0 +1,235 @@
+"""The child-process protocol, written once.
+
+The parent picks the spec, events and result paths, starts the worker (or torchrun for several
+GPUs) in its own process group with a free rendezvous port, samples its telemetry, enforces the
+wall-clock timeout and a no-progress watchdog, and classifies the end from the exit code, the
+result documents and the log tail. Whatever happens to the cell, an Outcome comes back.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import telemetry
+from .cells import Cell
+from .status import Status
+
+__all__ = ["Outcome", "run_cell", "child_env"]
+
+# Worse outcomes win when ranks disagree.
+_SEVERITY = [Status.OK, Status.DIVERGED, Status.ERROR, Status.TIMEOUT, Status.CUDA_OOM, Status.HOST_OOM,
+             Status.INTERRUPTED]
+_CUDA_OOM_RE = re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory")
+_SIGKILL_RE = re.compile(r"Signal 9 \(SIGKILL\)|exitcode\s*:\s*-9|Killed\b")
+
+
+@dataclass
+class Outcome:
+    status: Status
+    reason: str
+    ranks: list[dict] = field(default_factory=list)  # the worker's result documents, by rank
+    telemetry: dict = field(default_factory=dict)
+    exit_code: int | None = None
+    wall_s: float = 0.0
+    log_tail: str = ""
+    phase_at_end: str | None = None
+    last_step: int | None = None
+    gpu_before: dict = field(default_factory=dict)
+    gpu_after: dict = field(default_factory=dict)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env(base: dict[str, str], *, port: int, gpus: list[int] | None) -> dict[str, str]:
+    env = dict(base)
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1",
+               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env.setdefault("RANK", "0")
+    env.setdefault("LOCAL_RANK", "0")
+    env.setdefault("WORLD_SIZE", "1")
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+    arch = env.get("TORCH_CUDA_ARCH_LIST")
+    if arch:
+        # Images for Hopper set "9.0a"; DeepSpeed's op builder int()s each part and crashes on the
+        # suffix (DeepSpeed issue 7589). Its kernels need no arch-specific features, so drop it.
+        env["TORCH_CUDA_ARCH_LIST"] = re.sub(r"(\d+\.\d+)[a-z]+", r"\1", arch)
+    return env
+
+
+def _command(spec_path: Path, nprocs: int, port: int) -> list[str]:
+    worker = ["-m", "bench.worker", "--spec", str(spec_path)]
+    if nprocs == 1:
+        return [sys.executable, *worker]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nprocs), "--nnodes", "1",
+            "--master_addr", "127.0.0.1", "--master_port", str(port), *worker]
+
+
+def _read_events(path: Path) -> list[dict]:
+    out = []
+    try:
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass  # a line being written when the worker died
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def _tail(path: Path, n: int = 60) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            lines = f.read().decode(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+    except FileNotFoundError:
+        return ""
+
+
+def _kill_tree(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # stragglers in the group, too
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_cell(cell: Cell, ds_config: dict, *, log_path: Path, gpus: list[int] | None, stall_s: float = 600.0,
+             sample_interval_s: float = 0.01, extra_env: dict[str, str] | None = None) -> Outcome:
+    """Run one cell attempt to its end, whatever that end is. Raises KeyboardInterrupt after cleaning up."""
+    work = Path(tempfile.mkdtemp(prefix="zerobench-"))
+    spec_path, events_path = work / "spec.json", work / "events.jsonl"
+    nprocs = cell.gpus if gpus else 1
+    spec = {"cell": cell.to_dict(), "ds_config": ds_config, "events": str(events_path),
+            "result": str(work / "result.rank{rank}.json"), "parent_pid": os.getpid()}
+    spec_path.write_text(json.dumps(spec))
+    port = free_port()
+    env = child_env({**os.environ, **(extra_env or {})}, port=port, gpus=gpus)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    # NVML indexes all GPUs, not the CUDA_VISIBLE_DEVICES view: sample the physical ones.
+    nvml_idx = list(gpus) if gpus else []
+    before = telemetry.gpu_snapshot(nvml_idx)
+    t0 = time.time()
+    killed_for: str | None = None
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(_command(spec_path, nprocs, port), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, env=env, cwd=os.getcwd())
+        sampler = telemetry.Sampler(proc.pid, nvml_idx, sample_interval_s)
+        sampler.start()
+        try:
+            while proc.poll() is None:
+                time.sleep(0.2)
+                now = time.time()
+                if now - t0 > cell.timeout_s:
+                    killed_for = "timeout"
+                elif events_path.exists() and now - events_path.stat().st_mtime > stall_s:
+                    killed_for = "stall"
+                if killed_for:
+                    _kill_tree(proc)
+                    break
+        except KeyboardInterrupt:
+            killed_for = "interrupt"
+            _kill_tree(proc)
+        finally:
+            series = sampler.stop()
+    end_t = time.time()
+    events = _read_events(events_path)
+    phases = [(e["phase"], e["t"]) for e in events if e.get("event") == "phase"]
+    steps = [e for e in events if e.get("event") == "step"]
+    ranks = []
+    for r in range(nprocs):
+        p = work / f"result.rank{r}.json"
+        if p.exists():
+            try:
+                ranks.append(json.loads(p.read_text()))
+            except json.JSONDecodeError:
+                pass
+    out = Outcome(status=Status.ERROR, reason="", ranks=ranks, exit_code=proc.returncode, wall_s=end_t - t0,
+                  log_tail=_tail(log_path), phase_at_end=phases[-1][0] if phases else None,
+                  last_step=steps[-1]["step"] if steps else None, gpu_before=before)
+    out.telemetry = telemetry.summarize(series, phases, end_t)
+    out.status, out.reason = _classify(out, killed_for, cell)
+    out.gpu_after = _wait_gpu_baseline(nvml_idx, before)
+    shutil.rmtree(work, ignore_errors=True)
+    if killed_for == "interrupt":
+        raise KeyboardInterrupt
+    return out
+
+
+def _where(o: Outcome) -> str:
+    s = f"phase {o.phase_at_end or 'start'}"
+    return s + (f", after step {o.last_step}" if o.last_step is not None else "")
+
+
+def _classify(o: Outcome, killed_for: str | None, cell: Cell) -> tuple[Status, str]:
+    if killed_for == "timeout":
+        return Status.TIMEOUT, f"ran past the {cell.timeout_s:g} s limit ({_where(o)})"
+    if killed_for == "stall":
+        return Status.TIMEOUT, f"no progress for too long ({_where(o)}): a hung collective or a stuck rank"
+    if killed_for == "interrupt":
+        return Status.INTERRUPTED, f"stopped by the user ({_where(o)})"
+    if o.ranks:
+        worst = max(o.ranks, key=lambda d: _SEVERITY.index(Status(d.get("status", "error"))))
+        st = Status(worst.get("status", "error"))
+        reason = worst.get("reason", "")
+        if len(o.ranks) < cell.gpus and st is Status.OK:
+            return Status.ERROR, f"only {len(o.ranks)} of {cell.gpus} ranks wrote a result (exit code {o.exit_code})"
+        if st is Status.OK and o.exit_code not in (0, None):
+            return Status.ERROR, f"the worker reported ok but exited with code {o.exit_code}"
+        if len(o.ranks) > 1 and st is not Status.OK:
+            reason = f"rank {worst.get('rank')}: {reason}"
+        return st, reason
+    # No result document: the worker died before it could write one.
+    rss = o.telemetry.get("all", {}).get("host_rss_peak_bytes")
+    if o.exit_code == -signal.SIGKILL or (o.exit_code not in (0, None) and _SIGKILL_RE.search(o.log_tail)):
+        from .env import probe
+
+        total = probe().host_memory_bytes
+        mem = f"; host RSS peak {rss / 2**30:.1f} of {total / 2**30:.1f} GiB" if rss and total else ""
+        return Status.HOST_OOM, f"the worker was SIGKILLed, not by zerobench: the kernel's OOM killer ({_where(o)}{mem})"
+    if _CUDA_OOM_RE.search(o.log_tail):
+        return Status.CUDA_OOM, f"CUDA out of memory ({_where(o)}); see the log tail"
+    if o.exit_code is not None and o.exit_code < 0:
+        return Status.ERROR, f"the worker died of signal {signal.Signals(-o.exit_code).name} ({_where(o)})"
+    last = next((ln for ln in reversed(o.log_tail.splitlines()) if ln.strip()), "")
+    return Status.ERROR, f"the worker exited with code {o.exit_code} without a result ({_where(o)}): {last[-300:]}"
+
+
+def _wait_gpu_baseline(nvml_idx: list[int], before: dict, timeout_s: float = 30.0) -> dict:
+    """Wait until the GPUs are back to their memory before the cell, so the next cell starts clean."""
+    if not nvml_idx:
+        return {}
+    deadline = time.time() + timeout_s
+    snap = telemetry.gpu_snapshot(nvml_idx)
+    while time.time() < deadline:
+        if all(snap[i]["used_bytes"] <= before[i]["used_bytes"] + 512 * 2**20 for i in nvml_idx):
+            break
+        time.sleep(0.5)
+        snap = telemetry.gpu_snapshot(nvml_idx)
+    return snap

@@ -1,0 +1,145 @@
+"""Compatibility rules: which cells cannot run (here, or at all), why, and what to change.
+
+A table, not `if`s in the runner. Each rule names the combination, the reason, the fix and the
+source that makes it true (a DeepSpeed version, an error seen on a real run, an issue). Rules that
+depend on this machine read the Platform (GPUs, installed versions).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .cells import Cell
+from .env import Platform, version_tuple
+
+__all__ = ["Rule", "RULES", "check", "Skip"]
+
+ONEBIT = ("onebitadam", "zerooneadam", "onebitlamb")
+BNB = ("paged_adamw", "paged_adamw_8bit", "adamw_8bit")
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    when: Callable[[Cell, Platform], bool]
+    reason: str
+    fix: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Skip:
+    rule: str
+    reason: str
+    fix: str
+    source: str
+
+    def text(self) -> str:
+        return f"{self.reason} (fix: {self.fix}; source: {self.source})"
+
+
+RULES: tuple[Rule, ...] = (
+    # -- the machine ---------------------------------------------------------------------------
+    Rule("gpus-available",
+         lambda c, p: p.cuda and c.gpus > len(p.gpus),
+         "the cell needs more GPUs than this machine has",
+         "lower gpus, or run it on a larger host",
+         "NVML device count"),
+    Rule("multi-process-needs-cuda",
+         lambda c, p: not p.cuda and c.gpus > 1,
+         "multi-GPU cells need CUDA GPUs",
+         "run with gpus: 1 on CPU",
+         "zerobench launches one rank per GPU"),
+    Rule("fp16-needs-cuda",
+         lambda c, p: not p.cuda and c.precision == "fp16" and c.ds_config is None,
+         "DeepSpeed's CPU accelerator has no fp16 ('Type fp16 is not supported on your device')",
+         "use bf16 or fp32 on CPU",
+         "deepspeed 0.19.6 engine._do_sanity_check; seen on a CPU run (tests/test_rules_evidence.py)"),
+    Rule("lamb-needs-cuda",
+         lambda c, p: not p.cuda and c.optimizer == "fusedlamb",
+         "FusedLamb is a CUDA kernel; DeepSpeed's CPU backend raises 'This op had not been implemented on CPU backend'",
+         "run it on a GPU",
+         "deepspeed 0.19.6 engine._configure_basic_optimizer; seen on a CPU run (tests/test_rules_evidence.py)"),
+    Rule("bnb-needs-cuda",
+         lambda c, p: (c.optimizer in BNB or c.peft == "qlora") and not p.cuda,
+         "bitsandbytes optimizers and 4-bit quantization need a CUDA GPU",
+         "run it on a GPU",
+         "bitsandbytes kernels are CUDA-only in this harness"),
+    Rule("bnb-installed",
+         lambda c, p: (c.optimizer in BNB or c.peft == "qlora") and p.cuda and not p.has("bitsandbytes"),
+         "bitsandbytes is not installed",
+         "pip install 'zerobench[gpu]'",
+         "import bitsandbytes"),
+    # -- DeepSpeed ZeRO ------------------------------------------------------------------------
+    Rule("offload-needs-zero",
+         lambda c, p: c.offload != "none" and c.zero_stage == 0,
+         "optimizer offload needs ZeRO stage 1, 2 or 3 (stage 0 keeps no partitioned optimizer to move)",
+         "set zero_stage >= 1 or offload: none",
+         "DeepSpeed ZeRO-Offload docs (offload_optimizer: stages 1-3)"),
+    Rule("param-offload-needs-zero3",
+         lambda c, p: c.offload == "optimizer+params" and c.zero_stage != 3,
+         "parameter offload exists only at ZeRO stage 3 (only stage 3 partitions parameters)",
+         "set zero_stage: 3 or offload: optimizer",
+         "DeepSpeed config docs (offload_param: stage 3 only)"),
+    Rule("offload-runs-cpuadam",
+         lambda c, p: c.offload != "none" and c.optimizer in ("adamw", "fusedadam") and c.ds_config is None,
+         "with offload DeepSpeed silently replaces Adam/AdamW by DeepSpeedCPUAdam, so this cell would not run {opt}",
+         "use optimizer: cpuadam for offload cells",
+         "deepspeed 0.19.6 engine._configure_basic_optimizer (zero_force_ds_cpu_optimizer)"),
+    Rule("cpuadam-needs-offload",
+         lambda c, p: c.optimizer == "cpuadam" and c.offload == "none" and c.ds_config is None,
+         "DeepSpeed builds DeepSpeedCPUAdam only for ZeRO-Offload; without offload it builds FusedAdam",
+         "use optimizer: fusedadam, or offload: optimizer",
+         "deepspeed 0.19.6 engine._configure_basic_optimizer; seen on a CPU run"),
+    Rule("offload-optimizer-kind",
+         lambda c, p: c.offload != "none" and c.optimizer in ("fusedlamb", *ONEBIT, *BNB),
+         "ZeRO-Offload runs the optimizer step on the CPU with DeepSpeedCPUAdam; {opt} has no CPU step",
+         "use optimizer: cpuadam with offload",
+         "DeepSpeed ZeRO-Offload docs"),
+    # -- 1-bit optimizers ----------------------------------------------------------------------
+    Rule("onebit-removed",
+         lambda c, p: c.optimizer in ONEBIT and version_tuple(p.versions.get("deepspeed")) >= (0, 19, 7),
+         "DeepSpeed {ds} removed OneBitAdam, ZeroOneAdam and OneBitLamb",
+         "pip install deepspeed==0.19.6",
+         "deepspeed 0.19.7 release ('OneBitAdam is not a supported DeepSpeed Optimizer')"),
+    Rule("onebit-needs-fp16-zero0",
+         lambda c, p: c.optimizer in ONEBIT and (c.precision != "fp16" or c.zero_stage != 0),
+         "the 1-bit optimizers run only with fp16 at ZeRO stage 0",
+         "set precision: fp16 and zero_stage: 0",
+         "DeepSpeed 1-bit Adam tutorial; deepspeed/runtime/fp16/onebit"),
+    Rule("onebit-needs-cuda",
+         lambda c, p: c.optimizer in ONEBIT and not p.cuda,
+         "the 1-bit optimizers compress with cupy over NCCL (CPU run: 'No module named cupy')",
+         "run them on a GPU host with cupy",
+         "seen on a CPU run (tests/test_rules_evidence.py)"),
+    Rule("onebit-no-peft",
+         lambda c, p: c.optimizer in ONEBIT and c.peft != "none",
+         "the 1-bit optimizers' error feedback assumes every parameter trains",
+         "use peft: none with 1-bit optimizers",
+         "DeepSpeed 1-bit Adam tutorial (full-model training only)"),
+    # -- PEFT ----------------------------------------------------------------------------------
+    Rule("qlora-no-fp32",
+         lambda c, p: c.peft == "qlora" and c.precision == "fp32",
+         "QLoRA computes in bf16 or fp16 over 4-bit weights",
+         "set precision: bf16",
+         "QLoRA paper; bitsandbytes compute dtype"),
+    Rule("qlora-no-param-offload",
+         lambda c, p: c.peft == "qlora" and c.offload == "optimizer+params",
+         "ZeRO-3 parameter offload cannot move bitsandbytes 4-bit parameters",
+         "use offload: none or optimizer",
+         "bitsandbytes Params4bit is not a plain tensor DeepSpeed can page"),
+    Rule("hf-trainer-no-bnb-offload",
+         lambda c, p: c.engine == "hf_trainer" and c.optimizer in ONEBIT,
+         "the HF Trainer path builds its optimizer from the DeepSpeed config; 1-bit needs the DeepSpeed loop",
+         "use engine: deepspeed",
+         "transformers integrations/deepspeed.py"),
+)
+
+
+def check(cell: Cell, platform: Platform) -> Skip | None:
+    """The first rule that stops this cell, or None if it can run."""
+    for rule in RULES:
+        if rule.when(cell, platform):
+            reason = rule.reason.format(opt=cell.optimizer, ds=platform.versions.get("deepspeed"))
+            return Skip(rule.name, reason, rule.fix, rule.source)
+    return None

@@ -1,0 +1,142 @@
+"""Parent-side sampling of the worker's process tree: host RSS and, where NVML exists, GPU memory
+(device and per process), utilisation, power and energy.
+
+It runs in the orchestrator, not in the worker, so it costs the measured step nothing (no GIL
+contention, no CUDA context). The worker's events file gives the phase boundaries; samples are
+split by phase afterwards, so each phase has its own peaks.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+__all__ = ["Sampler", "gpu_snapshot", "nvml_available"]
+
+
+def _nvml():
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:  # no library or no driver: a CPU machine
+        return None
+
+
+def nvml_available() -> bool:
+    return _nvml() is not None
+
+
+def gpu_snapshot(indices: list[int]) -> dict:
+    """Used memory and compute processes per GPU, to check the GPU is back to baseline between cells."""
+    nv = _nvml()
+    if nv is None:
+        return {}
+    out = {}
+    for i in indices:
+        h = nv.nvmlDeviceGetHandleByIndex(i)
+        procs = [(p.pid, int(p.usedGpuMemory or 0)) for p in nv.nvmlDeviceGetComputeRunningProcesses(h)]
+        out[i] = {"used_bytes": int(nv.nvmlDeviceGetMemoryInfo(h).used), "procs": procs}
+    return out
+
+
+@dataclass
+class Series:
+    t: list[float] = field(default_factory=list)
+    rss: list[int] = field(default_factory=list)
+    gpu_used: list[list[int]] = field(default_factory=list)  # per sample, per GPU
+    gpu_proc: list[list[int]] = field(default_factory=list)  # our tree's memory per GPU
+    slow_t: list[float] = field(default_factory=list)
+    util: list[list[int]] = field(default_factory=list)
+    power_w: list[list[float]] = field(default_factory=list)
+    energy_j: list[list[float]] = field(default_factory=list)
+
+
+class Sampler(threading.Thread):
+    """Sample every `interval_s`; process list, utilisation, power and energy every tenth tick."""
+
+    def __init__(self, root_pid: int, gpu_indices: list[int], interval_s: float = 0.01):
+        super().__init__(name="zerobench-telemetry", daemon=True)
+        self.root_pid = root_pid
+        self.interval = interval_s
+        self.nv = _nvml() if gpu_indices else None
+        self.handles = [self.nv.nvmlDeviceGetHandleByIndex(i) for i in gpu_indices] if self.nv else []
+        self.series = Series()
+        self._halt = threading.Event()
+        self._procs: dict[int, psutil.Process] = {}
+        self._proc_gpu = [0] * len(self.handles)
+
+    def _refresh_tree(self) -> None:
+        try:
+            root = psutil.Process(self.root_pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return
+        self._procs = {p.pid: self._procs.get(p.pid, p) for p in tree}
+
+    def run(self) -> None:
+        tick = 0
+        while not self._halt.is_set():
+            if tick % 10 == 0:
+                self._refresh_tree()
+            rss = 0
+            for p in list(self._procs.values()):
+                try:
+                    rss += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            s = self.series
+            now = time.time()
+            s.t.append(now)
+            s.rss.append(rss)
+            if self.nv:
+                nv = self.nv
+                s.gpu_used.append([int(nv.nvmlDeviceGetMemoryInfo(h).used) for h in self.handles])
+                if tick % 10 == 0:
+                    pids = set(self._procs)
+                    self._proc_gpu = [sum(int(p.usedGpuMemory or 0) for p in nv.nvmlDeviceGetComputeRunningProcesses(h)
+                                          if p.pid in pids) for h in self.handles]
+                    s.slow_t.append(now)
+                    s.util.append([int(nv.nvmlDeviceGetUtilizationRates(h).gpu) for h in self.handles])
+                    s.power_w.append([nv.nvmlDeviceGetPowerUsage(h) / 1000.0 for h in self.handles])
+                    s.energy_j.append([nv.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0 for h in self.handles])
+                s.gpu_proc.append(list(self._proc_gpu))
+            tick += 1
+            self._halt.wait(self.interval)
+
+    def stop(self) -> Series:
+        self._halt.set()
+        self.join(timeout=5)
+        return self.series
+
+
+def summarize(series: Series, phases: list[tuple[str, float]], end_t: float) -> dict:
+    """Peaks per phase and for the whole cell. phases: (name, start time) in order."""
+    bounds = [(name, start, phases[i + 1][1] if i + 1 < len(phases) else end_t) for i, (name, start) in enumerate(phases)]
+    out: dict = {"samples": len(series.t), "nvml": bool(series.gpu_used)}
+    out["all"] = _window(series, 0.0, float("inf"))
+    out["phases"] = {name: _window(series, a, b) for name, a, b in bounds if name not in ("exit",)}
+    return out
+
+
+def _window(s: Series, a: float, b: float) -> dict:
+    idx = [i for i, t in enumerate(s.t) if a <= t < b]
+    w: dict = {"host_rss_peak_bytes": max((s.rss[i] for i in idx), default=None), "duration_s": None}
+    if idx:
+        w["duration_s"] = s.t[idx[-1]] - s.t[idx[0]]
+    if s.gpu_used and idx:
+        per_gpu_used = [max(s.gpu_used[i][g] for i in idx) for g in range(len(s.gpu_used[0]))]
+        per_gpu_proc = [max(s.gpu_proc[i][g] for i in idx) for g in range(len(s.gpu_proc[0]))]
+        w.update(nvml_used_peak_bytes=max(per_gpu_used), nvml_used_peak_per_gpu=per_gpu_used,
+                 nvml_proc_peak_bytes=max(per_gpu_proc), nvml_proc_peak_per_gpu=per_gpu_proc,
+                 nvml_proc_peak_total_bytes=sum(per_gpu_proc))
+        sl = [i for i, t in enumerate(s.slow_t) if a <= t < b]
+        if sl:
+            w["gpu_util_mean_pct"] = sum(sum(s.util[i]) / len(s.util[i]) for i in sl) / len(sl)
+            w["power_mean_w"] = sum(sum(s.power_w[i]) for i in sl) / len(sl)
+            if len(sl) >= 2:
+                w["energy_j"] = sum(s.energy_j[sl[-1]]) - sum(s.energy_j[sl[0]])
+    return w

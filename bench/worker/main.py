@@ -1,0 +1,115 @@
+"""Worker entry: read the spec, train, write one result document per rank, exit.
+
+Exit code 0 means the cell ran to its end (status ok or diverged); 1 means a recorded failure
+(the result document says which); anything else means the worker could not even write its result,
+and the parent classifies the end from the exit code and the log tail.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+from .events import Events, watch_parent, write_result
+
+# Faults the test suite injects into a real worker to check that the parent classifies each end
+# right (ZEROBENCH_FAULT=kind[@step]). Never set in a benchmark run; recorded in the result if set.
+FAULTS = ("hang", "sigkill", "raise", "nan", "exit")
+
+
+def _fault() -> tuple[str | None, int]:
+    raw = os.environ.get("ZEROBENCH_FAULT", "")
+    if not raw:
+        return None, -1
+    kind, _, step = raw.partition("@")
+    if kind not in FAULTS:
+        raise SystemExit(f"ZEROBENCH_FAULT={raw!r}: kind must be one of {FAULTS}")
+    return kind, int(step or 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.worker")
+    ap.add_argument("--spec", required=True, help="spec JSON written by the orchestrator")
+    args = ap.parse_args(argv)
+    t_start = time.time()
+    # The parent stops a cell with SIGTERM (timeout, Ctrl-C): unwind so the result says so.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    with open(args.spec) as f:
+        spec = json.load(f)
+    rank = int(os.environ.get("RANK", "0"))
+    watch_parent(spec.get("parent_pid"))
+    events = Events(spec.get("events"), enabled=rank == 0)
+    events.phase("import")
+    result_path = spec["result"].format(rank=rank)
+    doc: dict = {"rank": rank, "world_size": int(os.environ.get("WORLD_SIZE", "1")), "status": "error", "reason": "",
+                 "t_start": t_start}
+    fault = _fault()
+    if fault[0]:
+        doc["fault_injected"] = f"{fault[0]}@{fault[1]}"
+    code = 1
+    try:
+        from . import train
+
+        train.run(spec, doc, events, fault)
+        code = 0 if doc["status"] in ("ok", "diverged") else 1
+    except BaseException as e:  # noqa: BLE001 - every failure becomes data in the result document
+        _classify_exception(e, doc)
+        code = 1
+    finally:
+        doc["t_end"] = time.time()
+        events.phase("exit")
+        write_result(result_path, doc)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+def _classify_exception(e: BaseException, doc: dict) -> None:
+    tb = "".join(traceback.format_exception(e))
+    doc["traceback"] = tb[-8000:]
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    if _is_cuda_oom(e):
+        doc["status"] = "cuda_oom"
+        doc["reason"] = f"CUDA out of memory in phase {doc.get('phase', '?')}: {msg[:400]}"
+        doc["allocator_at_failure"] = _allocator_state()
+    elif isinstance(e, KeyboardInterrupt):
+        doc["status"] = "interrupted"
+        doc["reason"] = "interrupted"
+    else:
+        doc["status"] = "error"
+        doc["reason"] = f"{type(e).__name__} in phase {doc.get('phase', '?')}: {msg[:600]}"
+
+
+def _is_cuda_oom(e: BaseException) -> bool:
+    try:
+        import torch
+
+        if isinstance(e, torch.OutOfMemoryError):
+            return True
+    except ImportError:
+        pass
+    s = str(e)
+    return "CUDA out of memory" in s or "CUDA error: out of memory" in s or "CUBLAS_STATUS_ALLOC_FAILED" in s
+
+
+def _allocator_state() -> dict | None:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        st = torch.cuda.memory_stats()
+        free, total = torch.cuda.mem_get_info()
+        keys = ("allocated_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.current",
+                "reserved_bytes.all.peak", "num_alloc_retries", "num_ooms", "inactive_split_bytes.all.current")
+        out = {k: st.get(k) for k in keys}
+        out.update(device_free_bytes=free, device_total_bytes=total)
+        return out
+    except Exception as e:  # noqa: BLE001 - best effort while already failing
+        return {"error": repr(e)}
+
+

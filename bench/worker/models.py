@@ -1,0 +1,82 @@
+"""Model presets built from their config with random weights, directly on the target device and dtype.
+
+No downloads: a preset is a shape. A local Hugging Face directory may be given instead.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+import torch
+
+__all__ = ["PRESETS", "config_for", "build"]
+
+_LLAMA = dict(model_type="llama", hidden_act="silu", rms_norm_eps=1e-5, tie_word_embeddings=False, use_cache=False)
+PRESETS: dict[str, dict[str, Any]] = {
+    # CPU/CI: seconds per cell on 2 cores, still a real Llama block (RoPE, GQA, SwiGLU, RMSNorm).
+    "llama-tiny": dict(_LLAMA, hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, vocab_size=2048, max_position_embeddings=2048),
+    # TinyLlama-1.1B shape.
+    "llama-1b": dict(_LLAMA, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+                     num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048),
+    # Llama-2-7B and -13B shapes.
+    "llama-7b": dict(_LLAMA, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                     num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096),
+    "llama-13b": dict(_LLAMA, hidden_size=5120, intermediate_size=13824, num_hidden_layers=40, num_attention_heads=40,
+                      num_key_value_heads=40, vocab_size=32000, max_position_embeddings=4096),
+}
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def config_for(model: str, attn: str):
+    from transformers import AutoConfig, LlamaConfig
+
+    if model in PRESETS:
+        cfg = LlamaConfig(**{k: v for k, v in PRESETS[model].items() if k != "model_type"})
+    else:
+        cfg = AutoConfig.from_pretrained(model, local_files_only=True)
+    cfg._attn_implementation = attn
+    cfg.use_cache = False
+    return cfg
+
+
+def build(model: str, attn: str, dtype: torch.dtype, device: torch.device, zero3_init: contextlib.AbstractContextManager | None):
+    """Build the model. Presets get random weights made in `dtype` on `device` (no fp32 transient, no copy)."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = config_for(model, attn)
+    ctx = zero3_init if zero3_init is not None else torch.device(device)
+    if model in PRESETS:
+        # Make weights in the target dtype directly: a 7B in fp32 then cast would briefly need 2x the memory.
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            with ctx:
+                m = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn)
+        finally:
+            torch.set_default_dtype(old)
+    else:
+        with ctx:
+            m = AutoModelForCausalLM.from_pretrained(model, local_files_only=True, dtype=dtype, attn_implementation=attn)
+    m.config.use_cache = False
+    return m
+
+
+def count_params(model) -> dict[str, int]:
+    """Total, trainable, and the input-embedding count (which does no matmul FLOPs). ZeRO-3 aware."""
+    total = trainable = embed = 0
+    emb = model.get_input_embeddings()
+    emb_ids = {id(p) for p in emb.parameters()} if emb is not None else set()
+    for p in model.parameters():
+        n = getattr(p, "ds_numel", None) or p.numel()
+        total += n
+        if p.requires_grad:
+            trainable += n
+        if id(p) in emb_ids:
+            embed += n
+    return {"params_total": total, "params_trainable": trainable, "params_embedding": embed}
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0", "false")
