@@ -73,8 +73,10 @@ class Cell:
     peft: str = "none"
     engine: str = "deepspeed"
     ds_config: str | None = None
-    """Path of a user-supplied DeepSpeed JSON, used instead of the generated one (ZeRO/offload/precision
-    axes then describe it rather than produce it)."""
+    """Path of a user-supplied DeepSpeed JSON, used instead of the generated one (the ZeRO, offload,
+    precision and optimizer fields then describe that file rather than produce it)."""
+    ds_config_sha: str | None = None
+    """Content hash of that file, so an edited file is a different cell."""
     # fixed settings
     model: str = "llama-tiny"
     """A preset name (llama-tiny, llama-1b, llama-7b, llama-13b) or a local Hugging Face directory."""

@@ -22,7 +22,7 @@ def _resolve(m: str | None) -> str:
 def cmd_cells(args) -> int:
     from .run import plan
 
-    p = plan(_resolve(args.matrix), args.filter)
+    p = plan(_resolve(args.matrix), args.filter, ds_configs=getattr(args, "ds_config", None))
     n_skip = sum(1 for it in p.items if it.skip)
     print(f"{p.source}: {len(p.items)} cells, {len(p.items) - n_skip} runnable here, {n_skip} skipped")
     for it in p.items:
@@ -42,7 +42,7 @@ def cmd_run(args) -> int:
         return cmd_cells(args)
     try:
         p, results_path, written = run(src, results=args.results, filters=args.filter, resume=args.resume,
-                                       progress=not args.no_progress)
+                                       progress=not args.no_progress, ds_configs=args.ds_config)
     except KeyboardInterrupt:
         print("\nzerobench: interrupted; results so far are saved. Continue with --resume.", file=sys.stderr)
         return 130
@@ -86,11 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--no-report", action="store_true", help="do not write the reports at the end")
     r.add_argument("--no-progress", action="store_true", help="no progress bar (one line per cell still printed)")
     r.add_argument("--strict", action="store_true", help="exit 1 if any cell failed (for CI jobs)")
+    r.add_argument("--ds-config", nargs="+", metavar="JSON",
+                   help="run these DeepSpeed config files as cells (checked first: misplaced keys are errors)")
     r.set_defaults(func=cmd_run)
 
     c = sub.add_parser("cells", help="list a matrix's cells, with the reason each skipped one is skipped")
     _matrix_arg(c)
     c.add_argument("--filter", action="append", metavar="REGEX")
+    c.add_argument("--ds-config", nargs="+", metavar="JSON", help="list these DeepSpeed config files as cells")
     c.set_defaults(func=cmd_cells)
 
     rp = sub.add_parser("report", help="write Markdown (and HTML) reports from results files")

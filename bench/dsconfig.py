@@ -30,7 +30,12 @@ CLIENT_OPTIMIZERS = ("paged_adamw", "paged_adamw_8bit", "adamw_8bit")
 
 
 def build(cell: Cell) -> dict[str, Any]:
-    """The DeepSpeed config for a generated cell (user ds_config cells are loaded, checked and patched elsewhere)."""
+    """The DeepSpeed config for a cell: generated from its axes, or the user's file (checked, with
+    HF-style "auto" batch sizes filled from the cell)."""
+    if cell.ds_config:
+        from . import dscheck
+
+        return dscheck.resolve(dscheck.load(cell.ds_config), micro_batch=cell.micro_batch, grad_accum=cell.grad_accum)
     zero: dict[str, Any] = {"stage": cell.zero_stage}
     if cell.zero_stage >= 1:
         # Overlap and contiguous buffers are DeepSpeed's recommended settings for throughput.

@@ -270,8 +270,10 @@ def _dedupe(problems: list[Problem]) -> list[Problem]:
     return out
 
 
-def loads(text: str, file: str = "<matrix>") -> Matrix:
-    """Parse and validate a matrix from YAML text; raise MatrixError listing every problem."""
+def loads(text: str, file: str = "<matrix>", ds_configs: list[str] | None = None) -> Matrix:
+    """Parse and validate a matrix from YAML text; raise MatrixError listing every problem.
+
+    ds_configs (from `zerobench run --ds-config`) replaces the ds_config axis."""
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -281,6 +283,9 @@ def loads(text: str, file: str = "<matrix>") -> Matrix:
                                    "check indentation and quoting near that line", line)]) from None
     if raw is None:
         raw = {}
+    if ds_configs and isinstance(raw, dict):
+        axes = raw.get("axes") if isinstance(raw.get("axes"), dict) else {}
+        raw = {**raw, "axes": {**axes, "ds_config": list(ds_configs)}}
     if not isinstance(raw, dict):
         raise MatrixError([Problem(file, "", f"expected a mapping of settings, got {type(raw).__name__}",
                                    "see matrices/smoke.yaml for the layout")])
@@ -298,11 +303,11 @@ def loads(text: str, file: str = "<matrix>") -> Matrix:
     return m
 
 
-def load(path: str | os.PathLike) -> Matrix:
+def load(path: str | os.PathLike, ds_configs: list[str] | None = None) -> Matrix:
     p = Path(path)
     if not p.is_file():
         raise MatrixError([Problem(str(path), "", "no such matrix file", "give a path such as matrices/smoke.yaml")])
-    return loads(p.read_text(), str(path))
+    return loads(p.read_text(), str(path), ds_configs)
 
 
 def _path_problems(raw: dict, file: str, lines: dict) -> list[Problem]:
@@ -325,12 +330,20 @@ def _path_problems(raw: dict, file: str, lines: dict) -> list[Problem]:
 
 def _semantic_problems(m: Matrix, file: str, lines: dict) -> list[Problem]:
     """Checks that need the whole file (cross-field) or the file system."""
+    from . import dscheck
+
     out = _path_problems(m.model_dump(), file, lines)
-    base = Path(file).parent
     for i, path in enumerate(m.axes.ds_config):
-        if path is not None and not (Path(path).is_file() or (base / path).is_file()):
+        if path is None:
+            continue
+        if not Path(path).is_file():
             out.append(Problem(file, f"axes.ds_config[{i}]", f"no such file {path!r}",
                                "paths are relative to the current directory", lines.get(("axes", "ds_config", i))))
+            continue
+        try:
+            dscheck.load(path)  # a user config is checked, not trusted: DeepSpeed ignores misplaced keys
+        except MatrixError as e:
+            out += e.problems
     for i, pick in enumerate(m.exclude):
         if not any(_matches(c, pick) for c in _cross(m)):
             out.append(Problem(file, f"exclude[{i}]", "matches no cell of the matrix",
@@ -351,6 +364,18 @@ def _cross(m: Matrix) -> list[dict]:
     return combos
 
 
+def _described(path: str, optimizer: str) -> dict:
+    """A user config's own ZeRO stage, offload, precision and optimizer replace the crossed axes."""
+    import hashlib
+
+    from . import dscheck
+
+    d = dscheck.describe(dscheck.load(path))
+    return {"zero_stage": d["zero_stage"], "offload": d["offload"], "precision": d["precision"],
+            "optimizer": d["optimizer"] or optimizer,
+            "ds_config_sha": hashlib.sha256(Path(path).read_bytes()).hexdigest()[:10]}
+
+
 def _matches(combo: dict, pick: Pick) -> bool:
     return all(combo[k] in vals for k, vals in pick.values().items())
 
@@ -368,6 +393,8 @@ def expand(m: Matrix) -> list[Cell]:
     for combo in _cross(m):
         if any(_matches(combo, pick) for pick in m.exclude):
             continue
+        if combo["ds_config"] is not None:
+            combo = {**combo, **_described(combo["ds_config"], combo["optimizer"])}
         peft = combo["peft"]
         cell = Cell(**combo, **fixed, lora=lora if peft != "none" else None, qlora=qlora if peft == "qlora" else None)
         if cell.hash not in seen:

@@ -9,11 +9,24 @@ from collections.abc import Iterable
 
 from .store import read
 
-__all__ = ["load", "latest", "records_to_frame", "AXIS_COLUMNS"]
+__all__ = ["load", "latest", "records_to_frame", "AXIS_COLUMNS", "METRIC_COLUMNS", "MEMORY_COLUMNS",
+           "PEAK_MEMORY_SOURCES"]
 
 AXIS_COLUMNS = ["zero_stage", "offload", "precision", "grad_ckpt", "optimizer", "peft", "engine", "ds_config"]
 _CELL_COLUMNS = AXIS_COLUMNS + ["model", "seq_len", "micro_batch", "grad_accum", "gpus", "warmup_steps",
-                                "measured_steps", "seed", "data"]
+                                "measured_steps", "seed", "data", "lr", "attn"]
+
+# Always present (NaN where a record lacks them: skipped cells, CPU runs without NVML or a CUDA
+# allocator), so notebooks and the reports can index them without checking first.
+METRIC_COLUMNS = ["tokens_per_s", "samples_per_s", "step_time_median_s", "step_time_p90_s", "tflops_per_gpu",
+                  "mfu", "hfu", "loss_first", "loss_final"]
+MEMORY_COLUMNS = ["nvml_proc_peak_bytes", "nvml_used_peak_bytes", "torch_max_reserved_bytes",
+                  "torch_max_allocated_bytes", "host_rss_peak_bytes"]
+
+# `peak_memory_bytes` is the first of these a row has: the device figure that decides whether a cell
+# fits (NVML sees the CUDA context and NCCL buffers the allocator does not), else host RSS (CPU runs).
+PEAK_MEMORY_SOURCES = {"nvml_proc_peak_bytes": "nvml", "torch_max_reserved_bytes": "torch_reserved",
+                       "host_rss_peak_bytes": "host_rss"}
 
 
 def _row(rec: dict) -> dict:
@@ -50,7 +63,20 @@ def _row(rec: dict) -> dict:
     row["git_dirty"] = prov.get("git_dirty")
     for lib in ("torch", "deepspeed", "transformers", "peft", "bitsandbytes"):
         row[f"{lib}_version"] = versions.get(lib)
-    row["skip_rule"] = (rec.get("skip") or {}).get("rule")
+    skip = rec.get("skip") or {}
+    row["skip_rule"] = skip.get("rule")
+    row["skip_fix"] = skip.get("fix")
+    row["skip_source"] = skip.get("source")
+    row["exit_code"] = rec.get("exit_code")
+    row["phase_at_end"] = rec.get("phase_at_end")
+    gpus = prov.get("gpus") or []
+    row["gpu_memory_bytes"] = gpus[0].get("memory_bytes") if gpus and isinstance(gpus[0], dict) else None
+    row["gpu_driver"] = prov.get("driver")
+    row["cuda_version"] = versions.get("cuda")
+    row["os"] = prov.get("os")
+    row["python_version"] = prov.get("python")
+    row["cpu"] = prov.get("cpu")
+    row["host_memory_bytes"] = prov.get("host_memory_bytes")
     row["losses"] = rec.get("losses")
     row["step_times_s"] = rec.get("step_times_s")
     return row
@@ -64,6 +90,16 @@ def records_to_frame(records: Iterable[dict]):
     for col in ("started_at", "ended_at"):
         if col in df:
             df[col] = pd.to_datetime(df[col], utc=True, format="ISO8601")
+    for col in METRIC_COLUMNS + MEMORY_COLUMNS:
+        df[col] = pd.to_numeric(df[col], errors="coerce") if col in df else float("nan")
+    peak = pd.Series(float("nan"), index=df.index)
+    source = pd.Series(None, index=df.index, dtype=object)
+    for col, name in PEAK_MEMORY_SOURCES.items():
+        take = peak.isna() & df[col].notna()
+        peak[take] = df.loc[take, col]
+        source[take] = name
+    df["peak_memory_bytes"] = peak
+    df["peak_memory_source"] = source
     return df
 
 

@@ -50,9 +50,12 @@ def select(cells: list[Cell], filters: list[str] | None) -> list[Cell]:
     return cells
 
 
-def plan(matrix_path: str, filters: list[str] | None = None, platform: env.Platform | None = None) -> Plan:
-    """Load, validate and expand a matrix, and decide for each cell: run (with its config) or skip (why)."""
-    m = matrix.load(matrix_path)
+def plan(matrix_path: str, filters: list[str] | None = None, platform: env.Platform | None = None,
+         ds_configs: list[str] | None = None) -> Plan:
+    """Load, validate and expand a matrix, and decide for each cell: run (with its config) or skip (why).
+
+    ds_configs replaces the matrix's ds_config axis with these user DeepSpeed files."""
+    m = matrix.load(matrix_path, ds_configs=ds_configs)
     platform = platform or env.probe()
     items = []
     for cell in select(matrix.expand(m), filters):
@@ -140,9 +143,9 @@ def _line(i: int, n: int, rec: dict) -> str:
 
 def run(matrix_path: str, *, results: str | None = None, filters: list[str] | None = None, resume: bool = False,
         logs_dir: str | None = None, progress: bool = True, extra_env: dict[str, str] | None = None,
-        printer=print) -> tuple[Plan, Path, list[dict]]:
+        ds_configs: list[str] | None = None, printer=print) -> tuple[Plan, Path, list[dict]]:
     """Run a matrix; return the plan, the results path and the records written by this call."""
-    p = plan(matrix_path, filters)
+    p = plan(matrix_path, filters, ds_configs=ds_configs)
     results_path = Path(results) if results else default_results_path(p)
     store = Store(results_path)
     logs = Path(logs_dir) if logs_dir else results_path.parent / "logs" / results_path.stem
@@ -166,6 +169,7 @@ def run(matrix_path: str, *, results: str | None = None, filters: list[str] | No
     if resume and len(todo) < len(p.items):
         printer(f"resume: {len(p.items) - len(todo)} of {len(p.items)} cells already have a result in {results_path}")
 
+    _prebuild([it for it in todo if it.skip is None], logs, extra_env, printer)
     prog = _Progress(len(todo), enabled=progress, printer=printer)
     t_run = time.time()
     try:
@@ -212,6 +216,30 @@ def run(matrix_path: str, *, results: str | None = None, filters: list[str] | No
     finally:
         prog.close(time.time() - t_run)
     return p, results_path, written
+
+
+# DeepSpeed JIT op builders each optimizer needs (compiled on first use, ~30-60 s each).
+_OPS = {"fusedadam": "FusedAdamBuilder", "cpuadam": "CPUAdamBuilder", "fusedlamb": "FusedLambBuilder"}
+
+
+def _prebuild(items: list[Planned], logs: Path, extra_env: dict | None, printer) -> None:
+    """Build the ops the matrix needs once, up front, so no cell's setup time includes a compile."""
+    import subprocess
+    import sys
+
+    ops = sorted({_OPS[it.cell.optimizer] for it in items if it.cell.optimizer in _OPS})
+    if not ops:
+        return
+    logs.mkdir(parents=True, exist_ok=True)
+    log = logs / "prebuild.log"
+    printer(f"building DeepSpeed ops once for this run: {', '.join(ops)} (log: {log})")
+    env_ = launch.child_env({**os.environ, **(extra_env or {})}, port=launch.free_port(), gpus=None)
+    t0 = time.time()
+    with open(log, "w") as f:
+        r = subprocess.run([sys.executable, "-m", "bench.worker", "--prebuild", *ops], stdout=f,
+                           stderr=subprocess.STDOUT, env=env_, timeout=1800)
+    status = "done" if r.returncode == 0 else "some failed (the cells that need them will say why)"
+    printer(f"ops {status} in {time.time() - t0:.0f} s")
 
 
 class _Progress:

@@ -1,72 +1,183 @@
-"""Markdown report (GitHub-flavoured) from a results DataFrame."""
+"""Markdown report for pull-request comments: GitHub-flavoured tables, PNG charts beside the file.
+
+The same story as the HTML report, short: the best cells, what fits, each knob's effect, what failed
+and why. Long lists are capped (a PR comment has a size limit); the HTML report has everything.
+"""
 from __future__ import annotations
 
 import html
-import math
 import re
+from urllib.parse import quote
 
-__all__ = ["render", "escape"]
+from . import fmt
+from .analysis import Analysis, analyse
+
+__all__ = ["render", "render_analysis", "escape"]
+
+MAX_ROWS = 15  # per list table
+MAX_ALL_CELLS = 200  # in the collapsed all-cells table
 
 
 def escape(s) -> str:
     """Escape text for a Markdown table cell: HTML-escape, then neutralise Markdown syntax."""
     s = html.escape("" if s is None else str(s), quote=False)
-    return re.sub(r"([\\`*_\[\]|#!~])", r"\\\1", s).replace("\n", " ")
+    return re.sub(r"([\\`*_\[\]|#!~])", r"\\\1", s).replace("\r", " ").replace("\n", " ")
 
 
-def _gib(b) -> str:
-    try:
-        return "" if b is None or math.isnan(b) else f"{b / 2**30:.2f}"
-    except TypeError:
-        return ""
+def _table(header: list[str], align: str, rows: list[list[str]]) -> list[str]:
+    """align: one character per column, l or r."""
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if c == "r" else "---" for c in align) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out + [""]
 
 
-def _num(x, fmt="{:,.0f}") -> str:
-    try:
-        return "" if x is None or math.isnan(x) else fmt.format(x)
-    except (TypeError, ValueError):
-        return ""
+def _more(n_total: int, n_shown: int, what: str = "") -> list[str]:
+    return [f"_…and {n_total - n_shown} more{what}; the HTML report lists them all._", ""] if n_total > n_shown else []
 
 
-def _peak(row):
-    for k in ("nvml_proc_peak_bytes", "torch_max_reserved_bytes", "host_rss_peak_bytes"):
-        v = row.get(k)
-        if v is not None and not (isinstance(v, float) and math.isnan(v)):
-            return v, k
-    return None, None
+def _short(s: str, n: int = 300) -> str:
+    s = " ".join(str(s).split())
+    return s if len(s) <= n else s[: n - 1] + "…"
 
 
-def render(df, title: str = "zerobench report") -> str:
-    from ..results import latest
+def _image(alt: str, path: str) -> list[str]:
+    return [f"![{escape(alt)}]({quote(path)})", ""]
 
-    cur = latest(df)
-    lines = [f"# {escape(title)}", ""]
-    n = len(cur)
-    counts = cur["status"].value_counts().to_dict() if n else {}
-    lines.append(f"{n} cells: " + ", ".join(f"{v} {escape(k)}" for k, v in sorted(counts.items())) if n else "No results.")
-    lines.append("")
-    lines += ["## Cells", "", "| cell | status | peak memory (GiB) | tokens/s | MFU | final loss |",
-              "|---|---|---:|---:|---:|---:|"]
-    for _, r in cur.iterrows():
-        peak, kind = _peak(r)
-        kind_s = {"nvml_proc_peak_bytes": " (NVML)", "torch_max_reserved_bytes": " (torch)",
-                  "host_rss_peak_bytes": " (host RSS)"}.get(kind, "")
-        mfu = r.get("mfu")
-        loss = r.get("loss_final")
-        lines.append(f"| {escape(r['cell_name'])} | {escape(r['status'])} | {_gib(peak)}{kind_s if peak else ''} | "
-                     f"{_num(r.get('tokens_per_s'))} | {_num(mfu * 100 if mfu is not None else None, '{:.1f}%')} | "
-                     f"{_num(loss, '{:.3f}')} |")
-    bad = cur[cur["status"] != "ok"]
-    if len(bad):
-        lines += ["", "## Skipped and failed cells", "", "| cell | status | reason |", "|---|---|---|"]
-        for _, r in bad.iterrows():
-            lines.append(f"| {escape(r['cell_name'])} | {escape(r['status'])} | {escape(r['reason'])} |")
-    lines += ["", "## Environment", ""]
-    envcols = ["host", "gpu_name", "gpu_count", "torch_version", "deepspeed_version", "transformers_version",
-               "peft_version", "bitsandbytes_version", "git_commit"]
-    for c in envcols:
-        if c in cur:
-            vals = sorted({str(v) for v in cur[c].dropna()})
-            if vals:
-                lines.append(f"- {c.replace('_', ' ')}: {escape(', '.join(vals))}")
-    return "\n".join(lines) + "\n"
+
+def _best(a: Analysis, charts: dict[str, str]) -> list[str]:
+    lines = ["## Best cells", ""]
+    rows = []
+    for what, r in (("fastest", a.fastest), ("lowest memory", a.smallest), ("best MFU", a.best_mfu)):
+        if r:
+            rows.append([what, escape(r["cell_name"]), fmt.num(r["tokens_per_s"]), fmt.gib(r["peak_memory_bytes"]),
+                         fmt.pct(r.get("mfu"))])
+    if not rows:
+        return lines + ["No cell ran ok.", ""]
+    lines += _table(["", "cell", "tokens/s", f"{escape(a.peak_label)} (GiB)", "MFU"], "llrrr", rows)
+    f = a.frontier
+    lines += [f"Pareto frontier ({len(f)} cell{'s' if len(f) != 1 else ''} that nothing beats on both "
+              "throughput and memory; numbered as in the chart):", ""]
+    shown = f.head(MAX_ROWS)
+    lines += _table(["#", "cell", "peak (GiB)", "tokens/s"], "rlrr",
+                    [[str(i), escape(n), fmt.gib(m), fmt.num(t)] for i, (n, m, t) in
+                     enumerate(zip(shown["cell_name"], shown["peak_memory_bytes"], shown["tokens_per_s"]), start=1)])
+    lines += _more(len(f), len(shown))
+    if "tradeoff" in charts:
+        lines += _image("tokens/s against peak memory, Pareto frontier marked", charts["tradeoff"])
+    return lines
+
+
+def _fits(a: Analysis) -> list[str]:
+    lines = ["## What fits", ""]
+    ran = a.cells[a.cells["status"] != "skipped"]
+    if ran.empty:
+        return lines + ["No cell ran.", ""]
+    where = (f"in {escape(a.capacity_label)} ({fmt.gib(a.capacity_bytes, 1)} GiB)" if a.capacity_bytes
+             else "(capacity unknown)")
+    lines += [f"**{len(a.ok)} of {len(ran)}** cells that ran fit {where}; "
+              f"{len(a.did_not_fit)} ran out of memory. Peak memory is {escape(a.peak_label)}.", ""]
+    ok = a.ok.sort_values("peak_memory_bytes", kind="stable")
+    shown = ok.head(MAX_ROWS)
+    if len(shown):
+        cap = a.capacity_bytes
+        lines += _table(["cell", "peak (GiB)", "of capacity", "tokens/s"], "lrrr",
+                        [[escape(n), fmt.gib(m), fmt.pct(m / cap, 0) if cap else "", fmt.num(t)]
+                         for n, m, t in zip(shown["cell_name"], shown["peak_memory_bytes"], shown["tokens_per_s"])])
+        lines += _more(len(ok), len(shown), " ok cells")
+    oom = a.did_not_fit
+    if len(oom):
+        lines += ["Did not fit:", ""]
+        lines += _table(["cell", "status", "reason"], "lll",
+                        [[escape(n), escape(s), escape(_short(r, 160))]
+                         for n, s, r in zip(oom["cell_name"][:MAX_ROWS], oom["status"], oom["reason"])])
+        lines += _more(len(oom), min(len(oom), MAX_ROWS))
+    return lines
+
+
+def _ablations(a: Analysis) -> list[str]:
+    rows = []
+    for ab in a.ablations:
+        for e in ab.effects:
+            if e["n"]:
+                rows.append([escape(ab.title), f"{escape(_v(ab.axis, e['value']))} vs {escape(_v(ab.axis, e['reference']))}",
+                             fmt.ratio(e["tokens_ratio"]), fmt.ratio(e["memory_ratio"]), str(e["n"])])
+    if not rows:
+        return []
+    return (["## One knob at a time", "",
+             "Median ratio over groups of ok cells that differ only in that knob:", ""]
+            + _table(["knob", "value", "tokens/s", "peak memory", "groups"], "llrrr", rows))
+
+
+def _v(axis: str, v) -> str:
+    return ("on" if v in (True, "True") else "off") if axis == "grad_ckpt" else str(v)
+
+
+def _failures(a: Analysis) -> list[str]:
+    lines = ["## Failed and skipped", ""]
+    if not a.failure_groups:
+        return lines + ["None: every cell ran ok.", ""]
+    groups = a.failure_groups[:MAX_ROWS]
+    rows = []
+    for g in groups:
+        cells = ", ".join(escape(c) for c in g["cells"][:3]) + (f" and {g['n'] - 3} more" if g["n"] > 3 else "")
+        rows.append([escape(g["status"]), str(g["n"]), escape(_short(g["reason"]) or "(no reason recorded)"), cells])
+    lines += _table(["status", "cells", "reason", "which"], "lrll", rows)
+    return lines + _more(len(a.failure_groups), len(groups), " reasons")
+
+
+def _baseline(a: Analysis) -> list[str]:
+    if a.baseline is None:
+        return []
+    b = a.baseline
+    lines = ["## Against the baseline", ""]
+    if b.empty:
+        return lines + ["No cell of these results is in the baseline.", ""]
+    both = b[(b["status"] == "ok") & (b["status_base"] == "ok")]
+    med_t, med_m = both["tokens_per_s_change"].median(), both["peak_memory_change"].median()
+    changed = b[b["status"] != b["status_base"]]
+    lines += [f"{len(b)} cells matched by hash; {len(both)} ok in both: median tokens/s {fmt.change(med_t)}, "
+              f"median peak memory {fmt.change(med_m)}. {len(changed)} changed status."
+              + (f" {len(a.baseline_only)} baseline cells are not in these results." if a.baseline_only else ""), ""]
+    # The largest moves first, status changes on top: what a reviewer should look at.
+    score = (b["tokens_per_s_change"].abs().fillna(0) + b["peak_memory_change"].abs().fillna(0)
+             + (b["status"] != b["status_base"]) * 10)
+    top = b.assign(_s=score).sort_values("_s", ascending=False, kind="stable").head(MAX_ROWS)
+    lines += _table(["cell", "status", "tokens/s", "change", "peak (GiB)", "change"], "llrrrr",
+                    [[escape(r["cell_name"]),
+                      escape(r["status"] if r["status"] == r["status_base"] else f"{r['status_base']} → {r['status']}"),
+                      fmt.num(r["tokens_per_s"]), fmt.change(r["tokens_per_s_change"]), fmt.gib(r["peak_memory_bytes"]),
+                      fmt.change(r["peak_memory_change"])] for r in top.to_dict("records")])
+    return lines + _more(len(b), len(top), " matched cells")
+
+
+def _all_cells(a: Analysis) -> list[str]:
+    c = a.cells
+    shown = c.head(MAX_ALL_CELLS)
+    lines = [f"<details><summary>All {len(c)} cells</summary>", ""]
+    lines += _table(["cell", "status", "tokens/s", "peak (GiB)", "MFU", "final loss"], "llrrrr",
+                    [[escape(n), escape(s), fmt.num(t), fmt.gib(m), fmt.pct(u), fmt.num(lf, 3)] for n, s, t, m, u, lf in
+                     zip(shown["cell_name"], shown["status"], shown["tokens_per_s"], shown["peak_memory_bytes"],
+                         shown["mfu"], shown["loss_final"])])
+    return lines + _more(len(c), len(shown)) + ["</details>", ""]
+
+
+def render_analysis(a: Analysis, charts: dict[str, str] | None = None) -> str:
+    """charts: chart name -> path relative to the Markdown file (see `png.write_charts`)."""
+    charts = charts or {}
+    lines = [f"# {escape(a.title)}", ""]
+    n = len(a.cells)
+    if not n:
+        return "\n".join(lines + ["No results.", ""])
+    counts = ", ".join(f"{v} {escape(k)}" for k, v in a.counts.items())
+    lines += [f"{n} cells: {counts} ({a.attempts} attempts).", ""]
+    lines += _best(a, charts) + _fits(a) + _ablations(a) + _failures(a) + _baseline(a)
+    if "loss" in charts:
+        lines += ["## Loss curves", ""] + _image("training loss per step", charts["loss"])
+    lines += _all_cells(a)
+    lines += ["## Environment", ""] + [f"- {escape(k)}: {escape(v)}" for k, v in a.environment] + [""]
+    return "\n".join(lines)
+
+
+def render(df, title: str = "zerobench report", *, baseline=None, charts: dict[str, str] | None = None) -> str:
+    """The Markdown report of a results DataFrame (`bench.results.load()`), optionally against a baseline."""
+    return render_analysis(analyse(df, title=title, baseline=baseline), charts)

@@ -33,8 +33,14 @@ def _fault() -> tuple[str | None, int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.worker")
-    ap.add_argument("--spec", required=True, help="spec JSON written by the orchestrator")
+    ap.add_argument("--spec", help="spec JSON written by the orchestrator")
+    ap.add_argument("--prebuild", nargs="+", metavar="BUILDER",
+                    help="only build (JIT-compile) these DeepSpeed op builders, e.g. FusedAdamBuilder, and exit")
     args = ap.parse_args(argv)
+    if args.prebuild:
+        return _prebuild(args.prebuild)
+    if not args.spec:
+        ap.error("--spec is required")
     t_start = time.time()
     # The parent stops a cell with SIGTERM (timeout, Ctrl-C): unwind so the result says so.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -66,6 +72,27 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     return code
+
+
+def _prebuild(builders: list[str]) -> int:
+    """Compile DeepSpeed's JIT ops once before the matrix, so no cell's setup time includes a compiler."""
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    failed = 0
+    for name in builders:
+        t0 = time.time()
+        builder = acc.create_op_builder(name)
+        if builder is None:
+            print(f"prebuild: {name}: not available on the {acc.device_name()} accelerator", flush=True)
+            continue
+        try:
+            builder.load(verbose=False)
+            print(f"prebuild: {name}: ready in {time.time() - t0:.1f} s", flush=True)
+        except Exception as e:  # noqa: BLE001 - the cells that need it will report it as their error
+            failed += 1
+            print(f"prebuild: {name}: failed: {type(e).__name__}: {e}", flush=True)
+    return 1 if failed else 0
 
 
 def _classify_exception(e: BaseException, doc: dict) -> None:

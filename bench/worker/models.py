@@ -63,6 +63,29 @@ def build(model: str, attn: str, dtype: torch.dtype, device: torch.device, zero3
     return m
 
 
+def checkpoint(model: str, dtype: torch.dtype, device: torch.device) -> str:
+    """A local checkpoint of a preset with random weights, built once and cached (QLoRA quantizes
+    from a checkpoint). Returns its directory. Safe when several ranks ask at once."""
+    import fcntl
+    import shutil
+
+    if model not in PRESETS:
+        return model
+    root = os.environ.get("ZEROBENCH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "zerobench")
+    path = os.path.join(root, "checkpoints", f"{model}-{str(dtype).removeprefix('torch.')}")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(os.path.join(path, "config.json")):
+            m = build(model, "sdpa", dtype, device, None)
+            tmp = path + ".tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            m.save_pretrained(tmp, safe_serialization=True)
+            del m
+            os.replace(tmp, path)
+    return path
+
+
 def count_params(model) -> dict[str, int]:
     """Total, trainable, and the input-embedding count (which does no matmul FLOPs). ZeRO-3 aware."""
     total = trainable = embed = 0

@@ -46,26 +46,26 @@ def run(spec: dict, doc: dict, events: Events, fault: tuple[str | None, int]) ->
 
     # -- model --------------------------------------------------------------------------------
     t0 = time.perf_counter()
-    zero3 = None
-    if cell.zero_stage == 3 and cell.peft != "qlora":
-        zero3 = deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype,
-                                    remote_device="cpu" if cell.offload == "optimizer+params" else None)
-    model = models.build(cell.model, cell.attn, dtype, device, zero3)
-    if cell.grad_ckpt:
-        # Non-reentrant checkpointing works with frozen base weights (LoRA) and ZeRO-3 hooks.
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if cell.peft == "lora":
-        from peft import LoraConfig, get_peft_model
-
-        lo = cell.lora
-        targets = "all-linear" if tuple(lo.targets) == ("all-linear",) else list(lo.targets)
-        model = get_peft_model(model, LoraConfig(r=lo.r, lora_alpha=lo.alpha, lora_dropout=lo.dropout,
-                                                 target_modules=targets, task_type="CAUSAL_LM"))
-    elif cell.peft == "qlora":
-        raise NotImplementedError("QLoRA cells are not implemented yet")
+    hf_args = None
+    if cell.engine == "hf_trainer":
+        # Created before the model: with ZeRO-3 it registers the config, so from_config partitions
+        # the weights as they are made (the way Trainer users get ZeRO-3 init).
+        hf_args = _training_args(cell, ds_config, spec)
+    model = _build_model(cell, ds_config, dtype, device, local_rank, hf_args is not None, models, deepspeed)
     doc["model_build_s"] = time.perf_counter() - t0
     counts = models.count_params(model)
     doc.update(counts)
+    cfg = model.config
+
+    # -- data ---------------------------------------------------------------------------------
+    steps = cell.warmup_steps + cell.measured_steps
+    batches = data_mod.batches(cell.data, cell.tokenizer, cfg.vocab_size, steps * cell.grad_accum,
+                               cell.micro_batch, cell.seq_len, cell.seed, rank)
+    if hf_args is not None:
+        losses, times, skipped = _train_hf(cell, hf_args, model, batches, doc, events, device, torch, t_setup, fault)
+        return _finish(cell, doc, losses, times, skipped, counts, cfg, world, cuda, device, torch, deepspeed,
+                       transformers, metrics)
+    batches = batches.to(device)
 
     # -- engine -------------------------------------------------------------------------------
     t0 = time.perf_counter()
@@ -87,13 +87,6 @@ def run(spec: dict, doc: dict, events: Events, fault: tuple[str | None, int]) ->
         raise RuntimeError(f"optimizer {cell.optimizer!r} asked for {OPTIMIZERS[cell.optimizer]}, but DeepSpeed built "
                            f"{ran}: refusing to report this cell under a name it did not run")
 
-    # -- data ---------------------------------------------------------------------------------
-    steps = cell.warmup_steps + cell.measured_steps
-    n_micro = steps * cell.grad_accum
-    cfg = model.config
-    vocab = cfg.vocab_size
-    batches = data_mod.batches(cell.data, cell.tokenizer, vocab, n_micro, cell.micro_batch, cell.seq_len,
-                               cell.seed, rank).to(device)
     doc["setup_s"] = time.perf_counter() - t_setup
 
     # -- steps --------------------------------------------------------------------------------
@@ -141,12 +134,18 @@ def run(spec: dict, doc: dict, events: Events, fault: tuple[str | None, int]) ->
     doc["phase"] = "teardown"
     events.phase("teardown")
 
+    _finish(cell, doc, losses, times, int(getattr(engine, "skipped_steps", 0)) - skipped_at_measure, counts, cfg,
+            world, cuda, device, torch, deepspeed, transformers, metrics, setup_alloc)
+
+
+def _finish(cell, doc, losses, times, skipped, counts, cfg, world, cuda, device, torch, deepspeed, transformers, metrics,
+            setup_alloc=None) -> None:
     measured_times = times[cell.warmup_steps:]
     doc["losses"] = losses
     doc["step_times_s"] = times
-    doc["fp16_skipped_steps"] = int(getattr(engine, "skipped_steps", 0)) - skipped_at_measure
+    doc["fp16_skipped_steps"] = skipped
     if cuda:
-        doc["memory_setup"] = setup_alloc
+        doc["memory_setup"] = setup_alloc or doc.get("memory_setup")
         doc["memory_measured"] = {"torch_max_allocated_bytes": torch.cuda.max_memory_allocated(device),
                                   "torch_max_reserved_bytes": torch.cuda.max_memory_reserved(device)}
         doc["gpu_name"] = torch.cuda.get_device_name(device)
@@ -162,9 +161,151 @@ def run(spec: dict, doc: dict, events: Events, fault: tuple[str | None, int]) ->
             hw_flops_tok=hw_ft, gpus=world, peak=peak)
         doc["metrics"].update(model_flops_per_token=model_ft, hw_flops_per_token=hw_ft, peak_tflops=peak,
                               loss_first=losses[0], loss_final=losses[-1],
-                              loss_measured_first=losses[cell.warmup_steps], )
+                              loss_measured_first=losses[cell.warmup_steps])
     doc["versions"] = {"torch": torch.__version__, "deepspeed": deepspeed.__version__,
                        "transformers": transformers.__version__, "cuda": torch.version.cuda}
+    try:
+        import bitsandbytes
+
+        doc["versions"]["bitsandbytes"] = bitsandbytes.__version__
+    except ImportError:
+        pass
+
+
+def _build_model(cell, ds_config, dtype, device, local_rank, under_trainer, models, deepspeed):
+    """Build the model for a cell: preset or local weights, QLoRA quantization, LoRA adapters, GC."""
+    import torch
+
+    if cell.peft == "qlora":
+        from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+        q = cell.qlora
+        storage = dtype if q.quant_storage == "auto" else {"uint8": torch.uint8, **models.DTYPES}[q.quant_storage]
+        bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=q.quant_type,
+                                 bnb_4bit_use_double_quant=q.double_quant, bnb_4bit_compute_dtype=dtype,
+                                 bnb_4bit_quant_storage=storage)
+        ckpt = models.checkpoint(cell.model, dtype, device)
+        keep = None
+        if cell.zero_stage == 3 and not under_trainer:
+            # ZeRO-3 QLoRA: the registered config makes from_pretrained partition the 4-bit weights,
+            # which works because they are stored in the compute dtype (quant_storage).
+            from transformers.integrations import HfDeepSpeedConfig
+
+            keep = HfDeepSpeedConfig(ds_config)  # noqa: F841 - must stay alive while loading
+        kw = {} if cell.zero_stage == 3 else {"device_map": {"": local_rank if device.type == "cuda" else "cpu"}}
+        model = AutoModelForCausalLM.from_pretrained(ckpt, quantization_config=bnb, dtype=dtype,
+                                                     attn_implementation=cell.attn, local_files_only=True, **kw)
+        del keep
+        model.config.use_cache = False
+        if cell.zero_stage != 3:
+            from peft import prepare_model_for_kbit_training
+
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=cell.grad_ckpt,
+                                                    gradient_checkpointing_kwargs={"use_reentrant": False})
+        elif cell.grad_ckpt:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        zero3 = None
+        if cell.zero_stage == 3 and not under_trainer:
+            zero3 = deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype,
+                                        remote_device="cpu" if cell.offload == "optimizer+params" else None)
+        model = models.build(cell.model, cell.attn, dtype, device, zero3)
+        if cell.grad_ckpt:
+            # Non-reentrant checkpointing works with frozen base weights (LoRA) and ZeRO-3 hooks.
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cell.peft in ("lora", "qlora"):
+        from peft import LoraConfig, get_peft_model
+
+        lo = cell.lora
+        targets = "all-linear" if tuple(lo.targets) == ("all-linear",) else list(lo.targets)
+        if cell.grad_ckpt:
+            model.enable_input_require_grads()
+        model = get_peft_model(model, LoraConfig(r=lo.r, lora_alpha=lo.alpha, lora_dropout=lo.dropout,
+                                                 target_modules=targets, task_type="CAUSAL_LM"))
+    return model
+
+
+def _training_args(cell, ds_config, spec):
+    import tempfile
+
+    import torch
+    from transformers import TrainingArguments
+
+    optim = {"paged_adamw": "paged_adamw_32bit", "paged_adamw_8bit": "paged_adamw_8bit",
+             "adamw_8bit": "adamw_bnb_8bit"}.get(cell.optimizer)
+    if optim:
+        ds_config.pop("optimizer", None)
+    return TrainingArguments(
+        output_dir=tempfile.mkdtemp(prefix="zerobench-trainer-"), per_device_train_batch_size=cell.micro_batch,
+        gradient_accumulation_steps=cell.grad_accum, max_steps=cell.warmup_steps + cell.measured_steps,
+        learning_rate=cell.lr, weight_decay=0.0, max_grad_norm=1.0, lr_scheduler_type="constant", warmup_steps=0,
+        bf16=cell.precision == "bf16", fp16=cell.precision == "fp16", deepspeed=ds_config,
+        gradient_checkpointing=cell.grad_ckpt, gradient_checkpointing_kwargs={"use_reentrant": False},
+        logging_steps=1, report_to=[], save_strategy="no", dataloader_num_workers=0, disable_tqdm=True,
+        seed=cell.seed, remove_unused_columns=False, use_cpu=not torch.cuda.is_available(),
+        **({"optim": optim} if optim else {}))
+
+
+def _train_hf(cell, args, model, batches, doc, events, device, torch, t_setup, fault):
+    """The HF Trainer path, as its users run it; steps timed by a callback with the same syncs as our loop."""
+    from transformers import Trainer, TrainerCallback
+
+    rows = batches.view(-1, cell.seq_len)
+
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self):
+            return rows.shape[0]
+
+        def __getitem__(self, i):
+            return {"input_ids": rows[i], "labels": rows[i]}
+
+    times: list[float] = []
+    losses: list[float] = []
+    state = {"t0": 0.0}
+    cuda = device.type == "cuda"
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, a, s, c, **kw):
+            doc["setup_s"] = time.perf_counter() - t_setup
+            doc["phase"] = "warmup"
+            events.phase("warmup")
+
+        def on_step_begin(self, a, s, c, **kw):
+            if s.global_step == cell.warmup_steps:
+                _sync(torch, device)
+                if cuda:
+                    doc["memory_setup"] = {"torch_max_allocated_bytes": torch.cuda.max_memory_allocated(device),
+                                           "torch_max_reserved_bytes": torch.cuda.max_memory_reserved(device)}
+                    torch.cuda.reset_peak_memory_stats(device)
+                doc["phase"] = "measured"
+                events.phase("measured")
+            _sync(torch, device)
+            state["t0"] = time.perf_counter()
+
+        def on_step_end(self, a, s, c, **kw):
+            _sync(torch, device)
+            times.append(time.perf_counter() - state["t0"])
+
+        def on_log(self, a, s, c, logs=None, **kw):
+            if logs and "loss" in logs:
+                losses.append(float(logs["loss"]))
+                events.emit("step", step=len(losses) - 1, loss=losses[-1], dt=times[-1] if times else None)
+
+    trainer = Trainer(model=model, args=args, train_dataset=Rows(), callbacks=[Clock()])
+    trainer.train()
+    engine = trainer.model_wrapped
+    basic = getattr(engine, "basic_optimizer", None) or trainer.optimizer
+    inner = getattr(basic, "optimizer", basic)
+    doc["optimizer_class"] = f"{type(inner).__module__}.{type(inner).__name__}"
+    if type(inner).__name__ != OPTIMIZERS[cell.optimizer]:
+        raise RuntimeError(f"optimizer {cell.optimizer!r} asked for {OPTIMIZERS[cell.optimizer]}, but the Trainer "
+                           f"built {type(inner).__name__}: refusing to report this cell under a name it did not run")
+    doc["status"] = "ok" if all(math.isfinite(x) for x in losses) else "diverged"
+    if doc["status"] == "diverged":
+        doc["reason"] = "loss became non-finite"
+    doc["phase"] = "teardown"
+    events.phase("teardown")
+    return losses, times, int(getattr(engine, "skipped_steps", 0) or 0)
 
 
 def _inject(kind: str) -> None:

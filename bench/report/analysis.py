@@ -1,0 +1,342 @@
+"""Results DataFrame -> what the reports say. Pure pandas, no formatting, no clock.
+
+Markdown (pull requests) and HTML (reading) both render one `Analysis`, so they tell the same story
+from the same numbers. Everything here is ordered by the input or by explicit keys, never by hash
+or set order, because a report must be a pure function of its results.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from ..cells import ENGINES, OFFLOADS, OPTIMIZERS, PRECISIONS, ZERO_STAGES
+from ..results import latest
+from ..status import Status
+
+__all__ = ["Analysis", "Ablation", "analyse", "AXES", "MEMORY_VIEW", "MEMORY_PHASES", "STATUS_ORDER"]
+
+STATUS_ORDER = [s.value for s in Status if s is not Status.STARTED]
+
+# The knobs an ablation view varies one at a time: (column, title, short name used in labels).
+# PEFT is compared as its full variant (lora-r8, qlora-nf4-r8) since rank and quantization travel with it.
+AXES = [("zero_stage", "ZeRO stage", "zero"), ("offload", "Offload", "offload"), ("precision", "Precision", "prec"),
+        ("grad_ckpt", "Gradient checkpointing", "gc"), ("optimizer", "Optimizer", "opt"),
+        ("peft_variant", "PEFT", "peft"), ("engine", "Engine", "engine"), ("micro_batch", "Micro batch", "mb"),
+        ("seq_len", "Sequence length", "seq")]
+# Settings that must also match for two cells to count as "differing only in one axis".
+_FIXED = [("model", "model"), ("grad_accum", "ga"), ("gpus", "gpus"), ("warmup_steps", "warmup"),
+          ("measured_steps", "steps"), ("seed", "seed"), ("data", "data"), ("ds_config", "ds_config"),
+          ("lr", "lr"), ("attn", "attn"), ("lora_alpha", "lora_alpha")]
+_SHORT = {c: s for c, _, s in AXES} | dict(_FIXED)
+_KNOWN_ORDER = {"zero_stage": ZERO_STAGES, "offload": OFFLOADS, "precision": PRECISIONS, "grad_ckpt": (False, True),
+                "optimizer": tuple(OPTIMIZERS), "engine": ENGINES, "peft_variant": ("none",)}
+
+# Memory figures per cell, in display order: (column, header, drawn as a bar). The allocator figures
+# sit beside NVML because the gap between them (CUDA context, NCCL buffers, fragmentation) is the point.
+# `estimate_bytes` is a memory model's prediction, shown once records carry one.
+MEMORY_VIEW = [
+    ("nvml_proc_peak_bytes", "NVML process", True),
+    ("torch_max_reserved_bytes", "allocator reserved", True),
+    ("torch_max_allocated_bytes", "allocator allocated", True),
+    ("estimate_bytes", "estimate", True),
+    ("outside_allocator_bytes", "outside the allocator", False),
+    ("host_rss_peak_bytes", "host RSS", False),
+]
+# Where the peak happened: model build and engine init, or the timed steps. The first pair with data is shown.
+MEMORY_PHASES = [("nvml_proc_peak_setup_bytes", "nvml_proc_peak_measured_bytes", "NVML process"),
+                 ("host_rss_peak_setup_bytes", "host_rss_peak_measured_bytes", "host RSS")]
+_GPU_SOURCES = ("nvml", "torch_reserved")
+
+MAX_LOSS_CURVES = 12  # more overlaid lines stop being readable
+MAX_ABLATION_GROUPS = 30  # per axis; the effect summary still uses every group
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ablation:
+    """Cells that differ only in `axis`, side by side: the effect of one knob with the others fixed."""
+
+    axis: str
+    title: str
+    values: list
+    """The axis values present, in a meaningful order; the first is the reference for `effects`."""
+    groups: list[dict]
+    """One dict per group of comparable cells: {"context": label, "cells": {value: row dict or None}}."""
+    n_groups: int
+    effects: list[dict]
+    """Per non-reference value: median tokens/s and peak-memory ratio vs the reference, over groups where both ran ok."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Analysis:
+    title: str
+    attempts: int
+    """Rows in the input (every attempt); `cells` keeps the last attempt of each cell."""
+    cells: pd.DataFrame
+    """Latest attempt per cell in input order, plus `peft_variant` and `pareto` (bool)."""
+    counts: dict[str, int]
+    ok: pd.DataFrame
+    fastest: dict | None
+    smallest: dict | None
+    best_mfu: dict | None
+    frontier: pd.DataFrame
+    """Ok cells nothing beats on both tokens/s and peak memory, by peak memory ascending."""
+    peak_label: str
+    capacity_bytes: float | None
+    capacity_label: str | None
+    did_not_fit: pd.DataFrame
+    memory_columns: list[tuple[str, str, bool]]
+    """The MEMORY_VIEW entries some cell has a figure for."""
+    memory_phases: tuple[str, str, str] | None
+    """The MEMORY_PHASES entry (setup column, measured column, label) these results have, if any."""
+    compute_metric: str | None
+    """"mfu" when any cell has MFU, else "tflops_per_gpu" when any has that, else None."""
+    ablations: list[Ablation]
+    loss_cells: pd.DataFrame
+    failures: pd.DataFrame
+    failure_groups: list[dict]
+    environment: list[tuple[str, str]]
+    baseline: pd.DataFrame | None = None
+    baseline_only: list[str] = field(default_factory=list)
+    """Cell names that the baseline has and these results do not."""
+
+
+def _peft_variant(cells: pd.DataFrame) -> pd.Series:
+    """none | lora-r8 | qlora-nf4-r8: the PEFT axis value with the settings that change its cost."""
+    peft = cells["peft"].astype(object).where(cells["peft"].notna(), "none").astype(str)
+    r = cells["lora_r"].map(lambda v: "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"-r{int(v)}")
+    q = cells["qlora_quant_type"].map(lambda v: f"-{v}" if isinstance(v, str) and v else "")
+    out = peft + q.where(peft == "qlora", "") + r
+    return out.where(peft != "none", "none")
+
+
+def _pareto(ok: pd.DataFrame) -> pd.Series:
+    """True for ok cells on the tokens/s (higher) vs peak memory (lower) frontier."""
+    flag = pd.Series(False, index=ok.index)
+    have = ok[ok["tokens_per_s"].notna() & ok["peak_memory_bytes"].notna()]
+    if have.empty:
+        return flag
+    s = have.sort_values(["peak_memory_bytes", "tokens_per_s"], ascending=[True, False], kind="stable")
+    t = s["tokens_per_s"].to_numpy()
+    best_before = np.concatenate([[-np.inf], np.maximum.accumulate(t)[:-1]])
+    flag[s.index[t > best_before]] = True
+    return flag
+
+
+def _ordered(axis: str, values) -> list:
+    known = _KNOWN_ORDER.get(axis, ())
+    return sorted(values, key=lambda v: (known.index(v) if v in known else len(known),
+                                         v if isinstance(v, (int, float)) and not isinstance(v, bool) else 0, str(v)))
+
+
+def _context_labels(keys: pd.DataFrame, cols: list[str]) -> pd.Series:
+    """'zero=3, offload=none, ...' per row, from the string view of the context columns (vectorised)."""
+    if not cols:
+        return pd.Series("all else equal", index=keys.index)
+    parts = []
+    for c in cols:
+        v = keys[c].map({"True": "on", "False": "off"}).fillna(keys[c]) if c == "grad_ckpt" else keys[c]
+        parts.append(f"{_SHORT.get(c, c)}=" + v)
+    label = parts[0]
+    for p in parts[1:]:
+        label = label + ", " + p
+    return label
+
+
+_CELL_FIELDS = ["cell_name", "cell_hash", "status", "reason", "tokens_per_s", "peak_memory_bytes"]
+
+
+def _ablations(cells: pd.DataFrame) -> list[Ablation]:
+    ran = cells[cells["status"] != Status.SKIPPED.value]
+    if ran.empty:
+        return []
+    context_cols = [c for c, _, _ in AXES if c in cells] + [c for c, _ in _FIXED if c in cells]
+    # Strings make None/NaN groupable and comparable; labels show only what differs somewhere.
+    keys = ran[context_cols].astype(str)
+    varying = [c for c in context_cols if keys[c].nunique() > 1]
+    out = []
+    for axis, title, _ in AXES:
+        if axis not in varying:
+            continue
+        others = [c for c in context_cols if c != axis and not (axis == "peft_variant" and c == "lora_alpha")]
+        gid = keys.groupby(others, sort=False, dropna=False).ngroup()
+        comparable = keys[axis].groupby(gid).transform("nunique") >= 2
+        if not comparable.any():
+            continue
+        sub, gid = ran[comparable], gid[comparable]
+        values = _ordered(axis, pd.unique(sub[axis]).tolist())
+        labels = _context_labels(keys.loc[comparable], [c for c in varying if c in others])
+        group_labels = labels.groupby(gid, sort=False).first().sort_values(kind="stable")
+        shown = group_labels.index[:MAX_ABLATION_GROUPS]
+        # Only the groups shown become dicts; the effect summary below uses all of them, vectorised.
+        cells_by_group: dict = {g: {} for g in shown}
+        pick = gid.isin(shown)
+        for g, v, rec in zip(gid[pick], sub.loc[pick, axis].astype(str),
+                             sub.loc[pick, _CELL_FIELDS].to_dict("records")):
+            cells_by_group[g].setdefault(v, rec)
+        groups = [{"context": group_labels[g], "cells": {str(v): cells_by_group[g].get(str(v)) for v in values}}
+                  for g in shown]
+        out.append(Ablation(axis=axis, title=title, values=values, groups=groups, n_groups=len(group_labels),
+                            effects=_effects(sub, gid, axis, values)))
+    return out
+
+
+def _effects(sub: pd.DataFrame, gid: pd.Series, axis: str, values: list) -> list[dict]:
+    ok = sub[sub["status"] == Status.OK.value].assign(_g=gid)
+    ref = values[0]
+    wide_t = ok.pivot_table(index="_g", columns=axis, values="tokens_per_s", aggfunc="first")
+    wide_m = ok.pivot_table(index="_g", columns=axis, values="peak_memory_bytes", aggfunc="first")
+    out = []
+    for v in values[1:]:
+        row = {"value": v, "reference": ref, "n": 0, "tokens_ratio": None, "memory_ratio": None}
+        if ref in wide_t.columns and v in wide_t.columns:
+            t = (wide_t[v] / wide_t[ref]).dropna()
+            m = (wide_m[v] / wide_m[ref]).dropna() if ref in wide_m.columns and v in wide_m.columns else pd.Series()
+            row.update(n=int(len(t)), tokens_ratio=float(t.median()) if len(t) else None,
+                       memory_ratio=float(m.median()) if len(m) else None)
+        out.append(row)
+    return out
+
+
+def _peak_label(sources: pd.Series) -> str:
+    kinds = set(sources.dropna())
+    if kinds == {"nvml"}:
+        return "NVML process peak"
+    if kinds == {"torch_reserved"}:
+        return "allocator reserved peak"
+    if kinds == {"host_rss"}:
+        return "host RSS peak"
+    return "peak memory: NVML, else allocator, else host RSS"
+
+
+def _capacity(cells: pd.DataFrame) -> tuple[float | None, str | None]:
+    """What 'fits' is measured against: the GPU's memory for device figures, host memory on CPU runs."""
+    sources = set(cells["peak_memory_source"].dropna())
+    if sources & set(_GPU_SOURCES):
+        mem = pd.to_numeric(cells.get("gpu_memory_bytes"), errors="coerce").dropna()
+        names = sorted({str(x) for x in cells["gpu_name"].dropna()})
+        if len(mem):
+            return float(mem.min()), ", ".join(names) or "GPU"
+        return None, ", ".join(names) or None
+    if sources == {"host_rss"}:
+        mem = pd.to_numeric(cells.get("host_memory_bytes"), errors="coerce").dropna()
+        if len(mem):
+            return float(mem.min()), "host memory"
+    return None, None
+
+
+def _loss_cells(cells: pd.DataFrame) -> pd.DataFrame:
+    """At most MAX_LOSS_CURVES: diverged cells first (the curve is the story), then the frontier, then the fastest."""
+    has = cells["losses"].map(lambda v: isinstance(v, list) and len(v) > 0)
+    c = cells[has & cells["status"].isin([Status.OK.value, Status.DIVERGED.value])]
+    if c.empty:
+        return c
+    prio = np.where(c["status"] == Status.DIVERGED.value, 0, np.where(c["pareto"], 1, 2))
+    order = c.assign(_p=prio, _t=-c["tokens_per_s"].fillna(-np.inf), _i=np.arange(len(c)))
+    return order.sort_values(["_p", "_t", "_i"], kind="stable").head(MAX_LOSS_CURVES).drop(columns=["_p", "_t", "_i"])
+
+
+def _failure_groups(failures: pd.DataFrame) -> list[dict]:
+    if failures.empty:
+        return []
+    out = []
+    for (status, reason), g in failures.groupby(["status", "reason"], sort=False):
+        out.append({"status": status, "reason": reason, "n": len(g), "cells": g["cell_name"].tolist()})
+    rank = {s: i for i, s in enumerate(STATUS_ORDER)}
+    out.sort(key=lambda d: (rank.get(d["status"], len(rank)), -d["n"], d["reason"]))
+    return out
+
+
+def _distinct(cells: pd.DataFrame, col: str) -> str:
+    if col not in cells:
+        return ""
+    return ", ".join(sorted({str(v) for v in cells[col].dropna() if str(v) != ""}))
+
+
+def _environment(cells: pd.DataFrame, df: pd.DataFrame) -> list[tuple[str, str]]:
+    def gib(col):
+        vals = pd.to_numeric(cells[col], errors="coerce").dropna() if col in cells else pd.Series(dtype=float)
+        return ", ".join(f"{v / 2**30:.1f} GiB" for v in sorted(set(vals)))
+
+    rows = [("matrix", _distinct(cells, "matrix")), ("model", _distinct(cells, "model")),
+            ("host", _distinct(cells, "host")), ("GPU", _distinct(cells, "gpu_name")),
+            ("GPU count", _distinct(cells, "gpu_count")), ("GPU memory", gib("gpu_memory_bytes")),
+            ("driver", _distinct(cells, "gpu_driver")), ("CUDA", _distinct(cells, "cuda_version")),
+            ("CPU", _distinct(cells, "cpu")), ("host memory", gib("host_memory_bytes")),
+            ("OS", _distinct(cells, "os")), ("Python", _distinct(cells, "python_version"))]
+    for lib in ("torch", "deepspeed", "transformers", "peft", "bitsandbytes"):
+        rows.append((lib, _distinct(cells, f"{lib}_version")))
+    if "git_commit" in cells:
+        commits = sorted({str(c) + (" (dirty)" if d is True else "")
+                          for c, d in zip(cells["git_commit"], cells.get("git_dirty", [None] * len(cells)))
+                          if c is not None and not (isinstance(c, float) and math.isnan(c))})
+        rows.append(("git commit", ", ".join(commits)))
+    rows.append(("runs", _distinct(df, "run_id")))
+    if "started_at" in df and df["started_at"].notna().any():
+        end = df["ended_at"].max() if "ended_at" in df and df["ended_at"].notna().any() else df["started_at"].max()
+        rows.append(("time (UTC)", f"{df['started_at'].min():%Y-%m-%d %H:%M:%S} to {end:%Y-%m-%d %H:%M:%S}"))
+    return [(k, v) for k, v in rows if v]
+
+
+def _baseline(cells: pd.DataFrame, base_df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Per cell_hash in both: tokens/s and peak memory, baseline and now, with relative change."""
+    base = latest(base_df).drop_duplicates("cell_hash", keep="last")
+    cols = ["cell_hash", "status", "tokens_per_s", "peak_memory_bytes"]
+    m = cells[["cell_name"] + cols].merge(base[cols], on="cell_hash", how="inner", suffixes=("", "_base"))
+    m["tokens_per_s_change"] = m["tokens_per_s"] / m["tokens_per_s_base"] - 1
+    m["peak_memory_change"] = m["peak_memory_bytes"] / m["peak_memory_bytes_base"] - 1
+    only = base.loc[~base["cell_hash"].isin(cells["cell_hash"]), "cell_name"].tolist()
+    return m, only
+
+
+def analyse(df: pd.DataFrame, *, title: str = "zerobench report", baseline: pd.DataFrame | None = None) -> Analysis:
+    """Everything the reports show, computed once from `bench.results.load()` output."""
+    cells = latest(df) if not df.empty else df
+    if cells.empty:
+        empty = pd.DataFrame(columns=["cell_name", "status", "reason", "pareto"])
+        return Analysis(title=title, attempts=len(df), cells=empty, counts={}, ok=empty, fastest=None, smallest=None,
+                        best_mfu=None, frontier=empty, peak_label="peak memory", capacity_bytes=None,
+                        capacity_label=None, did_not_fit=empty, memory_columns=[], memory_phases=None,
+                        compute_metric=None, ablations=[],
+                        loss_cells=empty, failures=empty, failure_groups=[], environment=[],
+                        baseline=None if baseline is None else empty)
+    # NVML minus allocator reserved: CUDA context, NCCL buffers, cuBLAS workspaces, other allocators.
+    outside = cells["nvml_proc_peak_bytes"] - cells["torch_max_reserved_bytes"]
+    cells = cells.assign(peft_variant=_peft_variant(cells), outside_allocator_bytes=outside)
+    ok = cells[cells["status"] == Status.OK.value]
+    cells = cells.assign(pareto=_pareto(ok).reindex(cells.index, fill_value=False))
+    ok = cells[cells["status"] == Status.OK.value]
+
+    def pick(col, largest):
+        have = ok[ok[col].notna()]
+        if have.empty:
+            return None
+        i = have[col].idxmax() if largest else have[col].idxmin()  # first of ties: input order
+        return have.loc[i].to_dict()
+
+    counts = cells["status"].value_counts()
+    frontier = ok[ok["pareto"]].sort_values("peak_memory_bytes", kind="stable")
+    capacity, capacity_label = _capacity(cells)
+    compute = "mfu" if ok["mfu"].notna().any() else "tflops_per_gpu" if ok["tflops_per_gpu"].notna().any() else None
+    failures = cells[cells["status"] != Status.OK.value]
+    rank = {s: i for i, s in enumerate(STATUS_ORDER)}
+    failures = failures.assign(_r=failures["status"].map(lambda s: rank.get(s, len(rank))))
+    failures = failures.sort_values("_r", kind="stable").drop(columns="_r")
+    base, only = _baseline(cells, baseline) if baseline is not None and not baseline.empty else (None, [])
+    return Analysis(
+        title=title, attempts=len(df), cells=cells,
+        counts={s: int(counts[s]) for s in STATUS_ORDER if s in counts} | {
+            s: int(n) for s, n in counts.items() if s not in STATUS_ORDER},
+        ok=ok, fastest=pick("tokens_per_s", True), smallest=pick("peak_memory_bytes", False),
+        best_mfu=pick("mfu", True), frontier=frontier, peak_label=_peak_label(cells["peak_memory_source"]),
+        capacity_bytes=capacity, capacity_label=capacity_label,
+        did_not_fit=cells[cells["status"].isin([Status.CUDA_OOM.value, Status.HOST_OOM.value])],
+        memory_columns=[m for m in MEMORY_VIEW if m[0] in cells and cells[m[0]].notna().any()],
+        memory_phases=next((m for m in MEMORY_PHASES if all(c in cells and cells[c].notna().any() for c in m[:2])),
+                           None),
+        compute_metric=compute, ablations=_ablations(cells), loss_cells=_loss_cells(cells), failures=failures,
+        failure_groups=_failure_groups(failures), environment=_environment(cells, df),
+        baseline=base if baseline is not None else None, baseline_only=only,
+    )

@@ -1,0 +1,34 @@
+"""A cell is a value: readable id, stable hash, round-trips through JSON."""
+from __future__ import annotations
+
+import json
+
+from bench.cells import Cell, Lora
+
+
+def test_hash_is_stable_and_ignores_timeout():
+    a = Cell(zero_stage=2, offload="optimizer", optimizer="cpuadam", timeout_s=10, matrix="a")
+    b = Cell(zero_stage=2, offload="optimizer", optimizer="cpuadam", timeout_s=99, matrix="b")
+    assert a.hash == b.hash
+    # Pinned: a hash that changes between releases would orphan every stored result.
+    assert Cell().hash == Cell().hash and len(Cell().hash) == 10
+
+
+def test_hash_changes_with_anything_measured():
+    base = Cell()
+    for change in ({"seq_len": 256}, {"micro_batch": 4}, {"seed": 1}, {"model": "llama-1b"}, {"grad_ckpt": True},
+                   {"lr": 2e-3}, {"measured_steps": 9}):
+        assert Cell(**change).hash != base.hash, change
+
+
+def test_readable_id():
+    c = Cell(zero_stage=3, offload="optimizer+params", precision="bf16", grad_ckpt=True, optimizer="cpuadam",
+             peft="lora", lora=Lora(r=8))
+    assert c.name == "zero=3,offload=optimizer+params,prec=bf16,gc=on,opt=cpuadam,peft=lora-r8"
+    assert c.id == f"{c.name}#{c.hash}"
+
+
+def test_round_trip():
+    c = Cell(peft="lora", lora=Lora(r=4, targets=("q_proj", "v_proj")), timeout_s=5)
+    back = Cell.from_dict(json.loads(json.dumps(c.to_dict())))
+    assert back == c and back.hash == c.hash and back.timeout_s == 5

@@ -1,0 +1,95 @@
+"""Matrix files: validation reports every problem at once, and expansion is predictable."""
+from __future__ import annotations
+
+import pytest
+
+from bench import matrix
+from bench.matrix import MatrixError
+
+from .conftest import TINY, write_matrix, zerobench
+
+BAD = """\
+name: bad
+model: llama-7
+seq_len: "128"
+batch: {micro: 2, grad_acum: 4}
+axes:
+  zero_stage: [0, 4]
+  grad_ckpt: ["false"]
+  optimizer: [fusedadm, adamw]
+  peft: []
+offload_optimizer: {device: cpu}
+"""
+
+
+def test_all_problems_in_one_message(tmp_path):
+    f = write_matrix(tmp_path / "bad.yaml", BAD)
+    with pytest.raises(MatrixError) as ei:
+        matrix.load(f)
+    probs = {p.where: p for p in ei.value.problems}
+    assert set(probs) == {"model", "seq_len", "batch.grad_acum", "axes.zero_stage[1]", "axes.grad_ckpt[0]",
+                          "axes.optimizer[0]", "axes.peft", "offload_optimizer"}
+    assert "llama-7b" in probs["model"].fix
+    assert "grad_accum" in probs["batch.grad_acum"].fix
+    assert "without quotes" in probs["axes.grad_ckpt[0]"].fix
+    assert "fusedadam" in probs["axes.optimizer[0]"].what
+    assert "axes.offload" in probs["offload_optimizer"].fix
+    assert probs["axes.optimizer[0]"].line == 8
+    msg = str(ei.value)
+    assert msg.startswith("8 problems in") and "nothing was run" in msg
+
+
+def test_bad_matrix_runs_nothing(tmp_path):
+    f = write_matrix(tmp_path / "bad.yaml", BAD)
+    r = zerobench("run", str(f), "--results", str(tmp_path / "r.jsonl"), cwd=tmp_path, timeout=120)
+    assert r.returncode == 2
+    assert "8 problems" in r.stderr and "axes.optimizer[0]" in r.stderr
+    assert not (tmp_path / "r.jsonl").exists()
+    assert not (tmp_path / "results").exists()
+
+
+def test_yaml_syntax_error_has_line(tmp_path):
+    f = write_matrix(tmp_path / "x.yaml", "axes:\n  zero_stage: [0, 1\n  offload: [none]\n")
+    with pytest.raises(MatrixError) as ei:
+        matrix.load(f)
+    assert ei.value.problems[0].line is not None and "YAML" in ei.value.problems[0].what
+
+
+def test_exclude_matching_nothing_is_a_problem(tmp_path):
+    f = write_matrix(tmp_path / "m.yaml", TINY + "axes: {zero_stage: [0, 1]}\nexclude: [{zero_stage: 3}]\n")
+    with pytest.raises(MatrixError, match=r"exclude\[0\]: matches no cell"):
+        matrix.load(f)
+
+
+def test_expand_cross_include_exclude(tmp_path):
+    f = write_matrix(tmp_path / "m.yaml", TINY + """\
+axes:
+  zero_stage: [0, 1, 2]
+  precision: [fp32, bf16]
+include:
+  - {zero_stage: 3, offload: optimizer+params, optimizer: cpuadam}
+exclude:
+  - {zero_stage: 1, precision: fp32}
+""")
+    cells = matrix.expand(matrix.load(f))
+    combos = [(c.zero_stage, c.precision, c.offload) for c in cells]
+    # 3x2 crossed, minus one excluded, plus the include crossed with the precision axis it left out.
+    assert combos == [(0, "fp32", "none"), (0, "bf16", "none"), (1, "bf16", "none"), (2, "fp32", "none"),
+                      (2, "bf16", "none"), (3, "fp32", "optimizer+params"), (3, "bf16", "optimizer+params")]
+    assert all(c.matrix == "m" and c.seq_len == 32 for c in cells)
+
+
+def test_duplicates_removed(tmp_path):
+    f = write_matrix(tmp_path / "m.yaml", TINY + "axes: {zero_stage: [0, 1]}\ninclude: [{zero_stage: 0}]\n")
+    assert [c.zero_stage for c in matrix.expand(matrix.load(f))] == [0, 1]
+
+
+def test_embedded_smoke_matrix_is_valid():
+    from bench.cli import DEFAULT_MATRIX
+
+    cells = matrix.expand(matrix.load(DEFAULT_MATRIX))
+    assert len(cells) == 18
+    stages = {c.zero_stage for c in cells}
+    assert stages == {0, 1, 2, 3}
+    assert {c.offload for c in cells} == {"none", "optimizer", "optimizer+params"}
+    assert {c.peft for c in cells} >= {"none", "lora"}

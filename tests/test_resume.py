@@ -1,0 +1,60 @@
+"""A run killed with SIGKILL midway, then rerun with --resume, ends with every cell exactly once."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bench.store import read
+
+from .conftest import ROOT, TINY, write_matrix, zerobench
+
+pytestmark = pytest.mark.slow
+
+
+def test_sigkill_then_resume(tmp_path):
+    m = write_matrix(tmp_path / "resume.yaml", TINY + "axes: {zero_stage: [0, 1, 2, 3]}\n"
+                     "include: [{precision: fp16, zero_stage: 0}]\n")
+    res = tmp_path / "resume.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": "", "ZEROBENCH_NO_GPU": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "bench", "run", str(m), "--results", str(res), "--no-report"],
+                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    # Kill the orchestrator (not its group) while the third cell runs, as an OOM killer or a crash would.
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        recs = read(res) if res.exists() else []
+        if sum(r["status"] == "started" for r in recs) == 3:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the run never reached its third cell")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = read(res)
+    assert sum(r["status"] == "ok" for r in before) == 2
+
+    r = zerobench("run", str(m), "--results", str(res), "--resume", "--no-report", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "resume: 2 of 5 cells already have a result" in r.stdout
+    recs = read(res)
+    outcomes = [x for x in recs if x["status"] not in ("started", "interrupted")]
+    hashes = [x["cell_hash"] for x in outcomes]
+    assert len(hashes) == 5 and len(set(hashes)) == 5, "every cell exactly once"
+    assert sorted(x["status"] for x in outcomes) == ["ok"] * 4 + ["skipped"]
+    interrupted = [x for x in recs if x["status"] == "interrupted"]
+    assert len(interrupted) == 1 and "found by --resume" in interrupted[0]["reason"]
+    rerun = next(x for x in outcomes if x["cell_hash"] == interrupted[0]["cell_hash"])
+    assert rerun["attempt"] == 2 and rerun["run_id"] != interrupted[0]["run_id"]
+    # The orphaned worker of the killed run exited by itself (it watches its parent).
+    out = subprocess.run(["pgrep", "-f", "bench.worker"], capture_output=True, text=True)
+    assert out.stdout.strip() == "", out.stdout
+
+    # A second --resume has nothing left to do.
+    r2 = zerobench("run", str(m), "--results", str(res), "--resume", "--no-report", cwd=tmp_path)
+    assert r2.returncode == 0 and "resume: 5 of 5 cells" in r2.stdout
+    assert len(read(res)) == len(recs)
