@@ -42,7 +42,8 @@ def cmd_run(args) -> int:
         return cmd_cells(args)
     try:
         p, results_path, written = run(src, results=args.results, filters=args.filter, resume=args.resume,
-                                       progress=not args.no_progress, ds_configs=args.ds_config)
+                                       progress=not args.no_progress, ds_configs=args.ds_config,
+                                       logs_dir=args.logs)
     except KeyboardInterrupt:
         print("\nzerobench: interrupted; results so far are saved. Continue with --resume.", file=sys.stderr)
         return 130
@@ -59,14 +60,26 @@ def cmd_run(args) -> int:
 
 def cmd_report(args) -> int:
     from .report import write_reports
+    from .report.export import parquet_error
 
     paths = [Path(p) for p in args.results]
-    missing = [str(p) for p in paths if not p.exists()]
+    baseline = [Path(p) for p in args.baseline or []]
+    missing = [str(p) for p in paths + baseline if not p.exists()]
     if missing:
         print(f"zerobench report: no such results file: {', '.join(missing)}", file=sys.stderr)
         return 2
+    if args.parquet and parquet_error():  # before writing anything, so a failed call leaves no half output
+        print(parquet_error(), file=sys.stderr)
+        return 2
     out = Path(args.output or (Path("reports") / paths[0].stem))
-    written = write_reports(paths, out, formats=args.format)
+    written = write_reports(paths, out, formats=args.format, baseline=baseline or None)
+    if args.csv or args.parquet:
+        from .report import export
+        from .results import load
+
+        df = load(*paths)
+        written += [export.to_csv(df, args.csv)] if args.csv else []
+        written += [export.to_parquet(df, args.parquet)] if args.parquet else []
     print("report: " + ", ".join(str(x) for x in written))
     return 0
 
@@ -82,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="only cells whose id matches (repeatable: all must match), e.g. --filter zero=3")
     r.add_argument("--resume", action="store_true", help="skip cells that already have a result in the results file")
     r.add_argument("--results", metavar="PATH", help="results file (default: results/<matrix name>.jsonl)")
+    r.add_argument("--logs", metavar="DIR", help="worker logs (default: results/logs/<results name>/)")
     r.add_argument("--report", metavar="PATH", help="report path without suffix (default: reports/<results name>)")
     r.add_argument("--no-report", action="store_true", help="do not write the reports at the end")
     r.add_argument("--no-progress", action="store_true", help="no progress bar (one line per cell still printed)")
@@ -96,10 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--ds-config", nargs="+", metavar="JSON", help="list these DeepSpeed config files as cells")
     c.set_defaults(func=cmd_cells)
 
-    rp = sub.add_parser("report", help="write Markdown (and HTML) reports from results files")
-    rp.add_argument("results", nargs="+", help="results .jsonl files")
-    rp.add_argument("-o", "--output", help="output path without suffix (default: reports/<first results name>)")
-    rp.add_argument("--format", action="append", choices=["md", "html"], help="default: all")
+    rp = sub.add_parser("report", help="write Markdown and HTML reports from results files")
+    rp.add_argument("results", nargs="+", help="results .jsonl files (or folders of them)")
+    rp.add_argument("-o", "--output", help="output path without suffix: writes NAME.md (with NAME.*.png charts "
+                    "beside it) and NAME.html (default: reports/<first results name>)")
+    rp.add_argument("--format", action="append", choices=["md", "html"], help="default: both (repeatable)")
+    rp.add_argument("--baseline", action="append", metavar="RESULTS",
+                    help="results to compare with: tokens/s and peak memory deltas per matching cell (repeatable)")
+    rp.add_argument("--csv", metavar="PATH", help="also write the tidy table (one row per cell attempt) as CSV")
+    rp.add_argument("--parquet", metavar="PATH", help="also write it as Parquet (needs pyarrow)")
     rp.set_defaults(func=cmd_report)
 
     args = ap.parse_args(argv)
@@ -108,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     except MatrixError as e:
         print(e, file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `zerobench cells ... | head`
+        return 0
 
 
 if __name__ == "__main__":

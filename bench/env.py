@@ -142,6 +142,7 @@ def provenance() -> dict:
         "gpu_count": len(p.gpus),
         "driver": p.driver,
         "versions": p.versions,
-        "git_commit": _git("rev-parse", "HEAD"),
+        # A copy of the tree without .git (a lent GPU host) names its commit in ZEROBENCH_GIT_COMMIT.
+        "git_commit": _git("rev-parse", "HEAD") or os.environ.get("ZEROBENCH_GIT_COMMIT"),
         "git_dirty": bool(status) if status is not None else None,
     }

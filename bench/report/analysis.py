@@ -239,12 +239,12 @@ def _loss_cells(cells: pd.DataFrame) -> pd.DataFrame:
 
 
 def _failure_groups(failures: pd.DataFrame) -> list[dict]:
+    """Failed and skipped cells grouped by (status, reason): most statuses share a handful of reasons."""
     if failures.empty:
         return []
-    out = []
-    for (status, reason), g in failures.groupby(["status", "reason"], sort=False):
-        out.append({"status": status, "reason": reason, "n": len(g), "cells": g["cell_name"].tolist()})
+    names = failures.groupby(["status", "reason"], sort=False)["cell_name"].agg(list)
     rank = {s: i for i, s in enumerate(STATUS_ORDER)}
+    out = [{"status": st, "reason": reason, "n": len(cells), "cells": cells} for (st, reason), cells in names.items()]
     out.sort(key=lambda d: (rank.get(d["status"], len(rank)), -d["n"], d["reason"]))
     return out
 

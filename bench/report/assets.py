@@ -80,7 +80,7 @@ ul.legend { list-style: none; padding: 0; margin: 6px 0; columns: 2 420px; font-
 ul.legend li { break-inside: avoid; }
 .swatch { display: inline-block; width: 16px; height: 4px; border-radius: 2px; vertical-align: middle; margin-right: 6px; }
 .bars { display: flex; flex-direction: column; gap: 2px; min-width: 200px; padding-top: 3px; }
-.bar { height: 6px; border-radius: 2px; min-width: 1px; }
+.bar { height: 6px; border-radius: 2px; }
 .bar.s0 { background: #2f63c8; } .bar.s1 { background: #f28e2b; } .bar.s2 { background: #76b7b2; } .bar.s3 { background: #9c755f; }
 .key { display: inline-flex; align-items: center; margin-right: 14px; font-size: 12px; }
 .key .bar { width: 16px; margin-right: 6px; }

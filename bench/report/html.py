@@ -11,7 +11,7 @@ import hashlib
 import math
 
 import jinja2
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
 from . import fmt, svg
 from .analysis import STATUS_ORDER, Analysis
@@ -21,6 +21,7 @@ __all__ = ["render", "render_analysis", "MAX_SCATTER_POINTS", "MAX_COMPUTE_ROWS"
 
 MAX_SCATTER_POINTS = 3000  # beyond this an SVG scatter is a blur and a slow page; the frontier is always kept
 MAX_COMPUTE_ROWS = 50
+MAX_REASONS = 50  # distinct failure reasons grouped at the top; errors with log tails are often all distinct
 
 _CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; "
         f"script-src 'sha256-{base64.b64encode(hashlib.sha256(JS.encode()).digest()).decode()}'")
@@ -204,10 +205,11 @@ with the ratio to the first value of the row. The summary line is the median rat
 <h3>By reason</h3>
 <div class="table-wrap"><table>
 <thead><tr><th>status</th><th class="n">cells</th><th>reason</th><th>which</th></tr></thead>
-<tbody>{% for g in a.failure_groups %}<tr><td><span class="st st-{{ g.status }}">{{ g.status }}</span></td><td class="n">{{ g.n }}</td>
+<tbody>{% for g in a.failure_groups[:max_reasons] %}<tr><td><span class="st st-{{ g.status }}">{{ g.status }}</span></td><td class="n">{{ g.n }}</td>
 <td>{{ reason(g.reason or "(no reason recorded)") }}</td>
 <td class="cell">{% for c in g.cells[:5] %}{{ c|name }}<br>{% endfor %}{% if g.n > 5 %}<span class="muted">and {{ g.n - 5 }} more</span>{% endif %}</td></tr>{% endfor %}</tbody>
 </table></div>
+{%- if a.failure_groups|length > max_reasons %}<p class="note">The {{ max_reasons }} most common of {{ a.failure_groups|length }} distinct reasons; every cell is below.</p>{% endif %}
 <h3>Each cell</h3>
 <div class="controls" data-filter-for="failures-table">
 <input type="search" placeholder="filter, e.g. fp16" aria-label="filter failed and skipped cells">
@@ -271,8 +273,8 @@ def _value(axis: str, v) -> str:
 
 
 def _name(s) -> Markup:
-    """A cell name that wraps after its commas, not inside a key=value."""
-    return Markup(",<wbr>").join(str(s).split(","))
+    """A cell name that wraps after its commas, not inside a key=value (escaped first, then <wbr> added)."""
+    return Markup(str(escape(s)).replace(",", ",<wbr>"))
 
 
 def _text(x) -> str:
@@ -446,7 +448,7 @@ def render_analysis(a: Analysis) -> str:
         loss_note=loss_note, memory_rows=memory_rows, bar_cols=bar_cols, memory_note=memory_note,
         compute_rows=compute_rows, compute_note=compute_note, failures=failures,
         failure_statuses=[s for s in STATUS_ORDER if s in a.counts and s != "ok"], baseline_rows=baseline_rows,
-        noise=fmt.pct(_NOISE, 0), value=_value, tone=_tone, rel=_rel, clip=_clip,
+        noise=fmt.pct(_NOISE, 0), value=_value, tone=_tone, rel=_rel, clip=_clip, max_reasons=MAX_REASONS,
     )
 
 

@@ -91,6 +91,8 @@ def write_charts(a: Analysis, out: Path) -> dict[str, Path]:
     import matplotlib.style  # noqa: F401 - not imported by `import matplotlib`
 
     charts = {}
+    if a.cells.empty:
+        return charts
     with mpl.style.context("default"), mpl.rc_context(_RC):
         for name, draw in (("tradeoff", _tradeoff), ("loss", _loss)):
             path = out.with_name(f"{out.name}.{name}.png")

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Run zerobench on the offline GPU bench host (see ../shared/gpu-host/README.md): install the carried
+# wheels, then run the given command with the project on PYTHONPATH.
+# Usage: bash .ci/gpu-host.sh python3 -m bench run matrices/1b.yaml --results "$OUT/1b.jsonl"
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || exit 1
+export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+"$@"

@@ -1,0 +1,88 @@
+"""GPU measurement, checked on a real GPU (run on the GPU host: `nox -s gpu_tests`; they skip elsewhere).
+
+Telemetry figures are taken side by side and must agree the way the memory hierarchy says they
+must; failures are provoked for real and must be classified as what they are."""
+from __future__ import annotations
+
+import pytest
+
+from bench.store import read
+
+from .conftest import write_matrix, zerobench
+
+pytestmark = pytest.mark.gpu
+
+SMALL_1B = """\
+model: llama-1b
+seq_len: 1024
+batch: {micro: 2, grad_accum: 1}
+steps: {warmup: 2, measured: 6}
+lr: 1.0e-4
+timeout_s: 300
+axes: {zero_stage: [0, 3], optimizer: [fusedadam], precision: [bf16], grad_ckpt: [false]}
+"""
+
+
+def _outcomes(path):
+    return [x for x in read(path) if x["status"] != "started"]
+
+
+def test_telemetry_side_by_side(tmp_path):
+    m = write_matrix(tmp_path / "t.yaml", SMALL_1B)
+    r = zerobench("run", str(m), "--results", str(tmp_path / "t.jsonl"), "--no-report", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = _outcomes(tmp_path / "t.jsonl")
+    assert [x["status"] for x in recs] == ["ok", "ok"], [x["reason"] for x in recs]
+    for x in recs:
+        mem, met, tel = x["memory"], x["metrics"], x["telemetry"]
+        print(x["cell_name"], {k: v for k, v in mem.items() if k.endswith("bytes")}, met["tokens_per_s"], met["mfu"])
+        assert tel["nvml"] and tel["samples"] > 100, "NVML sampled every ~10 ms"
+        alloc, reserved = mem["torch_max_allocated_bytes"], mem["torch_max_reserved_bytes"]
+        # allocator <= its reservation <= what NVML sees for our processes <= the whole device
+        assert 0 < alloc <= reserved
+        assert mem["nvml_used_peak_measured_bytes"] >= reserved
+        if mem["nvml_proc_peak_measured_bytes"]:  # per-process accounting may be hidden in a VM
+            assert mem["nvml_proc_peak_measured_bytes"] >= reserved
+            assert mem["nvml_proc_peak_measured_bytes"] <= mem["nvml_used_peak_measured_bytes"]
+        assert mem["host_rss_peak_bytes"] > 1 * 2**30
+        assert 0.02 < met["mfu"] < 1.0 and met["hfu"] >= met["mfu"]
+        assert met["energy_j_per_token"] > 0 and met["gpu_util_mean_pct"] > 10
+        assert set(tel["phases"]) >= {"setup", "warmup", "measured"}
+        # The GPU was handed back clean.
+        after = list(x["gpu_after"].values())[0]["used_bytes"]
+        assert after < 2 * 2**30, after
+
+
+def test_cuda_oom_is_classified_and_the_next_run_is_clean(tmp_path):
+    m = write_matrix(tmp_path / "oom.yaml", """\
+model: llama-13b
+seq_len: 512
+batch: {micro: 1, grad_accum: 1}
+steps: {warmup: 1, measured: 2}
+timeout_s: 300
+axes: {zero_stage: [0], optimizer: [fusedadam], precision: [bf16]}
+""")
+    r = zerobench("run", str(m), "--results", str(tmp_path / "oom.jsonl"), "--no-report", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (rec,) = _outcomes(tmp_path / "oom.jsonl")
+    print(rec["status"], rec["reason"])
+    assert rec["status"] == "cuda_oom", rec["reason"]
+    alloc = rec["worker"]["allocator_at_failure"]
+    assert alloc["device_total_bytes"] > 100 * 2**30 and alloc["reserved_bytes.all.peak"] > 50 * 2**30
+    after = list(rec["gpu_after"].values())[0]["used_bytes"]
+    assert after < 2 * 2**30, "the GPU is back to baseline after the failed cell"
+    # And the harness carries on: a small run right after succeeds.
+    m2 = write_matrix(tmp_path / "ok.yaml", SMALL_1B.replace("zero_stage: [0, 3]", "zero_stage: [0]"))
+    r = zerobench("run", str(m2), "--results", str(tmp_path / "ok.jsonl"), "--no-report", cwd=tmp_path)
+    assert [x["status"] for x in _outcomes(tmp_path / "ok.jsonl")] == ["ok"]
+
+
+def test_wrong_optimizer_name_is_refused_on_gpu(tmp_path):
+    """The rule offload-runs-cpuadam, shown on the GPU: DeepSpeed swaps FusedAdam for DeepSpeedCPUAdam."""
+    from bench import dsconfig, launch
+    from bench.cells import Cell
+
+    cell = Cell(model="llama-tiny", zero_stage=2, offload="optimizer", optimizer="fusedadam", seq_len=64,
+                micro_batch=1, warmup_steps=1, measured_steps=2)
+    out = launch.run_cell(cell, dsconfig.build(cell), log_path=tmp_path / "log", gpus=[0])
+    assert out.status.value == "error" and "but DeepSpeed built DeepSpeedCPUAdam" in out.reason

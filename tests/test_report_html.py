@@ -1,0 +1,240 @@
+"""The reports, end to end: HTML opened in a real headless Chromium, Markdown escaping, determinism.
+
+Inputs: the real CPU smoke results (tests/data/smoke_cpu.jsonl) with one cell's model renamed to a
+script tag, plus synthetic GPU-shaped records (tests/data/synthetic_gpu.jsonl, host "test-fixture")
+so the NVML/allocator columns, MFU and every failure status have data. The baseline is the GPU
+fixture with its throughput and memory scaled, so the deltas section renders too.
+
+Without /usr/bin/chromium the browser tests FAIL (CI installs it); set ZEROBENCH_ALLOW_NO_BROWSER=1
+to skip them instead on a machine that cannot have one.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from bench.cli import main as cli
+from bench.report import write_reports
+from bench.report.browser import BrowserMissing, chromium_path, launch
+from bench.report.markdown import escape
+from bench.results import latest, load
+
+DATA = Path(__file__).parent / "data"
+XSS = "<script>alert(1)</script>"
+XSS_REASON_PART = "<img src=x onerror=alert(2)>"  # in the synthetic cuda_oom record's reason
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _write(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> dict[str, list[Path]]:
+    d = tmp_path_factory.mktemp("results")
+    cpu = _records(DATA / "smoke_cpu.jsonl")
+    target = next(r for r in cpu if r["status"] == "ok")["cell_hash"]
+    for r in cpu:
+        if r["cell_hash"] == target:
+            r["cell"]["model"] = XSS
+    base = _records(DATA / "synthetic_gpu.jsonl")
+    for r in base:  # the baseline was 10% faster and used 5% less memory
+        for k, v in (r.get("metrics") or {}).items():
+            if k == "tokens_per_s" and v:
+                r["metrics"][k] = v * 1.1
+        for k, v in (r.get("memory") or {}).items():
+            if isinstance(v, (int, float)):
+                r["memory"][k] = int(v * 0.95)
+    return {"results": [_write(d / "smoke_cpu_xss.jsonl", cpu), DATA / "synthetic_gpu.jsonl"],
+            "baseline": [_write(d / "baseline.jsonl", base)]}
+
+
+@pytest.fixture(scope="module")
+def report(inputs, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("reports") / "showcase"
+    write_reports(inputs["results"], out, baseline=inputs["baseline"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def expected_cells(inputs):
+    return latest(load(*inputs["results"]))
+
+
+# -- in the browser ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def browser():
+    if chromium_path() is None:
+        msg = ("headless Chromium not found at /usr/bin/chromium: install Debian's package "
+               "(apt-get install -y chromium), or set ZEROBENCH_ALLOW_NO_BROWSER=1 to skip the browser tests")
+        if os.environ.get("ZEROBENCH_ALLOW_NO_BROWSER") == "1":
+            pytest.skip(msg)
+        pytest.fail(msg)
+    try:
+        with launch() as b:
+            yield b
+    except BrowserMissing as e:
+        pytest.fail(str(e))
+
+
+@pytest.fixture(scope="module")
+def page(browser, report):
+    """The report loaded once; everything the page did on the way is recorded in page.log."""
+    p = browser.new_page(viewport={"width": 1360, "height": 900})
+    log = {"console": [], "errors": [], "requests": [], "dialogs": []}
+    p.on("console", lambda m: log["console"].append((m.type, m.text)))
+    p.on("pageerror", lambda e: log["errors"].append(str(e)))
+    p.on("request", lambda r: log["requests"].append(r.url))
+    p.on("dialog", lambda d: (log["dialogs"].append(d.message), d.dismiss()))
+    url = report.with_name(report.name + ".html").resolve().as_uri()
+    p.goto(url, wait_until="load")
+    p.log, p.url_loaded = log, url
+    yield p
+    p.close()
+
+
+def test_renders_without_console_errors(page):
+    assert page.log["errors"] == []
+    assert [m for m in page.log["console"] if m[0] in ("error", "warning")] == []
+    assert page.title().startswith("zerobench:")
+
+
+def test_makes_no_network_requests(page):
+    # Only the file itself; a CDN script, a web font or an <img src> from a result would show up here.
+    assert [u for u in page.log["requests"] if u != page.url_loaded and not u.startswith("data:")] == []
+
+
+def test_script_in_a_model_name_is_text(page):
+    assert page.log["dialogs"] == [], "a script from the results ran"
+    assert page.evaluate("document.scripts.length") == 1, "only the report's own script"
+    assert page.evaluate("document.images.length") == 0, "an <img> from a result's reason became an element"
+    models = page.locator("#cells-table td.mono").all_inner_texts()
+    assert XSS in models
+    assert page.get_by_text(XSS_REASON_PART).count() >= 1
+
+
+def test_all_cells_and_sections_present(page, expected_cells):
+    rows = page.locator("#cells-table tbody tr")
+    assert rows.count() == len(expected_cells)
+    text = page.locator("#cells-table").inner_text()
+    for h in expected_cells["cell_hash"]:
+        assert f"#{h}" in text
+    for section in ("summary", "tradeoff", "cells", "ablations", "memory", "loss", "compute", "failures", "baseline",
+                    "environment"):
+        assert page.locator(f"section#{section}").count() == 1, section
+    # Failed and skipped cells, each with its reason.
+    failed = expected_cells[expected_cells["status"] != "ok"]
+    assert page.locator("#failures-table tbody tr").count() == len(failed)
+    assert "no progress for 600 s" in page.locator("#failures").inner_text()
+
+
+def test_charts_present(page, expected_cells):
+    assert page.locator("svg.chart").count() == 2  # throughput-vs-memory scatter, loss curves
+    ok = expected_cells[expected_cells["status"] == "ok"]
+    assert page.locator("#tradeoff circle.pt:not(.frontier)").count() + page.locator(
+        "#tradeoff circle.pt.frontier").count() == len(ok) + 2  # + the two legend markers
+    assert page.locator("#tradeoff circle.frontier").count() >= 2
+    assert page.locator("#loss svg .series").count() >= 2
+    # GPU memory side by side: NVML, allocator reserved, allocator allocated, and the estimate column.
+    head = page.locator("#memory thead").inner_text()
+    for col in ("NVML process", "allocator reserved", "allocator allocated", "estimate"):
+        assert col in head
+    assert page.locator("#memory .bar").count() > 0
+    assert "41.2%" in page.locator("#compute").inner_text()  # the best MFU of the GPU fixture
+
+
+def test_table_sorts_and_filters(page, expected_cells):
+    tps_col = page.locator("#cells-table thead th", has_text="tokens/s")
+    tps_col.click()
+    tps_col.click()  # descending
+    first = page.locator("#cells-table tbody tr").first.inner_text()
+    assert first.startswith(expected_cells.loc[expected_cells["tokens_per_s"].idxmax(), "cell_name"])
+    box = page.locator('[data-filter-for="cells-table"] input')
+    box.fill("zero=3 lora")
+    visible = page.locator("#cells-table tbody tr:visible")
+    want = expected_cells["cell_name"].str.contains("zero=3") & expected_cells["cell_name"].str.contains("lora")
+    assert visible.count() == int(want.sum()) > 0
+    box.fill("")
+    assert page.locator("#cells-table tbody tr:visible").count() == len(expected_cells)
+
+
+def test_baseline_deltas(page):
+    text = page.locator("#baseline").inner_text()
+    assert "-9.1%" in text  # tokens/s now vs 10% faster baseline: 1/1.1 - 1
+    assert "+5.3%" in text  # memory now vs 5% smaller baseline: 1/0.95 - 1
+
+
+# -- without a browser -------------------------------------------------------------------------------
+
+def test_html_source_has_no_raw_result_markup(report):
+    page = report.with_name(report.name + ".html").read_text()
+    assert XSS not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert XSS_REASON_PART not in page
+    assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "") and "https://" not in page
+
+
+def test_reports_are_deterministic(inputs, tmp_path):
+    outs = []
+    for name in ("a", "b"):
+        out = tmp_path / name / "r"
+        written = write_reports(inputs["results"], out, baseline=inputs["baseline"])
+        outs.append({p.name: p.read_bytes() for p in written})
+    assert sorted(outs[0]) == sorted(outs[1]) == ["r.html", "r.loss.png", "r.md", "r.tradeoff.png"]
+    for name in outs[0]:
+        assert outs[0][name] == outs[1][name], f"{name} differs between two renders of the same results"
+
+
+def test_markdown_escapes_and_links_its_charts(report):
+    md_path = report.with_name(report.name + ".md")
+    md = md_path.read_text()
+    assert "<script" not in md and "<img" not in md
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in md  # the model name, shown as text
+    assert "&lt;img src=x onerror=alert(2)&gt;" in md  # the OOM reason, shown as text
+    for chart in ("showcase.tradeoff.png", "showcase.loss.png"):
+        assert f"]({chart})" in md and (md_path.parent / chart).exists()
+    for heading in ("## Best cells", "## What fits", "## Failed and skipped", "## Against the baseline"):
+        assert heading in md
+
+
+def test_markdown_escape_neutralises_table_syntax():
+    assert escape("a|b\nc") == r"a\|b c"
+    assert escape("<b>x_y</b>") == r"&lt;b&gt;x\_y&lt;/b&gt;"
+    assert escape("[link](http://x)") == r"\[link\](http://x)"
+    assert escape(None) == ""
+
+
+def test_empty_results_render(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    written = write_reports([empty], tmp_path / "empty")
+    assert "No results." in (tmp_path / "empty.md").read_text()
+    assert "No results." in (tmp_path / "empty.html").read_text()
+    assert {p.suffix for p in written} == {".md", ".html"}
+
+
+def test_cli_report_exports(inputs, tmp_path, capsys):
+    out, csv = tmp_path / "r", tmp_path / "t.csv"
+    assert cli(["report", *map(str, inputs["results"]), "-o", str(out), "--csv", str(csv),
+                "--baseline", str(inputs["baseline"][0])]) == 0
+    header = csv.read_text().splitlines()[0].split(",")
+    for col in ("cell_hash", "status", "tokens_per_s", "peak_memory_bytes", "nvml_proc_peak_bytes", "started_at"):
+        assert col in header
+    pq = tmp_path / "t.parquet"
+    rc = cli(["report", str(inputs["results"][0]), "-o", str(out), "--parquet", str(pq)])
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        assert rc == 2 and not pq.exists()
+        assert "needs pyarrow" in capsys.readouterr().err
+    else:
+        import pandas as pd
+
+        assert rc == 0 and len(pd.read_parquet(pq)) == len(load(inputs["results"][0]))
