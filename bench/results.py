@@ -90,7 +90,7 @@ def records_to_frame(records: Iterable[dict]):
     for col in ("started_at", "ended_at"):
         if col in df:
             df[col] = pd.to_datetime(df[col], utc=True, format="ISO8601")
-    for col in METRIC_COLUMNS + MEMORY_COLUMNS:
+    for col in METRIC_COLUMNS + MEMORY_COLUMNS + ["gpu_memory_bytes", "host_memory_bytes"]:
         df[col] = pd.to_numeric(df[col], errors="coerce") if col in df else float("nan")
     peak = pd.Series(float("nan"), index=df.index)
     source = pd.Series(None, index=df.index, dtype=object)

@@ -31,7 +31,8 @@ def synthetic_records(n: int):
     for i, (zero, off, prec, gc, opt, peft, mb, seq) in enumerate(itertools.islice(axes, n)):
         status = _STATUSES[i % len(_STATUSES)]
         lora = {"r": 16, "alpha": 32} if peft != "none" else None
-        name = f"zero={zero},offload={off},prec={prec},gc={'on' if gc else 'off'},opt={opt},peft={peft},mb={mb},seq={seq}"
+        gc_s = "on" if gc else "off"
+        name = f"zero={zero},offload={off},prec={prec},gc={gc_s},opt={opt},peft={peft},mb={mb},seq={seq}"
         rec = {"schema_version": 1, "run_id": "synthetic-bench", "attempt": 1, "matrix": "bench10k",
                "cell_hash": f"{i:010x}", "cell_name": name, "cell_id": f"{name}#{i:010x}", "status": status,
                "reason": "" if status == "ok" else f"synthetic {status} for cell {i}",
@@ -48,7 +49,8 @@ def synthetic_records(n: int):
                              "torch_max_reserved_bytes": peak - 1.5 * GiB, "torch_max_allocated_bytes": peak - 3 * GiB,
                              "host_rss_peak_bytes": 8 * GiB}
             rec["metrics"] = {"tokens_per_s": tps, "step_time_median_s": mb * seq / tps, "mfu": tps / 100_000,
-                              "hfu": tps / 90_000, "tflops_per_gpu": tps / 100_000 * 989.4, "loss_final": 6.0 + i % 5 / 10}
+                              "hfu": tps / 90_000, "tflops_per_gpu": tps / 100_000 * 989.4,
+                              "loss_final": 6.0 + i % 5 / 10}
             rec["losses"] = [6.0 + 4 * math.exp(-k / 5) + (i % 5) / 10 for k in range(20)]
         yield rec
 

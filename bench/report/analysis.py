@@ -66,7 +66,8 @@ class Ablation:
     """One dict per group of comparable cells: {"context": label, "cells": {value: row dict or None}}."""
     n_groups: int
     effects: list[dict]
-    """Per non-reference value: median tokens/s and peak-memory ratio vs the reference, over groups where both ran ok."""
+    """Per non-reference value: median tokens/s and peak-memory ratios vs the reference value, over the
+    groups where both ran ok."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,17 +76,19 @@ class Analysis:
     attempts: int
     """Rows in the input (every attempt); `cells` keeps the last attempt of each cell."""
     cells: pd.DataFrame
-    """Latest attempt per cell in input order, plus `peft_variant` and `pareto` (bool)."""
+    """Latest attempt per cell in input order, plus `peft_variant`, `pareto` (bool), `capacity_bytes`
+    (the memory its peak counts against) and `outside_allocator_bytes` (NVML minus allocator reserved)."""
     counts: dict[str, int]
     ok: pd.DataFrame
     fastest: dict | None
     smallest: dict | None
     best_mfu: dict | None
     frontier: pd.DataFrame
-    """Ok cells nothing beats on both tokens/s and peak memory, by peak memory ascending."""
+    """Ok cells nothing beats on both tokens/s and peak memory (per memory source), by peak memory ascending."""
     peak_label: str
-    capacity_bytes: float | None
     capacity_label: str | None
+    """What the cells' peaks are measured against: the GPU (name, memory), or host memory for CPU runs.
+    Each cell's own figure is the `capacity_bytes` column of `cells`."""
     did_not_fit: pd.DataFrame
     memory_columns: list[tuple[str, str, bool]]
     """The MEMORY_VIEW entries some cell has a figure for."""
@@ -113,15 +116,17 @@ def _peft_variant(cells: pd.DataFrame) -> pd.Series:
 
 
 def _pareto(ok: pd.DataFrame) -> pd.Series:
-    """True for ok cells on the tokens/s (higher) vs peak memory (lower) frontier."""
+    """True for ok cells on the tokens/s (higher) vs peak memory (lower) frontier.
+
+    One frontier per kind of memory figure: host RSS on a CPU run and VRAM on a GPU are not comparable.
+    """
     flag = pd.Series(False, index=ok.index)
     have = ok[ok["tokens_per_s"].notna() & ok["peak_memory_bytes"].notna()]
-    if have.empty:
-        return flag
-    s = have.sort_values(["peak_memory_bytes", "tokens_per_s"], ascending=[True, False], kind="stable")
-    t = s["tokens_per_s"].to_numpy()
-    best_before = np.concatenate([[-np.inf], np.maximum.accumulate(t)[:-1]])
-    flag[s.index[t > best_before]] = True
+    for _, g in have.groupby("peak_memory_source", sort=True):
+        s = g.sort_values(["peak_memory_bytes", "tokens_per_s"], ascending=[True, False], kind="stable")
+        t = s["tokens_per_s"].to_numpy()
+        best_before = np.concatenate([[-np.inf], np.maximum.accumulate(t)[:-1]])
+        flag[s.index[t > best_before]] = True
     return flag
 
 
@@ -208,23 +213,29 @@ def _peak_label(sources: pd.Series) -> str:
         return "allocator reserved peak"
     if kinds == {"host_rss"}:
         return "host RSS peak"
-    return "peak memory: NVML, else allocator, else host RSS"
+    return "NVML, else allocator reserved, else host RSS peak"
 
 
-def _capacity(cells: pd.DataFrame) -> tuple[float | None, str | None]:
-    """What 'fits' is measured against: the GPU's memory for device figures, host memory on CPU runs."""
-    sources = set(cells["peak_memory_source"].dropna())
-    if sources & set(_GPU_SOURCES):
-        mem = pd.to_numeric(cells.get("gpu_memory_bytes"), errors="coerce").dropna()
-        names = sorted({str(x) for x in cells["gpu_name"].dropna()})
-        if len(mem):
-            return float(mem.min()), ", ".join(names) or "GPU"
-        return None, ", ".join(names) or None
-    if sources == {"host_rss"}:
-        mem = pd.to_numeric(cells.get("host_memory_bytes"), errors="coerce").dropna()
-        if len(mem):
-            return float(mem.min()), "host memory"
-    return None, None
+def _capacity(cells: pd.DataFrame) -> tuple[pd.Series, str | None]:
+    """What 'fits' means per cell: its GPU's memory for a device figure, host memory for host RSS.
+
+    Returns the per-cell capacity and a label for it ("NVIDIA H100 80GB HBM3 (80.0 GiB)").
+    """
+    gpu_mem = pd.to_numeric(cells["gpu_memory_bytes"], errors="coerce") if "gpu_memory_bytes" in cells else np.nan
+    host_mem = pd.to_numeric(cells["host_memory_bytes"], errors="coerce") if "host_memory_bytes" in cells else np.nan
+    src = cells["peak_memory_source"]
+    cap = pd.Series(np.where(src.isin(_GPU_SOURCES), gpu_mem, np.where(src == "host_rss", host_mem, np.nan)),
+                    index=cells.index, dtype=float)
+    on_gpu = src.isin(_GPU_SOURCES)
+    kinds = []
+    if on_gpu.any():
+        names = ", ".join(sorted({str(x) for x in cells.loc[on_gpu, "gpu_name"].dropna()})) or "GPU"
+        sizes = sorted(set(cap[on_gpu].dropna()))
+        kinds.append(f"{names} ({' / '.join(f'{v / 2**30:.1f} GiB' for v in sizes)})" if sizes else names)
+    if (src == "host_rss").any():
+        sizes = sorted(set(cap[src == "host_rss"].dropna()))
+        kinds.append("host memory" + (f" ({' / '.join(f'{v / 2**30:.1f} GiB' for v in sizes)})" if sizes else ""))
+    return cap, " or ".join(kinds) or None
 
 
 def _loss_cells(cells: pd.DataFrame) -> pd.DataFrame:
@@ -282,8 +293,9 @@ def _environment(cells: pd.DataFrame, df: pd.DataFrame) -> list[tuple[str, str]]
 
 def _baseline(cells: pd.DataFrame, base_df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """Per cell_hash in both: tokens/s and peak memory, baseline and now, with relative change."""
-    base = latest(base_df).drop_duplicates("cell_hash", keep="last")
     cols = ["cell_hash", "status", "tokens_per_s", "peak_memory_bytes"]
+    base = latest(base_df).drop_duplicates("cell_hash", keep="last") if not base_df.empty else pd.DataFrame(
+        columns=cols + ["cell_name"])
     m = cells[["cell_name"] + cols].merge(base[cols], on="cell_hash", how="inner", suffixes=("", "_base"))
     m["tokens_per_s_change"] = m["tokens_per_s"] / m["tokens_per_s_base"] - 1
     m["peak_memory_change"] = m["peak_memory_bytes"] / m["peak_memory_bytes_base"] - 1
@@ -293,21 +305,22 @@ def _baseline(cells: pd.DataFrame, base_df: pd.DataFrame) -> tuple[pd.DataFrame,
 
 def analyse(df: pd.DataFrame, *, title: str = "zerobench report", baseline: pd.DataFrame | None = None) -> Analysis:
     """Everything the reports show, computed once from `bench.results.load()` output."""
-    cells = latest(df) if not df.empty else df
-    if cells.empty:
+    if df.empty:
         empty = pd.DataFrame(columns=["cell_name", "status", "reason", "pareto"])
-        return Analysis(title=title, attempts=len(df), cells=empty, counts={}, ok=empty, fastest=None, smallest=None,
-                        best_mfu=None, frontier=empty, peak_label="peak memory", capacity_bytes=None,
-                        capacity_label=None, did_not_fit=empty, memory_columns=[], memory_phases=None,
-                        compute_metric=None, ablations=[],
+        return Analysis(title=title, attempts=0, cells=empty, counts={}, ok=empty, fastest=None, smallest=None,
+                        best_mfu=None, frontier=empty, peak_label="peak memory", capacity_label=None,
+                        did_not_fit=empty, memory_columns=[], memory_phases=None, compute_metric=None, ablations=[],
                         loss_cells=empty, failures=empty, failure_groups=[], environment=[],
                         baseline=None if baseline is None else empty)
-    # NVML minus allocator reserved: CUDA context, NCCL buffers, cuBLAS workspaces, other allocators.
-    outside = cells["nvml_proc_peak_bytes"] - cells["torch_max_reserved_bytes"]
-    cells = cells.assign(peft_variant=_peft_variant(cells), outside_allocator_bytes=outside)
-    ok = cells[cells["status"] == Status.OK.value]
-    cells = cells.assign(pareto=_pareto(ok).reindex(cells.index, fill_value=False))
-    ok = cells[cells["status"] == Status.OK.value]
+    cells = latest(df)
+    capacity, capacity_label = _capacity(cells)
+    cells = cells.assign(
+        peft_variant=_peft_variant(cells), capacity_bytes=capacity,
+        # NVML minus allocator reserved: CUDA context, NCCL buffers, cuBLAS workspaces, other allocators.
+        outside_allocator_bytes=cells["nvml_proc_peak_bytes"] - cells["torch_max_reserved_bytes"])
+    is_ok = cells["status"] == Status.OK.value
+    cells = cells.assign(pareto=_pareto(cells[is_ok]).reindex(cells.index, fill_value=False))
+    ok = cells[is_ok]
 
     def pick(col, largest):
         have = ok[ok[col].notna()]
@@ -316,27 +329,27 @@ def analyse(df: pd.DataFrame, *, title: str = "zerobench report", baseline: pd.D
         i = have[col].idxmax() if largest else have[col].idxmin()  # first of ties: input order
         return have.loc[i].to_dict()
 
-    counts = cells["status"].value_counts()
-    frontier = ok[ok["pareto"]].sort_values("peak_memory_bytes", kind="stable")
-    capacity, capacity_label = _capacity(cells)
-    compute = "mfu" if ok["mfu"].notna().any() else "tflops_per_gpu" if ok["tflops_per_gpu"].notna().any() else None
-    failures = cells[cells["status"] != Status.OK.value]
     rank = {s: i for i, s in enumerate(STATUS_ORDER)}
-    failures = failures.assign(_r=failures["status"].map(lambda s: rank.get(s, len(rank))))
-    failures = failures.sort_values("_r", kind="stable").drop(columns="_r")
-    base, only = _baseline(cells, baseline) if baseline is not None and not baseline.empty else (None, [])
+    counts = cells["status"].value_counts()
+    failures = cells[~is_ok]
+    failures = failures.iloc[np.argsort(failures["status"].map(lambda s: rank.get(s, len(rank))).to_numpy(),
+                                        kind="stable")]
+    base, only = _baseline(cells, baseline) if baseline is not None else (None, [])
     return Analysis(
         title=title, attempts=len(df), cells=cells,
-        counts={s: int(counts[s]) for s in STATUS_ORDER if s in counts} | {
-            s: int(n) for s, n in counts.items() if s not in STATUS_ORDER},
+        counts={s: int(counts[s]) for s in STATUS_ORDER + sorted(set(counts.index) - set(STATUS_ORDER))
+                if s in counts},
         ok=ok, fastest=pick("tokens_per_s", True), smallest=pick("peak_memory_bytes", False),
-        best_mfu=pick("mfu", True), frontier=frontier, peak_label=_peak_label(cells["peak_memory_source"]),
-        capacity_bytes=capacity, capacity_label=capacity_label,
+        best_mfu=pick("mfu", True),
+        frontier=ok[ok["pareto"]].sort_values(["peak_memory_source", "peak_memory_bytes"], kind="stable"),
+        peak_label=_peak_label(cells["peak_memory_source"]), capacity_label=capacity_label,
         did_not_fit=cells[cells["status"].isin([Status.CUDA_OOM.value, Status.HOST_OOM.value])],
         memory_columns=[m for m in MEMORY_VIEW if m[0] in cells and cells[m[0]].notna().any()],
         memory_phases=next((m for m in MEMORY_PHASES if all(c in cells and cells[c].notna().any() for c in m[:2])),
                            None),
-        compute_metric=compute, ablations=_ablations(cells), loss_cells=_loss_cells(cells), failures=failures,
-        failure_groups=_failure_groups(failures), environment=_environment(cells, df),
-        baseline=base if baseline is not None else None, baseline_only=only,
+        compute_metric="mfu" if ok["mfu"].notna().any() else "tflops_per_gpu" if ok["tflops_per_gpu"].notna().any()
+        else None,
+        ablations=_ablations(cells), loss_cells=_loss_cells(cells), failures=failures,
+        failure_groups=_failure_groups(failures), environment=_environment(cells, df), baseline=base,
+        baseline_only=only,
     )

@@ -8,7 +8,8 @@ CSS = """
 :root {
   --fg: #1c2230; --muted: #5d6677; --line: #e2e5eb; --panel: #f6f7f9; --accent: #2f63c8;
   --ok: #2e7d32; --warn: #b45f06; --bad: #c0392b; --skip: #6b7280; --front: #d9480f;
-  --font: system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", "Liberation Sans", "DejaVu Sans", Arial, sans-serif;
+  --font: system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", "Liberation Sans", "DejaVu Sans", Arial,
+    sans-serif;
   --mono: ui-monospace, SFMono-Regular, Menlo, Consolas, "Liberation Mono", "DejaVu Sans Mono", monospace;
 }
 * { box-sizing: border-box; }
@@ -62,6 +63,9 @@ th[aria-sort=descending]::after { content: " \\25BC"; font-size: 10px; }
 .good { color: var(--ok); }
 .bad { color: var(--bad); }
 figure { margin: 8px 0; }
+.row { display: flex; gap: 20px; align-items: flex-start; flex-wrap: wrap; }
+.row > figure { flex: 0 1 760px; min-width: 0; }
+.row > .side { flex: 1 1 340px; min-width: 0; margin-top: 8px; }
 figcaption { color: var(--muted); font-size: 13px; margin-top: 4px; max-width: 90ch; }
 svg.chart { max-width: 100%; height: auto; display: block; border: 1px solid var(--line); border-radius: 8px; }
 svg.chart text { font-family: var(--font); font-size: 12px; fill: var(--fg); }
@@ -76,18 +80,25 @@ svg.chart .series polyline { fill: none; stroke-width: 2; stroke-linejoin: round
 svg.chart .series:hover polyline { stroke-width: 3.5; }
 svg.chart .shade { fill: #f3f4f7; }
 svg.chart .shade-label { fill: var(--muted); font-size: 11px; }
-ul.legend { list-style: none; padding: 0; margin: 6px 0; columns: 2 420px; font-size: 12px; }
-ul.legend li { break-inside: avoid; }
-.swatch { display: inline-block; width: 16px; height: 4px; border-radius: 2px; vertical-align: middle; margin-right: 6px; }
+ul.legend { list-style: none; padding: 0; font-size: 12px; }
+ul.legend li { display: flex; gap: 8px; margin-bottom: 5px; }
+ul.legend .swatch { flex: none; margin: 7px 0 0; }
+ul.legend .muted { white-space: nowrap; }
+.swatch { display: inline-block; width: 16px; height: 4px; border-radius: 2px; vertical-align: middle;
+          margin-right: 6px; }
 .bars { display: flex; flex-direction: column; gap: 2px; min-width: 200px; padding-top: 3px; }
 .bar { height: 6px; border-radius: 2px; }
-.bar.s0 { background: #2f63c8; } .bar.s1 { background: #f28e2b; } .bar.s2 { background: #76b7b2; } .bar.s3 { background: #9c755f; }
+.bar.s0 { background: #2f63c8; }
+.bar.s1 { background: #f28e2b; }
+.bar.s2 { background: #76b7b2; }
+.bar.s3 { background: #9c755f; }
 .key { display: inline-flex; align-items: center; margin-right: 14px; font-size: 12px; }
 .key .bar { width: 16px; margin-right: 6px; }
 td.ab { min-width: 120px; }
 td.ab .r { color: var(--muted); font-size: 11.5px; }
 .effects { margin: 2px 0 8px; padding: 0; list-style: none; font-size: 13px; }
-.reason { white-space: pre-wrap; overflow-wrap: break-word; font-family: var(--mono); font-size: 12px; margin: 0; max-width: 90ch; }
+.reason { white-space: pre-wrap; overflow-wrap: break-word; font-family: var(--mono); font-size: 12px; margin: 0;
+          max-width: 90ch; }
 details summary { cursor: pointer; }
 dl.env { display: grid; grid-template-columns: max-content 1fr; gap: 3px 18px; margin: 8px 0; }
 dl.env dt { color: var(--muted); }

@@ -32,7 +32,9 @@ def _table(header: list[str], align: str, rows: list[list[str]]) -> list[str]:
 
 
 def _more(n_total: int, n_shown: int, what: str = "") -> list[str]:
-    return [f"_…and {n_total - n_shown} more{what}; the HTML report lists them all._", ""] if n_total > n_shown else []
+    if n_total <= n_shown:
+        return []
+    return [f"_…and {n_total - n_shown} more{what}; the HTML report lists them all._", ""]
 
 
 def _short(s: str, n: int = 300) -> str:
@@ -72,17 +74,16 @@ def _fits(a: Analysis) -> list[str]:
     ran = a.cells[a.cells["status"] != "skipped"]
     if ran.empty:
         return lines + ["No cell ran.", ""]
-    where = (f"in {escape(a.capacity_label)} ({fmt.gib(a.capacity_bytes, 1)} GiB)" if a.capacity_bytes
-             else "(capacity unknown)")
+    where = f"in {escape(a.capacity_label)}" if a.capacity_label else "(capacity unknown)"
     lines += [f"**{len(a.ok)} of {len(ran)}** cells that ran fit {where}; "
-              f"{len(a.did_not_fit)} ran out of memory. Peak memory is {escape(a.peak_label)}.", ""]
+              f"{len(a.did_not_fit)} ran out of memory. Memory figure: {escape(a.peak_label)}.", ""]
     ok = a.ok.sort_values("peak_memory_bytes", kind="stable")
     shown = ok.head(MAX_ROWS)
     if len(shown):
-        cap = a.capacity_bytes
         lines += _table(["cell", "peak (GiB)", "of capacity", "tokens/s"], "lrrr",
-                        [[escape(n), fmt.gib(m), fmt.pct(m / cap, 0) if cap else "", fmt.num(t)]
-                         for n, m, t in zip(shown["cell_name"], shown["peak_memory_bytes"], shown["tokens_per_s"])])
+                        [[escape(n), fmt.gib(m), fmt.pct(m / cap, 0) if cap else "", fmt.num(t)] for n, m, cap, t in
+                         zip(shown["cell_name"], shown["peak_memory_bytes"], shown["capacity_bytes"],
+                             shown["tokens_per_s"])])
         lines += _more(len(ok), len(shown), " ok cells")
     oom = a.did_not_fit
     if len(oom):
@@ -99,8 +100,9 @@ def _ablations(a: Analysis) -> list[str]:
     for ab in a.ablations:
         for e in ab.effects:
             if e["n"]:
-                rows.append([escape(ab.title), f"{escape(_v(ab.axis, e['value']))} vs {escape(_v(ab.axis, e['reference']))}",
-                             fmt.ratio(e["tokens_ratio"]), fmt.ratio(e["memory_ratio"]), str(e["n"])])
+                value = f"{escape(_v(ab.axis, e['value']))} vs {escape(_v(ab.axis, e['reference']))}"
+                rows.append([escape(ab.title), value, fmt.ratio(e["tokens_ratio"]), fmt.ratio(e["memory_ratio"]),
+                             str(e["n"])])
     if not rows:
         return []
     return (["## One knob at a time", "",
@@ -144,7 +146,8 @@ def _baseline(a: Analysis) -> list[str]:
     top = b.assign(_s=score).sort_values("_s", ascending=False, kind="stable").head(MAX_ROWS)
     lines += _table(["cell", "status", "tokens/s", "change", "peak (GiB)", "change"], "llrrrr",
                     [[escape(r["cell_name"]),
-                      escape(r["status"] if r["status"] == r["status_base"] else f"{r['status_base']} → {r['status']}"),
+                      escape(r["status"] if r["status"] == r["status_base"]
+                             else f"{r['status_base']} → {r['status']}"),
                       fmt.num(r["tokens_per_s"]), fmt.change(r["tokens_per_s_change"]), fmt.gib(r["peak_memory_bytes"]),
                       fmt.change(r["peak_memory_change"])] for r in top.to_dict("records")])
     return lines + _more(len(b), len(top), " matched cells")

@@ -40,10 +40,11 @@ def _tradeoff(a: Analysis, path: Path) -> bool:
     x, y = ok["peak_memory_bytes"] / 2**30, ok["tokens_per_s"]
     ax.scatter(x, y, s=18, color=PALETTE[0], alpha=0.55, linewidths=0, label="cell")
     f = a.frontier
-    fx, fy = f["peak_memory_bytes"] / 2**30, f["tokens_per_s"]
-    ax.plot(fx, fy, linestyle="--", color="#d9480f", linewidth=1.3, marker="o", markersize=6,
-            markeredgecolor="white", label="Pareto frontier")
-    for i, (px, py) in enumerate(zip(fx, fy), start=1):  # numbered as in the Markdown frontier table
+    for i, (_, g) in enumerate(f.groupby("peak_memory_source", sort=False)):  # one frontier per kind of figure
+        ax.plot(g["peak_memory_bytes"] / 2**30, g["tokens_per_s"], linestyle="--", color="#d9480f", linewidth=1.3,
+                marker="o", markersize=6, markeredgecolor="white", label="Pareto frontier" if i == 0 else None)
+    for i, (px, py) in enumerate(zip(f["peak_memory_bytes"] / 2**30, f["tokens_per_s"]), start=1):
+        # numbered as in the Markdown frontier table
         ax.annotate(str(i), (px, py), textcoords="offset points", xytext=(5, 5), fontsize=8, color="#9a3412")
     if y.max() / y.min() > 30:
         ax.set_yscale("log")
@@ -67,9 +68,10 @@ def _loss(a: Analysis, path: Path) -> bool:
         return False
     fig = Figure(figsize=(7.2, 3.6 + 0.17 * len(c)))
     ax = fig.add_subplot()
-    for i, (name, losses) in enumerate(zip(c["cell_name"], c["losses"])):
+    for i, (name, losses, status) in enumerate(zip(c["cell_name"], c["losses"], c["status"])):
         ys = [math.nan if v is None else v for v in losses]
-        ax.plot(range(1, len(ys) + 1), ys, color=PALETTE[i % len(PALETTE)], linewidth=1.6, label=str(name))
+        ax.plot(range(1, len(ys) + 1), ys, color=PALETTE[i % len(PALETTE)], linewidth=1.6,
+                label=str(name) if status == "ok" else f"{name} ({status})")
     warm = c["warmup_steps"].dropna().unique()
     if len(warm) == 1 and warm[0] > 0:
         ax.axvspan(0.5, warm[0] + 0.5, color="#f1f3f6", zorder=0, label="warmup (not timed)")

@@ -103,7 +103,7 @@ def _frame(x: Scale, y: Scale, x_label: str, y_label: str, aria: str, height: in
 
 
 def scatter(points: list[dict], *, x_label: str, y_label: str, aria: str) -> str:
-    """Points {x, y, label, frontier}; the frontier points are ringed and joined by a dashed line.
+    """Points {x, y, label, frontier, group}; frontier points are highlighted, joined per group by a dashed line.
 
     y goes logarithmic when it spans more than 30x (offload cells can be 10-100x slower), so the
     fast cells are not squashed against the top.
@@ -120,10 +120,12 @@ def scatter(points: list[dict], *, x_label: str, y_label: str, aria: str) -> str
     y = Scale(min(ys), max(ys), height - BOTTOM, top, log=log_y, from_zero=not log_y and min(ys) < 0.4 * max(ys),
               pad=0.04)
     out = _frame(x, y, x_label, y_label + (", log scale" if log_y else ""), aria, height, top)
-    front = sorted((p for p in pts if p["frontier"]), key=lambda p: (p["x"], -p["y"]))
-    if len(front) > 1:
-        path = " ".join(f"{_f(x(p['x']))},{_f(y(p['y']))}" for p in front)
-        out.append(f'<polyline class="frontier-line" points="{path}"/>')
+    for group in sorted({p.get("group", "") for p in pts if p["frontier"]}):
+        front = sorted((p for p in pts if p["frontier"] and p.get("group", "") == group),
+                       key=lambda p: (p["x"], -p["y"]))
+        if len(front) > 1:
+            path = " ".join(f"{_f(x(p['x']))},{_f(y(p['y']))}" for p in front)
+            out.append(f'<polyline class="frontier-line" points="{path}"/>')
     for p in sorted(pts, key=lambda p: p["frontier"]):  # frontier drawn last, on top
         cls = "pt frontier" if p["frontier"] else "pt"
         out.append(f'<circle class="{cls}" cx="{_f(x(p["x"]))}" cy="{_f(y(p["y"]))}" r="{5 if p["frontier"] else 4}">'
