@@ -172,6 +172,7 @@ def run(matrix_path: str, *, results: str | None = None, filters: list[str] | No
     _prebuild([it for it in todo if it.skip is None], logs, extra_env, printer)
     prog = _Progress(len(todo), enabled=progress, printer=printer)
     t_run = time.time()
+    finished = False
     try:
         for i, it in enumerate(todo, 1):
             cell = it.cell
@@ -213,8 +214,9 @@ def run(matrix_path: str, *, results: str | None = None, filters: list[str] | No
             store.append(rec)
             written.append(rec)
             prog.done(i, rec)
+        finished = True
     finally:
-        prog.close(time.time() - t_run)
+        prog.close(time.time() - t_run, len(written), finished)
     return p, results_path, written
 
 
@@ -275,7 +277,10 @@ class _Progress:
         else:
             self.printer(line)
 
-    def close(self, seconds: float) -> None:
+    def close(self, seconds: float, recorded: int, finished: bool) -> None:
         if self.bar:
             self.bar.stop()
-        self.printer(f"matrix done: {self.total} cells in {seconds:.0f} s")
+        if finished:
+            self.printer(f"matrix done: {self.total} cells in {seconds:.0f} s")
+        else:
+            self.printer(f"matrix stopped after {recorded} of {self.total} cells ({seconds:.0f} s)")

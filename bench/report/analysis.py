@@ -313,6 +313,9 @@ def analyse(df: pd.DataFrame, *, title: str = "zerobench report", baseline: pd.D
                         loss_cells=empty, failures=empty, failure_groups=[], environment=[],
                         baseline=None if baseline is None else empty)
     cells = latest(df)
+    if "model" in cells and cells["model"].nunique() > 1:
+        # Cell names carry the axes, not the model: a report over several models must say which.
+        cells = cells.assign(cell_name=cells["model"].astype(str) + " " + cells["cell_name"])
     capacity, capacity_label = _capacity(cells)
     cells = cells.assign(
         peft_variant=_peft_variant(cells), capacity_bytes=capacity,

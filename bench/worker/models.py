@@ -54,6 +54,8 @@ def build(model: str, attn: str, dtype: torch.dtype, device: torch.device, zero3
         try:
             with ctx:
                 m = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn)
+            if zero3_init is not None:
+                _hf_init_partitioned(m)
         finally:
             torch.set_default_dtype(old)
     else:
@@ -61,6 +63,33 @@ def build(model: str, attn: str, dtype: torch.dtype, device: torch.device, zero3
             m = AutoModelForCausalLM.from_pretrained(model, local_files_only=True, dtype=dtype, attn_implementation=attn)
     m.config.use_cache = False
     return m
+
+
+def _hf_init_partitioned(model) -> None:
+    """Give a model built under deepspeed.zero.Init the same initial weights as the other cells.
+
+    transformers runs its _init_weights after the constructor, when zero.Init has already
+    partitioned every parameter to an empty tensor, so ZeRO-3 models would keep PyTorch's default
+    init instead (and their loss curves would not be comparable with the other stages'). Re-run the
+    same init, module by module in the same order (children first, as transformers does), with the
+    module's own parameters gathered: one module's weights at a time, never the whole model.
+    """
+    import deepspeed
+    from transformers import PreTrainedModel
+
+    def visit(module, owner):
+        for child in module.children():
+            visit(child, child if isinstance(child, PreTrainedModel) else owner)
+        params = list(module.parameters(recurse=False))
+        if not params:
+            return
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=0), torch.no_grad():
+            for p in params:  # transformers' init helpers skip tensors already flagged as initialized
+                if hasattr(p, "_is_hf_initialized"):
+                    p._is_hf_initialized = False
+            owner._init_weights(module)
+
+    visit(model, model)
 
 
 def checkpoint(model: str, dtype: torch.dtype, device: torch.device) -> str:
