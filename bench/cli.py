@@ -19,12 +19,35 @@ def _resolve(m: str | None) -> str:
     return str(DEFAULT_MATRIX) if m is None else m
 
 
+def _assumed_platform(n: int | None):
+    """This machine's versions, but N CUDA GPUs and the gpu extra: to plan a GPU host from anywhere."""
+    if not n:
+        return None
+    from . import env
+
+    real = env.probe()
+    versions = {**real.versions, "bitsandbytes": real.versions.get("bitsandbytes") or "assumed"}
+    if "+cpu" in (versions.get("torch") or ""):
+        versions["torch"] = versions["torch"].replace("+cpu", "+assumed-cuda")
+    gpus = tuple(env.Gpu(i, "assumed GPU", 0, f"assumed-{i}") for i in range(n))
+    return env.Platform(gpus=gpus, driver="assumed", versions=versions, host_memory_bytes=real.host_memory_bytes,
+                        cpu_count=real.cpu_count)
+
+
 def cmd_cells(args) -> int:
+    from collections import Counter
+
     from .run import plan
 
-    p = plan(_resolve(args.matrix), args.filter, ds_configs=getattr(args, "ds_config", None))
+    assumed = getattr(args, "assume_gpus", None)
+    p = plan(_resolve(args.matrix), args.filter, ds_configs=getattr(args, "ds_config", None),
+             platform=_assumed_platform(assumed))
     n_skip = sum(1 for it in p.items if it.skip)
-    print(f"{p.source}: {len(p.items)} cells, {len(p.items) - n_skip} runnable here, {n_skip} skipped")
+    where = f"on a host with {assumed} CUDA GPU(s)" if assumed else "here"
+    print(f"{p.source}: {len(p.items)} cells, {len(p.items) - n_skip} runnable {where}, {n_skip} skipped")
+    if n_skip:
+        for rule, n in Counter(it.skip.rule for it in p.items if it.skip).most_common():
+            print(f"  {n:6d} skipped by {rule}")
     for it in p.items:
         mark = "run " if it.skip is None else "skip"
         print(f"  {mark}  {it.cell.id}")
@@ -108,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     _matrix_arg(c)
     c.add_argument("--filter", action="append", metavar="REGEX")
     c.add_argument("--ds-config", nargs="+", metavar="JSON", help="list these DeepSpeed config files as cells")
+    c.add_argument("--assume-gpus", type=int, metavar="N",
+                   help="judge the rules as on a CUDA host with N GPUs and the gpu extra, e.g. to plan a GPU run")
     c.set_defaults(func=cmd_cells)
 
     rp = sub.add_parser("report", help="write Markdown and HTML reports from results files")

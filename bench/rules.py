@@ -133,7 +133,7 @@ RULES: tuple[Rule, ...] = (
          "ZeRO-3 parameter offload cannot move bitsandbytes 4-bit parameters",
          "use offload: none or optimizer",
          "bitsandbytes Params4bit is not a plain tensor DeepSpeed can page"),
-    Rule("hf-trainer-no-bnb-offload",
+    Rule("hf-trainer-no-onebit",
          lambda c, p: c.engine == "hf_trainer" and c.optimizer in ONEBIT,
          "the HF Trainer path builds its optimizer from the DeepSpeed config; 1-bit needs the DeepSpeed loop",
          "use engine: deepspeed",
