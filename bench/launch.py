@@ -125,7 +125,8 @@ def run_cell(cell: Cell, ds_config: dict, *, log_path: Path, gpus: list[int] | N
     """Run one cell attempt to its end, whatever that end is. Raises KeyboardInterrupt after cleaning up."""
     work = Path(tempfile.mkdtemp(prefix="zerobench-"))
     spec_path, events_path = work / "spec.json", work / "events.jsonl"
-    nprocs = cell.gpus if gpus else 1
+    # One rank per GPU; on a CPU host `gpus: N` runs N CPU ranks over gloo (how CI tests multi-rank cells).
+    nprocs = cell.gpus
     spec = {"cell": cell.to_dict(), "ds_config": ds_config, "events": str(events_path),
             "result": str(work / "result.rank{rank}.json"), "parent_pid": os.getpid()}
     spec_path.write_text(json.dumps(spec))
@@ -142,13 +143,17 @@ def run_cell(cell: Cell, ds_config: dict, *, log_path: Path, gpus: list[int] | N
                                 start_new_session=True, env=env, cwd=os.getcwd())
         sampler = telemetry.Sampler(proc.pid, nvml_idx, sample_interval_s)
         sampler.start()
+        armed = False
         try:
             while proc.poll() is None:
                 time.sleep(0.2)
                 now = time.time()
+                # The watchdog arms when steps start: setup may legitimately sit silent for a minute
+                # (a first JIT build of DeepSpeed's ops); the wall-clock timeout covers it.
+                armed = armed or (events_path.exists() and '"warmup"' in events_path.read_text())
                 if now - t0 > cell.timeout_s:
                     killed_for = "timeout"
-                elif events_path.exists() and now - events_path.stat().st_mtime > stall_s:
+                elif armed and now - events_path.stat().st_mtime > stall_s:
                     killed_for = "stall"
                 if killed_for:
                     _kill_tree(proc)
@@ -171,7 +176,7 @@ def run_cell(cell: Cell, ds_config: dict, *, log_path: Path, gpus: list[int] | N
             except json.JSONDecodeError:
                 pass
     out = Outcome(status=Status.ERROR, reason="", ranks=ranks, exit_code=proc.returncode, wall_s=end_t - t0,
-                  log_tail=_tail(log_path), phase_at_end=phases[-1][0] if phases else None,
+                  log_tail=_tail(log_path), phase_at_end=next((ph for ph, _ in reversed(phases) if ph != "exit"), None),
                   last_step=steps[-1]["step"] if steps else None, gpu_before=before)
     out.telemetry = telemetry.summarize(series, phases, end_t)
     out.status, out.reason = _classify(out, killed_for, cell)
@@ -195,7 +200,10 @@ def _classify(o: Outcome, killed_for: str | None, cell: Cell) -> tuple[Status, s
     if killed_for == "interrupt":
         return Status.INTERRUPTED, f"stopped by the user ({_where(o)})"
     if o.ranks:
-        worst = max(o.ranks, key=lambda d: _SEVERITY.index(Status(d.get("status", "error"))))
+        # The worst outcome; among equally bad ones the earliest, since a rank that dies takes the
+        # others down with it (their errors are the collective's, not the cause).
+        worst = min(o.ranks, key=lambda d: (-_SEVERITY.index(Status(d.get("status", "error"))),
+                                            d.get("t_end", float("inf"))))
         st = Status(worst.get("status", "error"))
         reason = worst.get("reason", "")
         if len(o.ranks) < cell.gpus and st is Status.OK:

@@ -112,6 +112,7 @@ def _record(cell: Cell, planned: Planned, out: launch.Outcome, run_id: str, atte
         "status": out.status.value, "reason": out.reason, "started_at": started_at, "ended_at": _now(),
         "wall_s": out.wall_s, "exit_code": out.exit_code, "phase_at_end": out.phase_at_end, "metrics": metrics,
         "memory": mem, "losses": rank0.get("losses"), "step_times_s": rank0.get("step_times_s"),
+        "world_size": len(out.ranks) or None,
         "worker": {k: rank0.get(k) for k in ("optimizer_class", "zero_optimizer_class", "params_total",
                                               "params_trainable", "params_embedding", "model_build_s",
                                               "engine_init_s", "setup_s", "fp16_skipped_steps", "gpu_name",

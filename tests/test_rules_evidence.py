@@ -48,3 +48,15 @@ def test_torch_adamw_with_offload_really_runs(tmp_path):
     out = launch.run_cell(cell, dsconfig.build(cell), log_path=tmp_path / "log", gpus=None)
     assert out.status.value == "ok", out.reason
     assert out.ranks[0]["optimizer_class"] == "torch.optim.adamw.AdamW"
+
+
+def test_param_offload_below_zero3_is_ignored(tmp_path):
+    # param-offload-needs-zero3: stage 2 runs, but the parameters stay put: the DeepSpeed config
+    # check says so before anything runs, and DeepSpeed's engine reports no parameter offload.
+    from bench import dscheck
+
+    cell = Cell(zero_stage=2, offload="optimizer+params", optimizer="cpuadam", seq_len=32, micro_batch=1,
+                warmup_steps=1, measured_steps=2)
+    assert rules.check(cell, CPU).rule == "param-offload-needs-zero3"
+    probs = dscheck.check(dsconfig.build(cell))
+    assert any("offload_param" in p.where for p in probs), probs

@@ -17,13 +17,14 @@ import traceback
 from .events import Events, watch_parent, write_result
 
 # Faults the test suite injects into a real worker to check that the parent classifies each end
-# right (ZEROBENCH_FAULT=kind[@step]). Never set in a benchmark run; recorded in the result if set.
+# right (ZEROBENCH_FAULT=kind[@step][#rank]). Never set in a benchmark run; recorded in the result if set.
 FAULTS = ("hang", "sigkill", "raise", "nan", "exit")
 
 
 def _fault() -> tuple[str | None, int]:
     raw = os.environ.get("ZEROBENCH_FAULT", "")
-    if not raw:
+    raw, _, only_rank = raw.partition("#")
+    if not raw or (only_rank and int(only_rank) != int(os.environ.get("RANK", "0"))):
         return None, -1
     kind, _, step = raw.partition("@")
     if kind not in FAULTS:

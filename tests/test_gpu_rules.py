@@ -1,0 +1,41 @@
+"""Each rule that says a combination fails or misbehaves on a GPU, shown on a GPU: the cell is run
+past the rules and must not run as named. A rule whose combination turns out to work goes.
+
+Run on the GPU host (`nox -s gpu_tests`); they skip elsewhere."""
+from __future__ import annotations
+
+import pytest
+
+from bench import dsconfig, env, launch, rules
+from bench.cells import Cell, Lora, Qlora
+
+pytestmark = pytest.mark.gpu
+
+SMALL = dict(model="llama-tiny", seq_len=128, micro_batch=2, warmup_steps=1, measured_steps=2, timeout_s=300)
+GPU = env.Platform(gpus=(env.Gpu(0, "GPU", 0, "x"),), versions={"torch": "2.11.0+cu130", "deepspeed": "0.19.6",
+                                                                   "bitsandbytes": "0.50.2"})
+CASES = [
+    # On CPU DeepSpeed builds DeepSpeedCPUAdam at stage 0 too (the parameters already live on the
+    # CPU), so only a GPU can show what stage 0 does with offload_optimizer.
+    ("offload-needs-zero", Cell(zero_stage=0, offload="optimizer", optimizer="cpuadam", **SMALL)),
+    ("offload-optimizer-kind", Cell(zero_stage=2, offload="optimizer", optimizer="fusedlamb", precision="fp16", **SMALL)),
+    ("offload-optimizer-kind", Cell(zero_stage=2, offload="optimizer", optimizer="paged_adamw_8bit", **SMALL)),
+    ("onebit-needs-fp16-zero0", Cell(zero_stage=0, optimizer="onebitadam", precision="bf16", **SMALL)),
+    ("onebit-needs-fp16-zero0", Cell(zero_stage=1, optimizer="onebitadam", precision="fp16", **SMALL)),
+    ("onebit-no-peft", Cell(optimizer="onebitadam", precision="fp16", peft="lora", lora=Lora(r=8), **SMALL)),
+    ("qlora-no-fp32", Cell(peft="qlora", precision="fp32", optimizer="fusedadam", lora=Lora(r=8), qlora=Qlora(),
+                           **SMALL)),
+    ("qlora-no-param-offload", Cell(zero_stage=3, offload="optimizer+params", optimizer="cpuadam", peft="qlora",
+                                    lora=Lora(r=8), qlora=Qlora(), **SMALL)),
+    ("cpuadam-needs-offload", Cell(optimizer="cpuadam", **SMALL)),
+    ("fusedlamb-no-bf16", Cell(optimizer="fusedlamb", precision="bf16", **SMALL)),
+]
+
+
+@pytest.mark.parametrize("rule,cell", CASES, ids=[f"{r}-{i}" for i, (r, _) in enumerate(CASES)])
+def test_rule_holds_on_gpu(tmp_path, rule, cell):
+    skip = rules.check(cell, GPU)
+    assert skip is not None and skip.rule == rule
+    out = launch.run_cell(cell, dsconfig.build(cell), log_path=tmp_path / "log", gpus=[0])
+    print(rule, out.status.value, out.reason[:300])
+    assert out.status.value != "ok", f"{rule}: the combination ran fine on this GPU; the rule must go"

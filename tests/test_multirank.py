@@ -1,0 +1,34 @@
+"""Multi-rank cells through torchrun, on CPU ranks over gloo: one result per cell, merged from ranks."""
+from __future__ import annotations
+
+import pytest
+
+from bench.store import read
+
+from .conftest import TINY, write_matrix, zerobench
+
+pytestmark = pytest.mark.slow
+
+
+def test_two_ranks_one_record(tmp_path):
+    m = write_matrix(tmp_path / "m.yaml", TINY + "gpus: 2\naxes: {zero_stage: [3]}\n")
+    res = tmp_path / "r.jsonl"
+    r = zerobench("run", str(m), "--results", str(res), "--no-report", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (rec,) = [x for x in read(res) if x["status"] != "started"]
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["world_size"] == 2 and rec["cell"]["gpus"] == 2
+    # Throughput counts both ranks' tokens.
+    step = rec["metrics"]["step_time_median_s"]
+    assert rec["metrics"]["tokens_per_s"] == pytest.approx(2 * 2 * 32 / step)
+
+
+def test_one_failing_rank_fails_the_cell(tmp_path):
+    m = write_matrix(tmp_path / "m.yaml", TINY.replace("timeout_s: 600", "timeout_s: 120") + "gpus: 2\n")
+    res = tmp_path / "r.jsonl"
+    r = zerobench("run", str(m), "--results", str(res), "--no-report", cwd=tmp_path,
+                  env={"ZEROBENCH_FAULT": "raise@1#1", "ZEROBENCH_STALL_S": "30"})
+    assert r.returncode == 0
+    (rec,) = [x for x in read(res) if x["status"] != "started"]
+    assert rec["status"] == "error"
+    assert rec["reason"].startswith("rank 1: RuntimeError") and "injected fault" in rec["reason"]
