@@ -14,7 +14,7 @@ from typing import Any
 __all__ = ["Cell", "Lora", "Qlora", "ZERO_STAGES", "OFFLOADS", "PRECISIONS", "OPTIMIZERS", "PEFTS", "ENGINES"]
 
 ZERO_STAGES = (0, 1, 2, 3)
-OFFLOADS = ("none", "optimizer", "optimizer+params")
+OFFLOADS = ("none", "optimizer", "optimizer+params", "nvme")  # nvme: optimizer and parameters, ZeRO-3
 PRECISIONS = ("fp32", "fp16", "bf16")
 # Each optimizer name is the class that must actually run; the worker refuses a cell whose engine
 # built something else (DeepSpeed swaps optimizers silently, e.g. Adam -> DeepSpeedCPUAdam under offload).
@@ -94,6 +94,8 @@ class Cell:
     lora: Lora | None = None
     qlora: Qlora | None = None
     # not part of the identity
+    nvme_path: str | None = field(default=None, compare=False)
+    """Folder on the NVMe drive for offload: nvme cells swap optimizer state and parameters there."""
     timeout_s: float = field(default=1800.0, compare=False)
     matrix: str = field(default="", compare=False)
 
@@ -101,8 +103,8 @@ class Cell:
     def canonical(self) -> dict[str, Any]:
         """Everything that changes the measurement, as plain JSON-able data."""
         d = self.to_dict()
-        d.pop("timeout_s")
-        d.pop("matrix")
+        for k in ("timeout_s", "matrix", "nvme_path"):
+            d.pop(k)
         return d
 
     @property

@@ -44,6 +44,13 @@ def build(cell: Cell) -> dict[str, Any]:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if cell.offload == "optimizer+params":
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    if cell.offload == "nvme":
+        # ZeRO-Infinity: optimizer state and parameters swap to files under nvme_path (the worker
+        # gives each attempt its own subfolder and removes it at the end).
+        path = cell.nvme_path or "/tmp"
+        zero["offload_optimizer"] = {"device": "nvme", "nvme_path": path, "pin_memory": True, "buffer_count": 4}
+        zero["offload_param"] = {"device": "nvme", "nvme_path": path, "pin_memory": True, "buffer_count": 5,
+                                 "buffer_size": 100_000_000, "max_in_cpu": 1_000_000_000}
     if cell.zero_stage == 3:
         # Gather weights for save: not needed to benchmark, and it costs a full-model gather.
         zero["stage3_gather_16bit_weights_on_model_save"] = False
@@ -56,6 +63,9 @@ def build(cell: Cell) -> dict[str, Any]:
         "steps_per_print": 10**9,  # DeepSpeed's own step log would interleave with ours
         "wall_clock_breakdown": False,
     }
+    if cell.offload == "nvme":
+        cfg["aio"] = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1, "single_submit": False,
+                      "overlap_events": True}
     if cell.precision == "bf16":
         cfg["bf16"] = {"enabled": True}
     elif cell.precision == "fp16":

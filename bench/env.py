@@ -56,6 +56,8 @@ class Platform:
     versions: dict = field(default_factory=dict)
     host_memory_bytes: int = 0
     cpu_count: int = 0
+    libaio: bool = True
+    """libaio's headers, which DeepSpeed's async-I/O op (NVMe offload) compiles against."""
 
     @property
     def cuda(self) -> bool:
@@ -105,7 +107,8 @@ def probe() -> Platform:
         keep = {int(x) for x in visible.split(",") if x.strip().isdigit()}
         gpus = tuple(g for g in gpus if g.index in keep)
     return Platform(gpus=gpus, driver=driver, versions={d: version(d) for d in LIBS},
-                    host_memory_bytes=int(psutil.virtual_memory().total), cpu_count=os.cpu_count() or 0)
+                    host_memory_bytes=int(psutil.virtual_memory().total), cpu_count=os.cpu_count() or 0,
+                    libaio=Path("/usr/include/libaio.h").exists())
 
 
 def _git(*args: str) -> str | None:

@@ -127,7 +127,7 @@ def run_cell(cell: Cell, ds_config: dict, *, log_path: Path, gpus: list[int] | N
     spec_path, events_path = work / "spec.json", work / "events.jsonl"
     # One rank per GPU; on a CPU host `gpus: N` runs N CPU ranks over gloo (how CI tests multi-rank cells).
     nprocs = cell.gpus
-    spec = {"cell": cell.to_dict(), "ds_config": ds_config, "events": str(events_path),
+    spec = {"cell": cell.to_dict(), "ds_config": ds_config, "events": str(events_path), "attempt_id": work.name,
             "result": str(work / "result.rank{rank}.json"), "parent_pid": os.getpid()}
     spec_path.write_text(json.dumps(spec))
     port = free_port()

@@ -61,7 +61,7 @@ def _known_optimizer(v: str) -> str:
 
 Optimizer = Annotated[str, AfterValidator(_known_optimizer)]
 Stage = Literal[0, 1, 2, 3]
-Offload = Literal["none", "optimizer", "optimizer+params"]
+Offload = Literal["none", "optimizer", "optimizer+params", "nvme"]
 Precision = Literal["fp32", "fp16", "bf16"]
 Peft = Literal["none", "lora", "qlora"]
 Engine = Literal["deepspeed", "hf_trainer"]
@@ -153,6 +153,8 @@ class Matrix(_Strict):
     seed: int = 0
     gpus: int = Field(1, ge=1)
     timeout_s: float = Field(1800.0, gt=0)
+    nvme_path: str | None = None
+    """Folder on a local NVMe drive, for cells with offload: nvme (it must exist)."""
     attn: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     axes: Axes = Axes()
     lora: LoraSettings = LoraSettings()
@@ -344,6 +346,13 @@ def _semantic_problems(m: Matrix, file: str, lines: dict) -> list[Problem]:
             dscheck.load(path)  # a user config is checked, not trusted: DeepSpeed ignores misplaced keys
         except MatrixError as e:
             out += e.problems
+    if "nvme" in m.axes.offload or any("nvme" in (p.values().get("offload") or []) for p in m.include):
+        if not m.nvme_path:
+            out.append(Problem(file, "nvme_path", "offload: nvme needs a folder on an NVMe drive",
+                               "set nvme_path: /path/on/nvme (it must exist)", lines.get(("axes", "offload"))))
+        elif not Path(m.nvme_path).is_dir():
+            out.append(Problem(file, "nvme_path", f"no such folder {m.nvme_path!r}", "create it, or fix the path",
+                               lines.get(("nvme_path",))))
     for i, pick in enumerate(m.exclude):
         if not any(_matches(c, pick) for c in _cross(m)):
             out.append(Problem(file, f"exclude[{i}]", "matches no cell of the matrix",
@@ -388,7 +397,8 @@ def expand(m: Matrix) -> list[Cell]:
                   quant_storage=m.qlora.quant_storage)
     fixed = dict(model=m.model, data=m.data, tokenizer=m.tokenizer, seq_len=m.seq_len, micro_batch=m.batch.micro,
                  grad_accum=m.batch.grad_accum, warmup_steps=m.steps.warmup, measured_steps=m.steps.measured,
-                 lr=m.lr, seed=m.seed, gpus=m.gpus, attn=m.attn, timeout_s=m.timeout_s, matrix=m.name or "")
+                 lr=m.lr, seed=m.seed, gpus=m.gpus, attn=m.attn, timeout_s=m.timeout_s, matrix=m.name or "",
+                 nvme_path=m.nvme_path)
     cells, seen = [], set()
     for combo in _cross(m):
         if any(_matches(combo, pick) for pick in m.exclude):

@@ -116,6 +116,7 @@ def _record(cell: Cell, planned: Planned, out: launch.Outcome, run_id: str, atte
         "worker": {k: rank0.get(k) for k in ("optimizer_class", "zero_optimizer_class", "params_total",
                                               "params_trainable", "params_embedding", "model_build_s",
                                               "engine_init_s", "setup_s", "fp16_skipped_steps", "gpu_name",
+                                              "nvme_swap_bytes",
                                               "versions", "fault_injected", "allocator_at_failure")},
         "telemetry": tel, "ds_config": planned.ds_config, "foreign_gpu_processes": foreign or None,
         "gpu_after": out.gpu_after or None, "provenance": env.provenance(), "log": str(log_path),
@@ -230,7 +231,10 @@ def _prebuild(items: list[Planned], logs: Path, extra_env: dict | None, printer)
     import subprocess
     import sys
 
-    ops = sorted({_OPS[it.cell.optimizer] for it in items if it.cell.optimizer in _OPS})
+    ops = sorted({_OPS[it.cell.optimizer] for it in items if it.cell.optimizer in _OPS}
+                 | {"AsyncIOBuilder" for it in items if it.cell.offload == "nvme"}
+                 # On CPU, DeepSpeed's first init_distributed compiles its shared-memory comm op.
+                 | ({"ShareMemCommBuilder"} if items and not env.probe().cuda else set()))
     if not ops:
         return
     logs.mkdir(parents=True, exist_ok=True)

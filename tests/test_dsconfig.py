@@ -56,10 +56,12 @@ def test_offload(offload, tmp_path):
     c = cell(zero_stage=3, offload=offload, optimizer="cpuadam" if offload != "none" else "adamw")
     z = dsconfig.build(c)["zero_optimization"]
     assert ("offload_optimizer" in z) is (offload != "none")
-    assert ("offload_param" in z) is (offload == "optimizer+params")
+    assert ("offload_param" in z) is (offload in ("optimizer+params", "nvme"))
     for key in ("offload_optimizer", "offload_param"):
-        if key in z:
+        if key in z and offload != "nvme":
             assert z[key] == {"device": "cpu", "pin_memory": True}
+        elif key in z:
+            assert z[key]["device"] == "nvme" and z[key]["nvme_path"]
     assert dscheck.describe(round_trip(c, tmp_path)) == axes_of(c)
 
 

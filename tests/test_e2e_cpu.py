@@ -1,7 +1,6 @@
 """The whole pipeline on CPU with real DeepSpeed engines: the embedded smoke matrix as a user runs it."""
 from __future__ import annotations
 
-import json
 
 import pytest
 

@@ -9,7 +9,6 @@ import itertools
 import json
 import math
 import time
-from pathlib import Path
 
 from bench.report import write_reports
 

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 from ..cells import OPTIMIZERS, Cell
@@ -43,6 +45,7 @@ def run(spec: dict, doc: dict, events: Events, fault: tuple[str | None, int]) ->
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
     torch.manual_seed(cell.seed)
     dtype = models.DTYPES[cell.precision]
+    swap_dir = _nvme_swap_dir(cell, ds_config, spec)
 
     # -- model --------------------------------------------------------------------------------
     t0 = time.perf_counter()
@@ -50,7 +53,7 @@ def run(spec: dict, doc: dict, events: Events, fault: tuple[str | None, int]) ->
     if cell.engine == "hf_trainer":
         # Created before the model: with ZeRO-3 it registers the config, so from_config partitions
         # the weights as they are made (the way Trainer users get ZeRO-3 init).
-        hf_args = _training_args(cell, ds_config, spec)
+        hf_args = _training_args(cell, ds_config)
     model = _build_model(cell, ds_config, dtype, device, local_rank, hf_args is not None, models, deepspeed)
     doc["model_build_s"] = time.perf_counter() - t0
     counts = models.count_params(model)
@@ -62,7 +65,7 @@ def run(spec: dict, doc: dict, events: Events, fault: tuple[str | None, int]) ->
     batches = data_mod.batches(cell.data, cell.tokenizer, cfg.vocab_size, steps * cell.grad_accum,
                                cell.micro_batch, cell.seq_len, cell.seed, rank)
     if hf_args is not None:
-        losses, times, skipped = _train_hf(cell, hf_args, model, batches, doc, events, device, torch, t_setup, fault)
+        losses, times, skipped = _train_hf(cell, hf_args, model, batches, doc, events, device, torch, t_setup)
         return _finish(cell, doc, losses, times, skipped, counts, cfg, world, cuda, device, torch, deepspeed,
                        transformers, metrics)
     batches = batches.to(device)
@@ -133,6 +136,10 @@ def run(spec: dict, doc: dict, events: Events, fault: tuple[str | None, int]) ->
         doc["status"] = "ok"
     doc["phase"] = "teardown"
     events.phase("teardown")
+    if swap_dir:
+        # What DeepSpeed wrote to the NVMe folder: evidence the cell really swapped there.
+        doc["nvme_swap_bytes"] = sum(f.stat().st_size for f in Path(swap_dir).rglob("*") if f.is_file())
+        shutil.rmtree(swap_dir, ignore_errors=True)
 
     _finish(cell, doc, losses, times, int(getattr(engine, "skipped_steps", 0)) - skipped_at_measure, counts, cfg,
             world, cuda, device, torch, deepspeed, transformers, metrics, setup_alloc)
@@ -207,8 +214,8 @@ def _build_model(cell, ds_config, dtype, device, local_rank, under_trainer, mode
     else:
         zero3 = None
         if cell.zero_stage == 3 and not under_trainer:
-            zero3 = deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype,
-                                        remote_device="cpu" if cell.offload == "optimizer+params" else None)
+            # remote_device None: the config's offload_param device (cpu or nvme) decides.
+            zero3 = deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype)
         model = models.build(cell.model, cell.attn, dtype, device, zero3)
         if cell.grad_ckpt:
             # Non-reentrant checkpointing works with frozen base weights (LoRA) and ZeRO-3 hooks.
@@ -225,7 +232,7 @@ def _build_model(cell, ds_config, dtype, device, local_rank, under_trainer, mode
     return model
 
 
-def _training_args(cell, ds_config, spec):
+def _training_args(cell, ds_config):
     import tempfile
 
     import torch
@@ -246,7 +253,7 @@ def _training_args(cell, ds_config, spec):
         **({"optim": optim} if optim else {}))
 
 
-def _train_hf(cell, args, model, batches, doc, events, device, torch, t_setup, fault):
+def _train_hf(cell, args, model, batches, doc, events, device, torch, t_setup):
     """The HF Trainer path, as its users run it; steps timed by a callback with the same syncs as our loop."""
     from transformers import Trainer, TrainerCallback
 
@@ -306,6 +313,18 @@ def _train_hf(cell, args, model, batches, doc, events, device, torch, t_setup, f
     doc["phase"] = "teardown"
     events.phase("teardown")
     return losses, times, int(getattr(engine, "skipped_steps", 0) or 0)
+
+
+def _nvme_swap_dir(cell, ds_config: dict, spec: dict) -> str | None:
+    """Point the config's NVMe offload at this attempt's own subfolder (DeepSpeed fills it with swap files)."""
+    if cell.offload != "nvme":
+        return None
+    zero = ds_config["zero_optimization"]
+    path = os.path.join(zero["offload_param"]["nvme_path"], f"zerobench-{spec.get('attempt_id', os.getpid())}")
+    os.makedirs(path, exist_ok=True)
+    for key in ("offload_param", "offload_optimizer"):
+        zero[key]["nvme_path"] = path
+    return path
 
 
 def _inject(kind: str) -> None:
