@@ -107,6 +107,14 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_selfcheck(args) -> int:
+    from .selfcheck import selfcheck
+
+    path, _ = selfcheck(_resolve(args.matrix), filters=args.filter, results=args.results)
+    print(f"results: {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="zerobench", description="Benchmark and ablate DeepSpeed/PEFT training setups.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -134,6 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--assume-gpus", type=int, metavar="N",
                    help="judge the rules as on a CUDA host with N GPUs and the gpu extra, e.g. to plan a GPU run")
     c.set_defaults(func=cmd_cells)
+
+    sc = sub.add_parser("selfcheck", help="run cells beside a hand-written DeepSpeed loop and without telemetry, "
+                                          "to check the harness's own accuracy and cost")
+    _matrix_arg(sc)
+    sc.add_argument("--filter", action="append", metavar="REGEX")
+    sc.add_argument("--results", metavar="PATH", help="default: results/selfcheck-<matrix name>.jsonl")
+    sc.set_defaults(func=cmd_selfcheck)
 
     rp = sub.add_parser("report", help="write Markdown and HTML reports from results files")
     rp.add_argument("results", nargs="+", help="results .jsonl files (or folders of them)")

@@ -71,8 +71,8 @@ def child_env(base: dict[str, str], *, port: int, gpus: list[int] | None) -> dic
     return env
 
 
-def _command(spec_path: Path, nprocs: int, port: int) -> list[str]:
-    worker = ["-m", "bench.worker", "--spec", str(spec_path)]
+def _command(spec_path: Path, nprocs: int, port: int, module: str = "bench.worker") -> list[str]:
+    worker = ["-m", module, "--spec", str(spec_path)]
     if nprocs == 1:
         return [sys.executable, *worker]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nprocs), "--nnodes", "1",
@@ -121,8 +121,12 @@ def _kill_tree(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 
 
 def run_cell(cell: Cell, ds_config: dict, *, log_path: Path, gpus: list[int] | None, stall_s: float = 600.0,
-             sample_interval_s: float = 0.01, extra_env: dict[str, str] | None = None) -> Outcome:
-    """Run one cell attempt to its end, whatever that end is. Raises KeyboardInterrupt after cleaning up."""
+             sample_interval_s: float | None = 0.01, extra_env: dict[str, str] | None = None,
+             module: str = "bench.worker") -> Outcome:
+    """Run one cell attempt to its end, whatever that end is. Raises KeyboardInterrupt after cleaning up.
+
+    sample_interval_s=None runs without telemetry (to measure what telemetry costs); module picks the
+    program (bench.reference is the hand-written yardstick loop)."""
     work = Path(tempfile.mkdtemp(prefix="zerobench-"))
     spec_path, events_path = work / "spec.json", work / "events.jsonl"
     # One rank per GPU; on a CPU host `gpus: N` runs N CPU ranks over gloo (how CI tests multi-rank cells).
@@ -139,10 +143,11 @@ def run_cell(cell: Cell, ds_config: dict, *, log_path: Path, gpus: list[int] | N
     t0 = time.time()
     killed_for: str | None = None
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(_command(spec_path, nprocs, port), stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(_command(spec_path, nprocs, port, module), stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env=env, cwd=os.getcwd())
-        sampler = telemetry.Sampler(proc.pid, nvml_idx, sample_interval_s)
-        sampler.start()
+        sampler = telemetry.Sampler(proc.pid, nvml_idx, sample_interval_s or 0.01)
+        if sample_interval_s is not None:
+            sampler.start()
         armed = False
         try:
             while proc.poll() is None:
@@ -162,7 +167,7 @@ def run_cell(cell: Cell, ds_config: dict, *, log_path: Path, gpus: list[int] | N
             killed_for = "interrupt"
             _kill_tree(proc)
         finally:
-            series = sampler.stop()
+            series = sampler.stop() if sample_interval_s is not None else telemetry.Series()
     end_t = time.time()
     events = _read_events(events_path)
     phases = [(e["phase"], e["t"]) for e in events if e.get("event") == "phase"]

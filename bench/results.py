@@ -37,7 +37,7 @@ def _row(rec: dict) -> dict:
                                                  if k not in (worker.get("versions") or {})}
     row = {
         "run_id": rec.get("run_id"), "attempt": rec.get("attempt"), "matrix": rec.get("matrix"),
-        "cell_id": rec.get("cell_id"), "cell_hash": rec.get("cell_hash"), "cell_name": rec.get("cell_name"),
+        "cell_id": rec.get("cell_id"), "variant": rec.get("variant"), "cell_hash": rec.get("cell_hash"), "cell_name": rec.get("cell_name"),
         "status": rec.get("status"), "reason": rec.get("reason") or "",
         "started_at": rec.get("started_at"), "ended_at": rec.get("ended_at"), "wall_s": rec.get("wall_s"),
     }

@@ -109,7 +109,8 @@ class Sampler(threading.Thread):
 
     def stop(self) -> Series:
         self._halt.set()
-        self.join(timeout=5)
+        if self.is_alive():
+            self.join(timeout=5)
         return self.series
 
 

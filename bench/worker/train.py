@@ -113,7 +113,7 @@ def run(spec: dict, doc: dict, events: Events, fault: tuple[str | None, int]) ->
         if kind and step == fault_step:
             _inject(kind)
         t0 = time.perf_counter()
-        step_loss = 0.0
+        step_losses = []
         for micro in range(cell.grad_accum):
             batch = batches[step * cell.grad_accum + micro]
             out = engine(input_ids=batch, labels=batch)
@@ -122,7 +122,10 @@ def run(spec: dict, doc: dict, events: Events, fault: tuple[str | None, int]) ->
                 loss = loss * float("nan")
             engine.backward(loss)
             engine.step()
-            step_loss += loss.detach().float().item() / cell.grad_accum
+            step_losses.append(loss.detach())
+        # One host sync per step, as a plain training loop has: .item() per micro-batch would stall
+        # the GPU between micro-batches and be measured as the setup's cost.
+        step_loss = torch.stack(step_losses).float().mean().item()
         _sync(torch, device)
         dt = time.perf_counter() - t0
         losses.append(step_loss)

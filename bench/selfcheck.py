@@ -1,0 +1,83 @@
+"""`zerobench selfcheck`: does the harness measure what a plain script would, and what does it cost?
+
+Each runnable cell is run three ways through the same child protocol, back to back:
+  reference     a minimal hand-written DeepSpeed loop (bench/reference.py), no telemetry
+  zerobench     the worker as in any run, telemetry sampled every 10 ms
+  no-telemetry  the worker without the sampler
+and recorded like any cell (with a `variant` field) in results/selfcheck-<matrix>.jsonl. The
+comparison printed at the end is computed from those records alone:
+  step time vs reference, tokens/s with vs without telemetry, and the fixed per-cell cost
+  (wall time minus the steps and the model build).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+import uuid
+from pathlib import Path
+
+from . import env, launch, run as run_mod
+from .store import Store
+
+__all__ = ["selfcheck", "compare"]
+
+VARIANTS = (("reference", {"module": "bench.reference", "sample_interval_s": None}),
+            ("zerobench", {}),
+            ("no-telemetry", {"sample_interval_s": None}))
+
+
+def selfcheck(matrix_path: str, *, filters: list[str] | None = None, results: str | None = None,
+              printer=print) -> tuple[Path, list[dict]]:
+    p = run_mod.plan(matrix_path, filters)
+    path = Path(results) if results else Path("results") / f"selfcheck-{p.matrix.name}.jsonl"
+    store = Store(path)
+    logs = path.parent / "logs" / path.stem
+    run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+    platform = env.probe()
+    written = []
+    for it in p.runnable:
+        gpus = list(range(it.cell.gpus)) if platform.cuda else None
+        for name, kw in VARIANTS:
+            started = run_mod._now()
+            log = logs / f"{it.cell.hash}.{name}.log"
+            out = launch.run_cell(it.cell, it.ds_config, log_path=log, gpus=gpus, **kw)
+            rec = run_mod._record(it.cell, it, out, run_id, 1, str(matrix_path), log, started)
+            rec["variant"] = name
+            store.append(rec)
+            written.append(rec)
+            printer(f"{name:<13} {rec['status']:<8} {it.cell.name}  {_median(rec) or 0:.4f} s/step")
+    for line in compare(written):
+        printer(line)
+    return path, written
+
+
+def _median(rec: dict) -> float | None:
+    return (rec.get("metrics") or {}).get("step_time_median_s")
+
+
+def compare(records: list[dict]) -> list[str]:
+    """The three comparisons, per cell, from selfcheck records."""
+    by_cell: dict[str, dict[str, dict]] = {}
+    for r in records:
+        if r.get("variant"):
+            by_cell.setdefault(r["cell_id"], {})[r["variant"]] = r
+    lines = []
+    for cid, v in by_cell.items():
+        zb, ref, nt = v.get("zerobench"), v.get("reference"), v.get("no-telemetry")
+        parts = [cid]
+        if zb and ref and _median(zb) and _median(ref):
+            parts.append(f"step time vs hand-written loop: {(_median(zb) / _median(ref) - 1) * 100:+.1f}%")
+        if zb and nt and _median(zb) and _median(nt):
+            tz, tn = zb["metrics"]["tokens_per_s"], nt["metrics"]["tokens_per_s"]
+            parts.append(f"telemetry cost: {(1 - tz / tn) * 100:+.1f}% tokens/s")
+        if zb and zb.get("step_times_s"):
+            build = (zb.get("worker") or {}).get("model_build_s") or 0.0
+            fixed = zb["wall_s"] - sum(zb["step_times_s"]) - build
+            parts.append(f"fixed per-cell cost beyond model build: {fixed:.1f} s (model build {build:.2f} s)")
+        lines.append("  ".join(parts))
+    return lines
+
+
+def noise(values: list[float]) -> float:
+    """Relative spread (max-min over median), for judging a difference against run-to-run noise."""
+    return (max(values) - min(values)) / statistics.median(values) if values else 0.0
