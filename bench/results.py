@@ -77,6 +77,16 @@ def _row(rec: dict) -> dict:
     row["python_version"] = prov.get("python")
     row["cpu"] = prov.get("cpu")
     row["host_memory_bytes"] = prov.get("host_memory_bytes")
+    # A model, not a measurement: computed when loading, so a better estimator needs no re-run.
+    row["estimate_model_states_bytes"] = row["estimate_model_states_host_bytes"] = None
+    if worker.get("params_total") and cell:
+        from .estimate import model_states
+
+        est = model_states(params=worker["params_total"], trainable=worker["params_trainable"],
+                           zero_stage=cell["zero_stage"], gpus=cell.get("gpus", 1), precision=cell["precision"],
+                           optimizer=cell["optimizer"], offload=cell["offload"], quantized_4bit=cell["peft"] == "qlora")
+        row["estimate_model_states_bytes"] = est["gpu_bytes"]
+        row["estimate_model_states_host_bytes"] = est["host_bytes"]
     row["losses"] = rec.get("losses")
     row["step_times_s"] = rec.get("step_times_s")
     return row

@@ -145,7 +145,7 @@ def test_charts_present(page, expected_cells):
     assert page.locator("#loss svg .series").count() >= 2
     # GPU memory side by side: NVML, allocator reserved, allocator allocated, and the estimate column.
     head = page.locator("#memory thead").inner_text()
-    for col in ("NVML process", "allocator reserved", "allocator allocated", "estimate"):
+    for col in ("NVML process", "allocator reserved", "allocator allocated", "model states"):
         assert col in head
     assert page.locator("#memory .bar").count() > 0
     assert "41.2%" in page.locator("#compute").inner_text()  # the best MFU of the GPU fixture

@@ -36,12 +36,12 @@ _KNOWN_ORDER = {"zero_stage": ZERO_STAGES, "offload": OFFLOADS, "precision": PRE
 
 # Memory figures per cell, in display order: (column, header, drawn as a bar). The allocator figures
 # sit beside NVML because the gap between them (CUDA context, NCCL buffers, fragmentation) is the point.
-# `estimate_bytes` is a memory model's prediction, shown once records carry one.
+# The estimate is the ZeRO paper's model-state accounting (bench/estimate.py): a floor under the peak.
 MEMORY_VIEW = [
     ("nvml_proc_peak_bytes", "NVML process", True),
     ("torch_max_reserved_bytes", "allocator reserved", True),
     ("torch_max_allocated_bytes", "allocator allocated", True),
-    ("estimate_bytes", "estimate", True),
+    ("estimate_model_states_bytes", "model states (ZeRO formula)", True),
     ("outside_allocator_bytes", "outside the allocator", False),
     ("host_rss_peak_bytes", "host RSS", False),
 ]
