@@ -116,7 +116,7 @@ def _record(cell: Cell, planned: Planned, out: launch.Outcome, run_id: str, atte
         "worker": {k: rank0.get(k) for k in ("optimizer_class", "zero_optimizer_class", "params_total",
                                               "params_trainable", "params_embedding", "model_build_s",
                                               "engine_init_s", "setup_s", "fp16_skipped_steps", "gpu_name",
-                                              "nvme_swap_bytes",
+                                              "nvme_swap_bytes", "train_mode",
                                               "versions", "fault_injected", "allocator_at_failure")},
         "telemetry": tel, "ds_config": planned.ds_config, "foreign_gpu_processes": foreign or None,
         "gpu_after": out.gpu_after or None, "provenance": env.provenance(), "log": str(log_path),

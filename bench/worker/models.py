@@ -122,6 +122,9 @@ def count_params(model) -> dict[str, int]:
     emb_ids = {id(p) for p in emb.parameters()} if emb is not None else set()
     for p in model.parameters():
         n = getattr(p, "ds_numel", None) or p.numel()
+        quant = getattr(p, "quant_state", None)  # bitsandbytes packs 4-bit weights: count the real shape
+        if quant is not None and getattr(quant, "shape", None) is not None:
+            n = int(torch.Size(quant.shape).numel())
         total += n
         if p.requires_grad:
             trainable += n

@@ -98,6 +98,10 @@ def run(spec: dict, doc: dict, events: Events, fault: tuple[str | None, int]) ->
     setup_alloc = None
     skipped_at_measure = 0
     kind, fault_step = fault
+    # from_pretrained (QLoRA, local models) returns a model in eval mode, where HF skips gradient
+    # checkpointing and dropout: train as a training loop does.
+    engine.train()
+    doc["train_mode"] = bool(engine.module.training)
     doc["phase"] = "warmup"
     events.phase("warmup")
     for step in range(steps):
