@@ -17,7 +17,7 @@ from .cells import Cell
 from .status import Status
 from .store import SCHEMA_VERSION, Store
 
-__all__ = ["Plan", "plan", "run", "default_results_path"]
+__all__ = ["Plan", "plan", "run", "default_results_path", "record_outcome", "new_run_id", "now"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Plan:
         return [p for p in self.items if p.skip is None]
 
 
-def _now() -> str:
+def now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
@@ -64,6 +64,11 @@ def plan(matrix_path: str, filters: list[str] | None = None, platform: env.Platf
     return Plan(m, str(matrix_path), tuple(items))
 
 
+def new_run_id() -> str:
+    """Sortable and unique: UTC start time plus a random suffix."""
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+
+
 def default_results_path(p: Plan) -> Path:
     return Path("results") / f"{p.matrix.name}.jsonl"
 
@@ -74,7 +79,7 @@ def _base_record(cell: Cell, run_id: str, attempt: int, source: str) -> dict:
             "cell": cell.to_dict()}
 
 
-def _record(cell: Cell, planned: Planned, out: launch.Outcome, run_id: str, attempt: int, source: str,
+def record_outcome(cell: Cell, planned: Planned, out: launch.Outcome, run_id: str, attempt: int, source: str,
             log_path: Path, started_at: str) -> dict:
     rank0 = next((d for d in out.ranks if d.get("rank") == 0), out.ranks[0] if out.ranks else {})
     tel = out.telemetry
@@ -109,7 +114,7 @@ def _record(cell: Cell, planned: Planned, out: launch.Outcome, run_id: str, atte
     foreign = {i: [p for p in s["procs"]] for i, s in out.gpu_before.items() if s.get("procs")}
     rec = _base_record(cell, run_id, attempt, source)
     rec.update({
-        "status": out.status.value, "reason": out.reason, "started_at": started_at, "ended_at": _now(),
+        "status": out.status.value, "reason": out.reason, "started_at": started_at, "ended_at": now(),
         "wall_s": out.wall_s, "exit_code": out.exit_code, "phase_at_end": out.phase_at_end, "metrics": metrics,
         "memory": mem, "losses": rank0.get("losses"), "step_times_s": rank0.get("step_times_s"),
         "world_size": len(out.ranks) or None,
@@ -151,7 +156,7 @@ def run(matrix_path: str, *, results: str | None = None, filters: list[str] | No
     results_path = Path(results) if results else default_results_path(p)
     store = Store(results_path)
     logs = Path(logs_dir) if logs_dir else results_path.parent / "logs" / results_path.stem
-    run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+    run_id = new_run_id()
     platform = env.probe()
     written: list[dict] = []
 
@@ -163,7 +168,7 @@ def run(matrix_path: str, *, results: str | None = None, filters: list[str] | No
     if resume:
         done, stale = store.resume_state()
         for s in stale:
-            rec = {**s, "status": Status.INTERRUPTED.value, "ended_at": _now(),
+            rec = {**s, "status": Status.INTERRUPTED.value, "ended_at": now(),
                    "reason": f"run {s['run_id']} stopped while this cell ran (found by --resume)"}
             store.append(rec)
             attempts[s["cell_hash"]] = max(attempts.get(s["cell_hash"], 0), s.get("attempt", 1))
@@ -183,12 +188,12 @@ def run(matrix_path: str, *, results: str | None = None, filters: list[str] | No
             if it.skip is not None:
                 rec = {**base, "status": Status.SKIPPED.value, "reason": it.skip.text(),
                        "skip": {"rule": it.skip.rule, "fix": it.skip.fix, "source": it.skip.source},
-                       "started_at": _now(), "ended_at": _now(), "provenance": env.provenance()}
+                       "started_at": now(), "ended_at": now(), "provenance": env.provenance()}
                 store.append(rec)
                 written.append(rec)
                 prog.done(i, rec)
                 continue
-            started_at = _now()
+            started_at = now()
             store.append({**base, "status": Status.STARTED.value, "started_at": started_at})
             prog.start(i, cell)
             log_path = logs / f"{cell.hash}.{attempt}.log"
@@ -201,21 +206,21 @@ def run(matrix_path: str, *, results: str | None = None, filters: list[str] | No
                                       sample_interval_s=0.01 if platform.cuda else 0.05)
             except KeyboardInterrupt:
                 rec = {**base, "status": Status.INTERRUPTED.value, "reason": "stopped by the user",
-                       "started_at": started_at, "ended_at": _now(), "log": str(log_path)}
+                       "started_at": started_at, "ended_at": now(), "log": str(log_path)}
                 store.append(rec)
                 written.append(rec)
                 raise
             except Exception as e:  # noqa: BLE001 - a bug of ours in one cell must not lose the others
                 import traceback
 
-                rec = {**base, "status": Status.ERROR.value, "started_at": started_at, "ended_at": _now(),
+                rec = {**base, "status": Status.ERROR.value, "started_at": started_at, "ended_at": now(),
                        "reason": f"zerobench failed around this cell: {type(e).__name__}: {e}",
                        "traceback": traceback.format_exc()[-6000:], "log": str(log_path)}
                 store.append(rec)
                 written.append(rec)
                 prog.done(i, rec)
                 continue
-            rec = _record(cell, it, out, run_id, attempt, str(matrix_path), log_path, started_at)
+            rec = record_outcome(cell, it, out, run_id, attempt, str(matrix_path), log_path, started_at)
             store.append(rec)
             written.append(rec)
             prog.done(i, rec)

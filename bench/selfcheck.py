@@ -11,9 +11,6 @@ comparison printed at the end is computed from those records alone:
 """
 from __future__ import annotations
 
-import datetime as dt
-import statistics
-import uuid
 from pathlib import Path
 
 from . import env, launch, run as run_mod
@@ -32,16 +29,16 @@ def selfcheck(matrix_path: str, *, filters: list[str] | None = None, results: st
     path = Path(results) if results else Path("results") / f"selfcheck-{p.matrix.name}.jsonl"
     store = Store(path)
     logs = path.parent / "logs" / path.stem
-    run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+    run_id = run_mod.new_run_id()
     platform = env.probe()
     written = []
     for it in p.runnable:
         gpus = list(range(it.cell.gpus)) if platform.cuda else None
         for name, kw in VARIANTS:
-            started = run_mod._now()
+            started = run_mod.now()
             log = logs / f"{it.cell.hash}.{name}.log"
             out = launch.run_cell(it.cell, it.ds_config, log_path=log, gpus=gpus, **kw)
-            rec = run_mod._record(it.cell, it, out, run_id, 1, str(matrix_path), log, started)
+            rec = run_mod.record_outcome(it.cell, it, out, run_id, 1, str(matrix_path), log, started)
             rec["variant"] = name
             store.append(rec)
             written.append(rec)
@@ -76,8 +73,3 @@ def compare(records: list[dict]) -> list[str]:
             parts.append(f"fixed per-cell cost beyond model build: {fixed:.1f} s (model build {build:.2f} s)")
         lines.append("  ".join(parts))
     return lines
-
-
-def noise(values: list[float]) -> float:
-    """Relative spread (max-min over median), for judging a difference against run-to-run noise."""
-    return (max(values) - min(values)) / statistics.median(values) if values else 0.0
