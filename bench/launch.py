@@ -145,8 +145,8 @@ def run_cell(cell: Cell, ds_config: dict, *, log_path: Path, gpus: list[int] | N
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(_command(spec_path, nprocs, port, module), stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env=env, cwd=os.getcwd())
-        sampler = telemetry.Sampler(proc.pid, nvml_idx, sample_interval_s or 0.01)
-        if sample_interval_s is not None:
+        sampler = telemetry.Sampler(proc.pid, nvml_idx, sample_interval_s) if sample_interval_s else None
+        if sampler is not None:
             sampler.start()
         armed = False
         try:
@@ -167,7 +167,7 @@ def run_cell(cell: Cell, ds_config: dict, *, log_path: Path, gpus: list[int] | N
             killed_for = "interrupt"
             _kill_tree(proc)
         finally:
-            series = sampler.stop() if sample_interval_s is not None else telemetry.Series()
+            series = sampler.stop() if sampler is not None else telemetry.Series()
     end_t = time.time()
     events = _read_events(events_path)
     phases = [(e["phase"], e["t"]) for e in events if e.get("event") == "phase"]

@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import dsconfig, env, launch, matrix, rules
+from . import dsconfig, env, launch, matrix, rules, telemetry
 from .cells import Cell
 from .status import Status
 from .store import SCHEMA_VERSION, Store
@@ -199,11 +199,9 @@ def run(matrix_path: str, *, results: str | None = None, filters: list[str] | No
             log_path = logs / f"{cell.hash}.{attempt}.log"
             gpus = list(range(cell.gpus)) if platform.cuda else None
             try:
-                # 10 ms catches GPU memory spikes; on a CPU host the sampler would compete with the cell
-                # for the cores, and RSS moves slowly, so 50 ms.
                 out = launch.run_cell(cell, it.ds_config, log_path=log_path, gpus=gpus,
                                       stall_s=float(os.environ.get("ZEROBENCH_STALL_S", 600)), extra_env=extra_env,
-                                      sample_interval_s=0.01 if platform.cuda else 0.05)
+                                      sample_interval_s=telemetry.interval_for(platform.cuda))
             except KeyboardInterrupt:
                 rec = {**base, "status": Status.INTERRUPTED.value, "reason": "stopped by the user",
                        "started_at": started_at, "ended_at": now(), "log": str(log_path)}

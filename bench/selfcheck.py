@@ -2,7 +2,7 @@
 
 Each runnable cell is run three ways through the same child protocol, back to back:
   reference     a minimal hand-written DeepSpeed loop (bench/reference.py), no telemetry
-  zerobench     the worker as in any run, telemetry sampled every 10 ms
+  zerobench     the worker as in any run, telemetry sampled as a run on this host samples it
   no-telemetry  the worker without the sampler
 and recorded like any cell (with a `variant` field) in results/selfcheck-<matrix>.jsonl. The
 comparison printed at the end is computed from those records alone:
@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import env, launch, run as run_mod
+from . import env, launch, run as run_mod, telemetry
 from .store import Store
 
 __all__ = ["selfcheck", "compare"]
 
 VARIANTS = (("reference", {"module": "bench.reference", "sample_interval_s": None}),
-            ("zerobench", {}),
+            ("zerobench", {}),  # sampled as in a real run on this host (telemetry.interval_for)
             ("no-telemetry", {"sample_interval_s": None}))
 
 
@@ -37,6 +37,7 @@ def selfcheck(matrix_path: str, *, filters: list[str] | None = None, results: st
         for name, kw in VARIANTS:
             started = run_mod.now()
             log = logs / f"{it.cell.hash}.{name}.log"
+            kw = {"sample_interval_s": telemetry.interval_for(platform.cuda), **kw}
             out = launch.run_cell(it.cell, it.ds_config, log_path=log, gpus=gpus, **kw)
             rec = run_mod.record_outcome(it.cell, it, out, run_id, 1, str(matrix_path), log, started)
             rec["variant"] = name

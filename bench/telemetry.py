@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 
 import psutil
 
-__all__ = ["Sampler", "gpu_snapshot", "nvml_available"]
+__all__ = ["Sampler", "gpu_snapshot", "nvml_available", "interval_for"]
+
+
+def interval_for(cuda: bool) -> float:
+    """Sampling period: 10 ms catches GPU memory spikes; on a CPU host the sampler would compete with
+    the cell for the cores, and RSS moves slowly, so 50 ms. Runs and selfcheck use the same."""
+    return 0.01 if cuda else 0.05
 
 
 def _nvml():

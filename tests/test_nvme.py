@@ -35,3 +35,19 @@ def test_nvme_offload_swaps_and_matches_cpu_offload(tmp_path):
     assert list(drive.iterdir()) == [], "the attempt's swap folder is removed"
     # Same weights, same data, same math: only where the state lives differs.
     assert nvme["losses"] == pytest.approx(cpu["losses"], rel=1e-3)
+
+
+@pytest.mark.slow
+def test_failed_nvme_cell_leaves_no_swap_files(tmp_path):
+    # A 7B's swap files can fill a drive; a cell that crashes mid-training must not leave them behind.
+    drive = tmp_path / "nvme"
+    drive.mkdir()
+    m = write_matrix(tmp_path / "m.yaml", TINY + f"nvme_path: {drive}\n"
+                     "axes: {zero_stage: [3], offload: [nvme], optimizer: [cpuadam]}\n")
+    res = tmp_path / "r.jsonl"
+    r = zerobench("run", str(m), "--results", str(res), "--no-report", cwd=tmp_path, env={"ZEROBENCH_FAULT": "raise@2"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    (rec,) = [x for x in read(res) if x["status"] != "started"]
+    assert rec["status"] == "error" and "injected fault" in rec["reason"]
+    assert rec["worker"]["nvme_swap_bytes"] > 0, "it had swapped before failing"
+    assert list(drive.iterdir()) == []

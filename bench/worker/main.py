@@ -67,12 +67,25 @@ def main(argv: list[str] | None = None) -> int:
         _classify_exception(e, doc)
         code = 1
     finally:
+        _clean_nvme(doc)
         doc["t_end"] = time.time()
         events.phase("exit")
         write_result(result_path, doc)
     sys.stdout.flush()
     sys.stderr.flush()
     return code
+
+
+def _clean_nvme(doc: dict) -> None:
+    """Record what DeepSpeed wrote to the attempt's NVMe swap folder (evidence it really swapped),
+    then remove it: swap files of a 7B can fill a drive across a matrix."""
+    import shutil
+    from pathlib import Path
+
+    swap = doc.pop("nvme_swap_dir", None)
+    if swap and os.path.isdir(swap):
+        doc["nvme_swap_bytes"] = sum(f.stat().st_size for f in Path(swap).rglob("*") if f.is_file())
+        shutil.rmtree(swap, ignore_errors=True)
 
 
 def _prebuild(builders: list[str]) -> int:

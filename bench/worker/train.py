@@ -3,10 +3,8 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 from ..cells import OPTIMIZERS, Cell
@@ -45,7 +43,8 @@ def run(spec: dict, doc: dict, events: Events, fault: tuple[str | None, int]) ->
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
     torch.manual_seed(cell.seed)
     dtype = models.DTYPES[cell.precision]
-    swap_dir = _nvme_swap_dir(cell, ds_config, spec)
+    # main() measures and removes it however the attempt ends (both engines, crashes included).
+    doc["nvme_swap_dir"] = _nvme_swap_dir(cell, ds_config, spec)
 
     # -- model --------------------------------------------------------------------------------
     t0 = time.perf_counter()
@@ -143,11 +142,6 @@ def run(spec: dict, doc: dict, events: Events, fault: tuple[str | None, int]) ->
         doc["status"] = "ok"
     doc["phase"] = "teardown"
     events.phase("teardown")
-    if swap_dir:
-        # What DeepSpeed wrote to the NVMe folder: evidence the cell really swapped there.
-        doc["nvme_swap_bytes"] = sum(f.stat().st_size for f in Path(swap_dir).rglob("*") if f.is_file())
-        shutil.rmtree(swap_dir, ignore_errors=True)
-
     _finish(cell, doc, losses, times, int(getattr(engine, "skipped_steps", 0)) - skipped_at_measure, counts, cfg,
             world, cuda, device, torch, deepspeed, transformers, metrics, setup_alloc)
 
@@ -247,8 +241,8 @@ def _training_args(cell, ds_config):
 
     optim = {"paged_adamw": "paged_adamw_32bit", "paged_adamw_8bit": "paged_adamw_8bit",
              "adamw_8bit": "adamw_bnb_8bit"}.get(cell.optimizer)
-    if optim:
-        ds_config.pop("optimizer", None)
+    # bench.dsconfig leaves the optimizer section out for these client optimizers, so the Trainer
+    # builds them from `optim`, and the stored config is exactly the one used.
     return TrainingArguments(
         output_dir=tempfile.mkdtemp(prefix="zerobench-trainer-"), per_device_train_batch_size=cell.micro_batch,
         gradient_accumulation_steps=cell.grad_accum, max_steps=cell.warmup_steps + cell.measured_steps,
