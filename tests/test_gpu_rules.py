@@ -29,6 +29,7 @@ CASES = [
                                     lora=Lora(r=8), qlora=Qlora(), **SMALL)),
     ("cpuadam-needs-offload", Cell(optimizer="cpuadam", **SMALL)),
     ("fusedlamb-no-bf16", Cell(optimizer="fusedlamb", precision="bf16", **SMALL)),
+    ("hf-trainer-no-onebit", Cell(engine="hf_trainer", optimizer="onebitadam", precision="fp16", **SMALL)),
 ]
 
 
