@@ -7,6 +7,7 @@ result documents and the log tail. Whatever happens to the cell, an Outcome come
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -24,7 +25,7 @@ from . import telemetry
 from .cells import Cell
 from .status import Status
 
-__all__ = ["Outcome", "run_cell", "child_env"]
+__all__ = ["Outcome", "run_cell", "child_env", "run_tool", "ForkServer", "stop_forkserver"]
 
 # Worse outcomes win when ranks disagree.
 _SEVERITY = [Status.OK, Status.DIVERGED, Status.ERROR, Status.TIMEOUT, Status.CUDA_OOM, Status.HOST_OOM,
@@ -46,6 +47,7 @@ class Outcome:
     last_step: int | None = None
     gpu_before: dict = field(default_factory=dict)
     gpu_after: dict = field(default_factory=dict)
+    started_by: dict = field(default_factory=dict)  # {"mode": "fork"|"spawn", "why": ...}: how the worker began
 
 
 def free_port() -> int:
@@ -104,20 +106,224 @@ def _tail(path: Path, n: int = 60) -> str:
         return ""
 
 
-def _kill_tree(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+def _signal_group(pid: int, sig: int) -> bool:
+    """Signal the worker's process group; False if nothing is left to signal."""
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(pid, sig)
+        return True
     except ProcessLookupError:
+        try:  # a forked worker that has not reached setsid() yet has no group of its own
+            os.kill(pid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+
+
+def _kill_tree(proc, grace_s: float = 10.0) -> None:
+    if not _signal_group(proc.pid, signal.SIGTERM):
+        proc.wait()
         return
     try:
         proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # stragglers in the group, too
-    except ProcessLookupError:
-        pass
+    _signal_group(proc.pid, signal.SIGKILL)  # stragglers in the group, too
     proc.wait()
+
+
+# -- the fork server: a pre-imported parent for single-rank workers (bench/worker/forkserver.py) --
+# Environment variables the worker reads only at run time: a request may differ from the server's
+# environment in these and still be served; any other difference means a fresh interpreter.
+# (Not CUDA_VISIBLE_DEVICES: DeepSpeed picks its accelerator, CUDA or CPU, when it is imported.)
+_RUNTIME_ENV = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "ZEROBENCH_FAULT",
+                          "ZEROBENCH_STALL_S"})
+
+
+class _Forked:
+    """A worker forked by the server, with the part of subprocess.Popen's interface that launch uses."""
+
+    def __init__(self, server: "ForkServer", pid: int):
+        self.server, self.pid, self.returncode = server, pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.server.exit_code(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.time() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.time() > deadline:
+                raise subprocess.TimeoutExpired("forked worker", timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+
+class ForkServer:
+    """The parent's side of the fork server. `why_not` says why it cannot serve, when it cannot."""
+
+    def __init__(self, env: dict[str, str], log_path: Path, ready_timeout_s: float = 600.0):
+        self.env, self.log_path = dict(env), log_path
+        self.why_not: str | None = None
+        self.import_s: float | None = None
+        self._exits: dict[int, int] = {}
+        self._replies: dict[int, int] = {}
+        self._buf = b""
+        self._next = 0
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            # Its own session: a Ctrl-C at the terminal is for the orchestrator, which stops the cell itself.
+            self.proc = subprocess.Popen([sys.executable, "-m", "bench.worker.forkserver"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=log, env=self.env, cwd=os.getcwd(),
+                                         start_new_session=True)
+        self._ready_timeout_s = ready_timeout_s
+        self._ready = False
+
+    def wait_ready(self) -> bool:
+        """Wait for the server's imports (started in the background by __init__); True if it can serve."""
+        if not self._ready and self.why_not is None:
+            msg = self._read_until(lambda m: "ready" in m, self._ready_timeout_s)
+            if msg is None:
+                self.why_not = f"it did not start within {self._ready_timeout_s:g} s (log: {self.log_path})"
+                self.close()
+            elif not msg["ready"]:
+                self.why_not = msg["why"]
+                self.close()
+            else:
+                self.import_s, self._ready = msg.get("import_s"), True
+        return self._ready
+
+    def mismatch(self, env: dict[str, str]) -> list[str]:
+        """Variables that differ from the server's environment and may have been read at import time."""
+        keys = set(env) | set(self.env)
+        return sorted(k for k in keys if env.get(k) != self.env.get(k) and k not in _RUNTIME_ENV)
+
+    def start(self, argv: list[str], env: dict[str, str], log_path: Path) -> _Forked:
+        self._next += 1
+        req = {"id": self._next, "argv": argv, "env": env, "cwd": os.getcwd(), "log": str(log_path)}
+        self.proc.stdin.write((json.dumps(req) + "\n").encode())
+        self.proc.stdin.flush()
+        rid = self._next
+        if self._read_until(lambda m: m.get("id") == rid, 60.0) is None:
+            raise RuntimeError(f"the fork server did not start the worker (log: {self.log_path})")
+        return _Forked(self, self._replies.pop(rid))
+
+    def exit_code(self, pid: int) -> int | None:
+        self._pump(0.0)
+        if pid in self._exits:
+            return self._exits.pop(pid)
+        if self.proc.poll() is not None:
+            # The server died under its child: the child is nobody's to reap now; report it ended
+            # once its process is gone (its exit status is lost with the server).
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return 255
+        return None
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()  # the server exits on end of input
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+    def _pump(self, timeout_s: float) -> list[dict]:
+        import select
+
+        out = []
+        fd = self.proc.stdout.fileno()
+        while True:
+            r, _, _ = select.select([fd], [], [], timeout_s)
+            if not r:
+                break
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            self._buf += chunk
+            timeout_s = 0.0
+        while b"\n" in self._buf:
+            line, self._buf = self._buf.split(b"\n", 1)
+            msg = json.loads(line)
+            if "exit" in msg:
+                self._exits[msg["exit"]] = msg["code"]
+            elif "id" in msg:
+                self._replies[msg["id"]] = msg["pid"]
+            out.append(msg)
+        return out
+
+    def _read_until(self, pred, timeout_s: float) -> dict | None:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            for m in self._pump(min(0.5, max(0.0, deadline - time.time()))):
+                if pred(m):
+                    return m
+            if self.proc.poll() is not None:
+                for m in self._pump(0.0):
+                    if pred(m):
+                        return m
+                return None
+        return None
+
+
+_server: ForkServer | None = None
+
+
+def start_forkserver(extra_env: dict[str, str] | None, log_dir: Path, gpus: list[int] | None) -> None:
+    """Start the fork server's imports in the background (a run calls this before its op builds), in the
+    environment its single-GPU cells will have."""
+    if os.environ.get("ZEROBENCH_FORKSERVER", "1") != "0":
+        _forkserver_for(child_env({**os.environ, **(extra_env or {})}, port=free_port(), gpus=gpus), log_dir)
+
+
+def _forkserver_for(env: dict[str, str], log_dir: Path) -> ForkServer:
+    global _server
+    if _server is not None and _server.why_not is None and _server.proc.poll() is not None:
+        _server = None  # it died: start another
+    if _server is None:
+        _server = ForkServer(env, log_dir / "forkserver.log")
+        atexit.register(stop_forkserver)
+    return _server
+
+
+def _forkserver(env: dict[str, str], log_dir: Path) -> tuple[ForkServer | None, str]:
+    """The fork server, ready, or None and why a fresh interpreter is used instead."""
+    if os.environ.get("ZEROBENCH_FORKSERVER", "1") == "0":
+        return None, "ZEROBENCH_FORKSERVER=0"
+    srv = _forkserver_for(env, log_dir)
+    srv.wait_ready()
+    if srv.why_not:
+        return None, f"fork server unusable: {srv.why_not}"
+    diff = srv.mismatch(env)
+    if diff:
+        return None, f"environment differs from the fork server's in {', '.join(diff[:5])}"
+    return srv, ""
+
+
+def stop_forkserver() -> None:
+    global _server
+    if _server is not None:
+        _server.close()
+        _server = None
+
+
+def run_tool(args: list[str], *, log_path: Path, env: dict[str, str], timeout_s: float) -> int:
+    """Run a one-off helper program (e.g. the op prebuild) under the same rules as a worker: its own
+    process group, stopped with its children on timeout or Ctrl-C. Returns its exit code."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT, env=env,
+                                cwd=os.getcwd(), start_new_session=True)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc)
+        except KeyboardInterrupt:
+            _kill_tree(proc)
+            raise
+    return proc.returncode
 
 
 def run_cell(cell: Cell, ds_config: dict, *, log_path: Path, gpus: list[int] | None, stall_s: float = 600.0,
@@ -139,12 +345,22 @@ def run_cell(cell: Cell, ds_config: dict, *, log_path: Path, gpus: list[int] | N
     log_path.parent.mkdir(parents=True, exist_ok=True)
     # NVML indexes all GPUs, not the CUDA_VISIBLE_DEVICES view: sample the physical ones.
     nvml_idx = list(gpus) if gpus else []
+    # One rank of the standard worker is forked from the pre-imported server; everything else (several
+    # ranks under torchrun, the reference loop, or no usable server) starts a fresh interpreter. The
+    # server's one-time start is not the cell's time, so the clock starts after it.
+    server, why = (_forkserver(env, log_path.parent) if nprocs == 1 and module == "bench.worker"
+                   else (None, "several ranks" if nprocs > 1 else f"program {module}"))
     before = telemetry.gpu_snapshot(nvml_idx)
     t0 = time.time()
     killed_for: str | None = None
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(_command(spec_path, nprocs, port, module), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, env=env, cwd=os.getcwd())
+        if server is not None:
+            proc = server.start(["--spec", str(spec_path)], env, log_path)
+            started_by = {"mode": "fork", "server_import_s": server.import_s}
+        else:
+            proc = subprocess.Popen(_command(spec_path, nprocs, port, module), stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, env=env, cwd=os.getcwd())
+            started_by = {"mode": "spawn", "why": why}
         sampler = telemetry.Sampler(proc.pid, nvml_idx, sample_interval_s) if sample_interval_s else None
         if sampler is not None:
             sampler.start()
@@ -182,7 +398,7 @@ def run_cell(cell: Cell, ds_config: dict, *, log_path: Path, gpus: list[int] | N
                 pass
     out = Outcome(status=Status.ERROR, reason="", ranks=ranks, exit_code=proc.returncode, wall_s=end_t - t0,
                   log_tail=_tail(log_path), phase_at_end=next((ph for ph, _ in reversed(phases) if ph != "exit"), None),
-                  last_step=steps[-1]["step"] if steps else None, gpu_before=before)
+                  last_step=steps[-1]["step"] if steps else None, gpu_before=before, started_by=started_by)
     out.telemetry = telemetry.summarize(series, phases, end_t)
     out.status, out.reason = _classify(out, killed_for, cell)
     out.gpu_after = _wait_gpu_baseline(nvml_idx, before)

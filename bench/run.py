@@ -124,7 +124,8 @@ def record_outcome(cell: Cell, planned: Planned, out: launch.Outcome, run_id: st
                                               "nvme_swap_bytes", "train_mode",
                                               "versions", "fault_injected", "allocator_at_failure")},
         "telemetry": tel, "ds_config": planned.ds_config, "foreign_gpu_processes": foreign or None,
-        "gpu_after": out.gpu_after or None, "provenance": env.provenance(), "log": str(log_path),
+        "gpu_after": out.gpu_after or None, "started_by": out.started_by or None,
+        "provenance": env.provenance(), "log": str(log_path),
         "log_tail": out.log_tail[-6000:], "traceback": rank0.get("traceback"),
     })
     return rec
@@ -176,6 +177,9 @@ def run(matrix_path: str, *, results: str | None = None, filters: list[str] | No
     if resume and len(todo) < len(p.items):
         printer(f"resume: {len(p.items) - len(todo)} of {len(p.items)} cells already have a result in {results_path}")
 
+    if any(it.skip is None for it in todo):
+        # Its imports run in the background while the ops build.
+        launch.start_forkserver(extra_env, logs, gpus=[0] if platform.cuda else None)
     _prebuild([it for it in todo if it.skip is None], logs, extra_env, printer)
     prog = _Progress(len(todo), enabled=progress, printer=printer)
     t_run = time.time()
@@ -224,6 +228,7 @@ def run(matrix_path: str, *, results: str | None = None, filters: list[str] | No
             prog.done(i, rec)
         finished = True
     finally:
+        launch.stop_forkserver()
         prog.close(time.time() - t_run, len(written), finished)
     return p, results_path, written
 
@@ -234,9 +239,6 @@ _OPS = {"fusedadam": "FusedAdamBuilder", "cpuadam": "CPUAdamBuilder", "fusedlamb
 
 def _prebuild(items: list[Planned], logs: Path, extra_env: dict | None, printer) -> None:
     """Build the ops the matrix needs once, up front, so no cell's setup time includes a compile."""
-    import subprocess
-    import sys
-
     ops = sorted({_OPS[it.cell.optimizer] for it in items if it.cell.optimizer in _OPS}
                  | {"AsyncIOBuilder" for it in items if it.cell.offload == "nvme"}
                  # On CPU, DeepSpeed's first init_distributed compiles its shared-memory comm op.
@@ -248,10 +250,8 @@ def _prebuild(items: list[Planned], logs: Path, extra_env: dict | None, printer)
     printer(f"building DeepSpeed ops once for this run: {', '.join(ops)} (log: {log})")
     env_ = launch.child_env({**os.environ, **(extra_env or {})}, port=launch.free_port(), gpus=None)
     t0 = time.time()
-    with open(log, "w") as f:
-        r = subprocess.run([sys.executable, "-m", "bench.worker", "--prebuild", *ops], stdout=f,
-                           stderr=subprocess.STDOUT, env=env_, timeout=1800)
-    status = "done" if r.returncode == 0 else "some failed (the cells that need them will say why)"
+    code = launch.run_tool(["-m", "bench.worker", "--prebuild", *ops], log_path=log, env=env_, timeout_s=1800)
+    status = "done" if code == 0 else "some failed (the cells that need them will say why)"
     printer(f"ops {status} in {time.time() - t0:.0f} s")
 
 

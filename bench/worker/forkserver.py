@@ -1,0 +1,153 @@
+"""A pre-imported parent for single-rank workers: import torch, DeepSpeed and transformers once per run,
+then fork one fresh process per cell.
+
+Why: on the H200 host a worker spent 13-16 s of every cell importing its stack, most of a cell's
+fixed cost. A fork of a process that has the modules in memory starts training at once, and each
+cell is still its own process (own CUDA context, own allocator, own crash).
+
+Fork safety, checked here rather than assumed:
+- CUDA must be untouched before the fork (a forked child cannot use a CUDA driver its parent
+  initialised). PYTORCH_NVML_BASED_CUDA_CHECK=1 makes torch's availability checks use NVML, and the
+  server refuses to serve if torch reports CUDA initialised anyway.
+- No other thread may run at the fork (a lock held by another thread stays locked in the child
+  forever; libgomp's thread pool is the classic case). The one exception is numpy's OpenBLAS pool,
+  which stops itself around a fork (pthread_atfork handlers). The server counts its native threads
+  after numpy and again after everything else, and refuses to serve if the second count is higher.
+A refusal is not an error: the parent falls back to starting each worker from scratch, and the
+result records which way the cell was started.
+
+Protocol (JSON lines): the parent writes requests on stdin, the server answers on stdout.
+  server -> {"ready": true, "import_s": ..., "pid": ...} | {"ready": false, "why": "..."}
+  parent -> {"id": N, "argv": [...], "env": {...}, "cwd": "...", "log": "path"}
+  server -> {"id": N, "pid": PID}              the child started, in its own session (pgid = PID)
+  server -> {"exit": PID, "code": C}           C as subprocess reports it (negative: killed by a signal)
+The server exits when its stdin closes (the parent ended, however it ended).
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import time
+
+# Imported before the fork: what every cell needs. bitsandbytes and peft are left to the cells
+# that use them: importing bitsandbytes initialises CUDA (it reads the device's capability).
+PRELOAD = ("torch", "deepspeed", "transformers", "transformers.models.llama.modeling_llama",
+           "bench.worker.train", "bench.worker.models", "bench.worker.data", "bench.worker.metrics")
+
+
+_PROTO = 1  # the fd of the answers to the parent; serve() moves it off stdout
+
+
+def _send(msg: dict) -> None:
+    # os.write, not print: a buffered sys.stdout would be copied into every child and flushed twice.
+    os.write(_PROTO, (json.dumps(msg) + "\n").encode())
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _why_unsafe(allowed_threads: int) -> str | None:
+    import torch
+
+    if torch.cuda.is_initialized():
+        return "CUDA was initialised while importing, so a forked child could not use it"
+    extra = _threads() - allowed_threads
+    if extra > 0:
+        return f"{extra} thread(s) besides OpenBLAS's were started by the imports, so a fork could inherit a held lock"
+    return None
+
+
+def _child(req: dict) -> None:
+    """In the forked child: become the worker of one cell. Never returns."""
+    code = 70
+    try:
+        os.setsid()  # its own process group, so the parent can stop the whole tree as with a spawned worker
+        log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        os.close(null)
+        os.close(_PROTO)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.environ.clear()
+        os.environ.update(req["env"])
+        os.chdir(req["cwd"])
+        sys.argv = ["python -m bench.worker", *req["argv"]]
+        from .main import main
+
+        code = main(req["argv"])
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # noqa: BLE001 - the worker's own errors are already in its result document
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            # _exit: the server's atexit handlers and open objects belong to the server, not to this cell.
+            os._exit(code)
+
+
+def serve() -> int:
+    global _PROTO
+    # Libraries print to stdout while importing (DeepSpeed logs there): keep the answers on a private
+    # copy of the pipe and send stdout to the server's log with stderr.
+    _PROTO = os.dup(1)
+    os.dup2(2, 1)
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    t0 = time.time()
+    import importlib
+
+    try:
+        import numpy  # noqa: F401 - first, to count OpenBLAS's fork-safe pool apart from other threads
+
+        allowed_threads = _threads()
+        for name in PRELOAD:
+            importlib.import_module(name)
+    except BaseException as e:  # noqa: BLE001 - the parent falls back to spawning, and says why
+        _send({"ready": False, "why": f"import failed: {type(e).__name__}: {e}"})
+        return 1
+    why = _why_unsafe(allowed_threads)
+    if why:
+        _send({"ready": False, "why": why})
+        return 1
+    _send({"ready": True, "import_s": round(time.time() - t0, 3), "pid": os.getpid()})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    buf = b""
+    children: set[int] = set()
+    while True:
+        readable, _, _ = select.select([0], [], [], 0.05)
+        if readable:
+            chunk = os.read(0, 65536)
+            if not chunk:
+                return 0  # the parent is gone; the children watch the orchestrator themselves
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                req = json.loads(line)
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    _child(req)
+                children.add(pid)
+                _send({"id": req["id"], "pid": pid})
+        for pid in list(children):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                children.discard(pid)
+                _send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+if __name__ == "__main__":
+    sys.exit(serve())

@@ -1,0 +1,83 @@
+"""The fork server: single-rank workers forked from a pre-imported parent must measure the same thing
+as workers started from scratch, only without paying the imports each time."""
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from bench import dsconfig, launch
+from bench.cells import Cell
+from bench.worker import forkserver
+
+CELL = Cell(model="llama-tiny", seq_len=64, micro_batch=2, warmup_steps=1, measured_steps=3, zero_stage=1,
+            lr=3e-3, timeout_s=300)
+
+
+def _run(tmp_path, name: str, **kw) -> launch.Outcome:
+    return launch.run_cell(CELL, dsconfig.build(CELL), log_path=tmp_path / f"{name}.log", gpus=None,
+                           sample_interval_s=0.05, **kw)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_server():
+    launch.stop_forkserver()
+    yield
+    launch.stop_forkserver()
+
+
+def test_forked_worker_matches_spawned_and_skips_the_imports(tmp_path, monkeypatch):
+    forked = _run(tmp_path, "forked")
+    monkeypatch.setenv("ZEROBENCH_FORKSERVER", "0")
+    spawned = _run(tmp_path, "spawned")
+    assert forked.status.value == spawned.status.value == "ok", (forked.reason, spawned.reason)
+    assert forked.started_by["mode"] == "fork" and forked.started_by["server_import_s"] > 0
+    assert spawned.started_by == {"mode": "spawn", "why": "ZEROBENCH_FORKSERVER=0"}
+    # Same seed, same code, same process-per-cell: the same loss curve to the last bit.
+    assert forked.ranks[0]["losses"] == spawned.ranks[0]["losses"]
+    assert forked.ranks[0]["optimizer_class"] == spawned.ranks[0]["optimizer_class"]
+    # The point of it: the forked cell does not import torch, DeepSpeed and transformers again.
+    assert forked.wall_s < spawned.wall_s / 2, (forked.wall_s, spawned.wall_s)
+    assert "Traceback" not in (tmp_path / "forked.log").read_text()
+
+
+def test_a_dead_server_is_replaced(tmp_path):
+    first = _run(tmp_path, "a")
+    assert first.started_by["mode"] == "fork"
+    old = launch._server
+    old.proc.kill()
+    old.proc.wait()
+    second = _run(tmp_path, "b")
+    assert second.status.value == "ok" and second.started_by["mode"] == "fork"
+    assert launch._server is not old and launch._server.proc.pid != old.proc.pid
+
+
+def test_an_environment_read_at_import_gets_a_fresh_interpreter(tmp_path):
+    _run(tmp_path, "warm")
+    out = _run(tmp_path, "other-env", extra_env={"DS_ACCELERATOR": "cpu"})
+    assert out.status.value == "ok"
+    assert out.started_by["mode"] == "spawn" and "DS_ACCELERATOR" in out.started_by["why"]
+
+
+def test_runtime_variables_are_served_by_fork(tmp_path):
+    # The fault variable is read when the worker runs, not at import: still a fork, and it still acts.
+    out = _run(tmp_path, "fault", extra_env={"ZEROBENCH_FAULT": "raise@1"})
+    assert out.started_by["mode"] == "fork"
+    assert out.status.value == "error" and "injected fault" in out.reason
+
+
+def test_server_refuses_to_fork_with_a_foreign_thread_running():
+    import torch  # noqa: F401 - loaded first, as in the server (its numpy brings OpenBLAS's pool)
+
+    allowed = len(os.listdir("/proc/self/task"))
+    assert forkserver._why_unsafe(allowed) is None
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        why = forkserver._why_unsafe(allowed)
+        assert why is not None and "1 thread(s)" in why
+    finally:
+        stop.set()
+        t.join()
