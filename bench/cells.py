@@ -31,6 +31,7 @@ OPTIMIZERS = {
     "adamw_8bit": "AdamW8bit",
 }
 PEFTS = ("none", "lora", "qlora")
+_LATER_FIELDS = {"compile": False}
 ENGINES = ("deepspeed", "hf_trainer")
 
 
@@ -72,6 +73,9 @@ class Cell:
     optimizer: str = "adamw"
     peft: str = "none"
     engine: str = "deepspeed"
+    compile: bool = False
+    """torch.compile the model (DeepSpeed's engine.compile(); TrainingArguments(torch_compile=True) on the
+    HF Trainer path). The compile itself happens in the warmup steps."""
     ds_config: str | None = None
     """Path of a user-supplied DeepSpeed JSON, used instead of the generated one (the ZeRO, offload,
     precision and optimizer fields then describe that file rather than produce it)."""
@@ -105,6 +109,11 @@ class Cell:
         d = self.to_dict()
         for k in ("timeout_s", "matrix", "nvme_path"):
             d.pop(k)
+        # Fields added after results were first published are left out at their default, so a cell
+        # keeps the hash (and its history, baselines and --resume) it had before the field existed.
+        for k, default in _LATER_FIELDS.items():
+            if d[k] == default:
+                d.pop(k)
         return d
 
     @property
@@ -125,6 +134,9 @@ class Cell:
             parts.append(f"peft={self.peft}{quant}-r{r}")
         if self.engine != "deepspeed":
             parts.append(f"engine={self.engine}")
+        if self.compile:
+            parts.append("compile=on")
+        parts.append(f"mb={self.micro_batch}")
         if self.gpus != 1:
             parts.append(f"gpus={self.gpus}")
         if self.ds_config:

@@ -65,6 +65,7 @@ Offload = Literal["none", "optimizer", "optimizer+params", "nvme"]
 Precision = Literal["fp32", "fp16", "bf16"]
 Peft = Literal["none", "lora", "qlora"]
 Engine = Literal["deepspeed", "hf_trainer"]
+MicroBatch = Annotated[int, Field(ge=1)]
 
 
 class _Strict(BaseModel):
@@ -110,6 +111,9 @@ class Axes(_Strict):
     optimizer: Annotated[list[Optimizer], AfterValidator(_nonempty)] = ["adamw"]
     peft: Annotated[list[Peft], AfterValidator(_nonempty)] = ["none"]
     engine: Annotated[list[Engine], AfterValidator(_nonempty)] = ["deepspeed"]
+    compile: Annotated[list[bool], AfterValidator(_nonempty)] = [False]
+    micro_batch: Annotated[list[MicroBatch], AfterValidator(_nonempty)] | None = Field(
+        None, description="Micro-batch sizes to compare; unset: batch.micro only.")
     ds_config: Annotated[list[Union[str, None]], AfterValidator(_nonempty)] = [None]
 
 
@@ -127,6 +131,8 @@ class Pick(_Strict):
     optimizer: _one_or_many(Optimizer) | None = None
     peft: _one_or_many(Peft) | None = None
     engine: _one_or_many(Engine) | None = None
+    compile: _one_or_many(bool) | None = None
+    micro_batch: _one_or_many(MicroBatch) | None = None
     ds_config: _one_or_many(str) | None = None
 
     def values(self) -> dict[str, list]:
@@ -239,7 +245,7 @@ _MOVED = {
     "offload_param": "axes.offload (value: optimizer+params)",
     "stage": "axes.zero_stage", "zero": "axes.zero_stage", "zero_optimization": "axes.zero_stage and axes.offload",
     "gradient_checkpointing": "axes.grad_ckpt", "bf16": "axes.precision", "fp16": "axes.precision",
-    "micro_batch": "batch.micro", "train_micro_batch_size_per_gpu": "batch.micro",
+    "micro_batch": "batch.micro (or axes.micro_batch to compare several)", "train_micro_batch_size_per_gpu": "batch.micro",
     "gradient_accumulation_steps": "batch.grad_accum", "grad_accum": "batch.grad_accum",
     "warmup": "steps.warmup", "measured": "steps.measured", "steps_per_print": None,
 }
@@ -365,6 +371,7 @@ def _semantic_problems(m: Matrix, file: str, lines: dict) -> list[Problem]:
 # -- expansion --------------------------------------------------------------------------------
 def _cross(m: Matrix) -> list[dict]:
     axes = {k: getattr(m.axes, k) for k in AXES}
+    axes["micro_batch"] = axes["micro_batch"] or [m.batch.micro]
     combos = [dict(zip(axes, vals)) for vals in itertools.product(*axes.values())]
     for pick in m.include:
         # An include entry is a partial assignment: axes it leaves out take every value from axes.
@@ -395,7 +402,7 @@ def expand(m: Matrix) -> list[Cell]:
                 targets=(m.lora.targets,) if isinstance(m.lora.targets, str) else tuple(m.lora.targets))
     qlora = Qlora(quant_type=m.qlora.quant_type, double_quant=m.qlora.double_quant,
                   quant_storage=m.qlora.quant_storage)
-    fixed = dict(model=m.model, data=m.data, tokenizer=m.tokenizer, seq_len=m.seq_len, micro_batch=m.batch.micro,
+    fixed = dict(model=m.model, data=m.data, tokenizer=m.tokenizer, seq_len=m.seq_len,
                  grad_accum=m.batch.grad_accum, warmup_steps=m.steps.warmup, measured_steps=m.steps.measured,
                  lr=m.lr, seed=m.seed, gpus=m.gpus, attn=m.attn, timeout_s=m.timeout_s, matrix=m.name or "",
                  nvme_path=m.nvme_path)
@@ -414,5 +421,5 @@ def expand(m: Matrix) -> list[Cell]:
 
 
 assert set(Axes.model_fields) == {"zero_stage", "offload", "precision", "grad_ckpt", "optimizer", "peft", "engine",
-                                  "ds_config"}
+                                  "compile", "micro_batch", "ds_config"}
 assert set(OFFLOADS) == set(Offload.__args__) and set(PEFTS) == set(Peft.__args__) and set(ENGINES) == set(Engine.__args__)

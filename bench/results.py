@@ -12,7 +12,8 @@ from .store import read
 __all__ = ["load", "latest", "records_to_frame", "AXIS_COLUMNS", "METRIC_COLUMNS", "MEMORY_COLUMNS",
            "PEAK_MEMORY_SOURCES"]
 
-AXIS_COLUMNS = ["zero_stage", "offload", "precision", "grad_ckpt", "optimizer", "peft", "engine", "ds_config"]
+AXIS_COLUMNS = ["zero_stage", "offload", "precision", "grad_ckpt", "optimizer", "peft", "engine", "compile",
+                "ds_config"]
 _CELL_COLUMNS = AXIS_COLUMNS + ["model", "seq_len", "micro_batch", "grad_accum", "gpus", "warmup_steps",
                                 "measured_steps", "seed", "data", "lr", "attn"]
 
@@ -52,6 +53,12 @@ def _row(rec: dict) -> dict:
     for k, v in (rec.get("memory") or {}).items():
         if not isinstance(v, (list, dict)):
             row[k] = v
+    steps = rec.get("step_times_s")
+    if steps and rec.get("wall_s"):
+        # What a cell costs besides its steps and its model build: process start, imports, engine
+        # setup, teardown (the same definition as `zerobench selfcheck` prints).
+        row["fixed_cost_s"] = rec["wall_s"] - sum(steps) - (worker.get("model_build_s") or 0.0)
+    row["started_by"] = (rec.get("started_by") or {}).get("mode")
     row["optimizer_class"] = worker.get("optimizer_class")
     row["params_total"] = worker.get("params_total")
     row["params_trainable"] = worker.get("params_trainable")

@@ -17,7 +17,7 @@ from .cells import Cell
 from .status import Status
 from .store import SCHEMA_VERSION, Store
 
-__all__ = ["Plan", "plan", "run", "default_results_path", "record_outcome", "new_run_id", "now"]
+__all__ = ["Plan", "plan", "run", "prepare", "default_results_path", "record_outcome", "new_run_id", "now"]
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def record_outcome(cell: Cell, planned: Planned, out: launch.Outcome, run_id: st
         "worker": {k: rank0.get(k) for k in ("optimizer_class", "zero_optimizer_class", "params_total",
                                               "params_trainable", "params_embedding", "model_build_s",
                                               "engine_init_s", "setup_s", "fp16_skipped_steps", "gpu_name",
-                                              "nvme_swap_bytes", "train_mode",
+                                              "nvme_swap_bytes", "train_mode", "compiled",
                                               "versions", "fault_injected", "allocator_at_failure")},
         "telemetry": tel, "ds_config": planned.ds_config, "foreign_gpu_processes": foreign or None,
         "gpu_after": out.gpu_after or None, "started_by": out.started_by or None,
@@ -177,10 +177,7 @@ def run(matrix_path: str, *, results: str | None = None, filters: list[str] | No
     if resume and len(todo) < len(p.items):
         printer(f"resume: {len(p.items) - len(todo)} of {len(p.items)} cells already have a result in {results_path}")
 
-    if any(it.skip is None for it in todo):
-        # Its imports run in the background while the ops build.
-        launch.start_forkserver(extra_env, logs, gpus=[0] if platform.cuda else None)
-    _prebuild([it for it in todo if it.skip is None], logs, extra_env, printer)
+    prepare([it for it in todo if it.skip is None], logs, extra_env, platform, printer)
     prog = _Progress(len(todo), enabled=progress, printer=printer)
     t_run = time.time()
     finished = False
@@ -235,6 +232,14 @@ def run(matrix_path: str, *, results: str | None = None, filters: list[str] | No
 
 # DeepSpeed JIT op builders each optimizer needs (compiled on first use, ~30-60 s each).
 _OPS = {"fusedadam": "FusedAdamBuilder", "cpuadam": "CPUAdamBuilder", "fusedlamb": "FusedLambBuilder"}
+
+
+def prepare(items: list[Planned], logs: Path, extra_env: dict | None, platform: env.Platform, printer) -> None:
+    """What runs once before the cells: the fork server's imports start in the background, and the ops
+    the cells need are built meanwhile, so neither is charged to a cell."""
+    if items:
+        launch.start_forkserver(extra_env, logs, gpus=[0] if platform.cuda else None)
+    _prebuild(items, logs, extra_env, printer)
 
 
 def _prebuild(items: list[Planned], logs: Path, extra_env: dict | None, printer) -> None:

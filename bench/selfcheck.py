@@ -32,6 +32,18 @@ def selfcheck(matrix_path: str, *, filters: list[str] | None = None, results: st
     run_id = run_mod.new_run_id()
     platform = env.probe()
     written = []
+    run_mod.prepare(p.runnable, logs, None, platform, printer)
+    try:
+        written = _variants(p, matrix_path, store, logs, run_id, platform, printer)
+    finally:
+        launch.stop_forkserver()
+    for line in compare(written):
+        printer(line)
+    return path, written
+
+
+def _variants(p, matrix_path, store, logs, run_id, platform, printer) -> list[dict]:
+    written = []
     for it in p.runnable:
         gpus = list(range(it.cell.gpus)) if platform.cuda else None
         for name, kw in VARIANTS:
@@ -44,9 +56,7 @@ def selfcheck(matrix_path: str, *, filters: list[str] | None = None, results: st
             store.append(rec)
             written.append(rec)
             printer(f"{name:<13} {rec['status']:<8} {it.cell.name}  {_median(rec) or 0:.4f} s/step")
-    for line in compare(written):
-        printer(line)
-    return path, written
+    return written
 
 
 def _median(rec: dict) -> float | None:
@@ -71,6 +81,8 @@ def compare(records: list[dict]) -> list[str]:
         if zb and zb.get("step_times_s"):
             build = (zb.get("worker") or {}).get("model_build_s") or 0.0
             fixed = zb["wall_s"] - sum(zb["step_times_s"]) - build
-            parts.append(f"fixed per-cell cost beyond model build: {fixed:.1f} s (model build {build:.2f} s)")
+            how = (zb.get("started_by") or {}).get("mode", "spawn")
+            parts.append(f"fixed per-cell cost beyond model build: {fixed:.1f} s (model build {build:.2f} s, "
+                         f"worker {'forked from the pre-imported server' if how == 'fork' else 'started from scratch'})")
         lines.append("  ".join(parts))
     return lines

@@ -77,7 +77,7 @@ def test_server_refuses_to_fork_with_a_foreign_thread_running():
     t.start()
     try:
         why = forkserver._why_unsafe(allowed)
-        assert why is not None and "1 thread(s)" in why
+        assert why is not None and "1 thread(s)" in why and "the imports" in why
     finally:
         stop.set()
         t.join()

@@ -93,3 +93,27 @@ def test_embedded_smoke_matrix_is_valid():
     assert stages == {0, 1, 2, 3}
     assert {c.offload for c in cells} == {"none", "optimizer", "optimizer+params"}
     assert {c.peft for c in cells} >= {"none", "lora"}
+
+
+def test_micro_batch_and_compile_axes(tmp_path):
+    # batch.micro is the default; axes.micro_batch crosses several, and include can pick one for a cell.
+    f = write_matrix(tmp_path / "m.yaml", TINY + """\
+axes:
+  micro_batch: [2, 8]
+  compile: [false, true]
+include:
+  - {micro_batch: 16, compile: true, zero_stage: 1}
+""")
+    cells = matrix.expand(matrix.load(f))
+    assert [(c.micro_batch, c.compile, c.zero_stage) for c in cells] == [
+        (2, False, 0), (8, False, 0), (2, True, 0), (8, True, 0), (16, True, 1)]
+    assert len({c.name for c in cells}) == 5 and cells[-1].name.endswith("compile=on,mb=16")
+    plain = matrix.expand(matrix.load(write_matrix(tmp_path / "p.yaml", TINY)))
+    assert {c.micro_batch for c in plain} == {matrix.load(tmp_path / "p.yaml").batch.micro}
+
+
+def test_micro_batch_axis_is_validated(tmp_path):
+    f = write_matrix(tmp_path / "m.yaml", TINY + "axes: {micro_batch: [0, 4]}\n")
+    with pytest.raises(MatrixError) as e:
+        matrix.load(f)
+    assert "axes.micro_batch" in str(e.value)

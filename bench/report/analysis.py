@@ -24,14 +24,15 @@ STATUS_ORDER = [s.value for s in Status if s is not Status.STARTED]
 # PEFT is compared as its full variant (lora-r8, qlora-nf4-r8) since rank and quantization travel with it.
 AXES = [("zero_stage", "ZeRO stage", "zero"), ("offload", "Offload", "offload"), ("precision", "Precision", "prec"),
         ("grad_ckpt", "Gradient checkpointing", "gc"), ("optimizer", "Optimizer", "opt"),
-        ("peft_variant", "PEFT", "peft"), ("engine", "Engine", "engine"), ("micro_batch", "Micro batch", "mb"),
+        ("peft_variant", "PEFT", "peft"), ("engine", "Engine", "engine"), ("compile", "torch.compile", "compile"),
+        ("micro_batch", "Micro batch", "mb"),
         ("seq_len", "Sequence length", "seq")]
 # Settings that must also match for two cells to count as "differing only in one axis".
 _FIXED = [("model", "model"), ("grad_accum", "ga"), ("gpus", "gpus"), ("warmup_steps", "warmup"),
           ("measured_steps", "steps"), ("seed", "seed"), ("data", "data"), ("ds_config", "ds_config"),
           ("lr", "lr"), ("attn", "attn"), ("lora_alpha", "lora_alpha")]
 _SHORT = {c: s for c, _, s in AXES} | dict(_FIXED)
-_KNOWN_ORDER = {"zero_stage": ZERO_STAGES, "offload": OFFLOADS, "precision": PRECISIONS, "grad_ckpt": (False, True),
+_KNOWN_ORDER = {"zero_stage": ZERO_STAGES, "offload": OFFLOADS, "precision": PRECISIONS, "grad_ckpt": (False, True), "compile": (False, True),
                 "optimizer": tuple(OPTIMIZERS), "engine": ENGINES, "peft_variant": ("none",)}
 
 # Memory figures per cell, in display order: (column, header, drawn as a bar). The allocator figures

@@ -50,14 +50,14 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def _why_unsafe(allowed_threads: int) -> str | None:
+def _why_unsafe(allowed_threads: int, after: str = "the imports") -> str | None:
     import torch
 
     if torch.cuda.is_initialized():
-        return "CUDA was initialised while importing, so a forked child could not use it"
+        return f"CUDA was initialised by {after}, so a forked child could not use it"
     extra = _threads() - allowed_threads
     if extra > 0:
-        return f"{extra} thread(s) besides OpenBLAS's were started by the imports, so a fork could inherit a held lock"
+        return f"{extra} thread(s) besides OpenBLAS's were started by {after}, so a fork could inherit a held lock"
     return None
 
 
@@ -114,12 +114,13 @@ def serve() -> int:
         allowed_threads = _threads()
         for name in PRELOAD:
             importlib.import_module(name)
+            # Checked after each module, so a refusal names the import to blame.
+            why = _why_unsafe(allowed_threads, f"importing {name}")
+            if why:
+                _send({"ready": False, "why": why})
+                return 1
     except BaseException as e:  # noqa: BLE001 - the parent falls back to spawning, and says why
         _send({"ready": False, "why": f"import failed: {type(e).__name__}: {e}"})
-        return 1
-    why = _why_unsafe(allowed_threads)
-    if why:
-        _send({"ready": False, "why": why})
         return 1
     _send({"ready": True, "import_s": round(time.time() - t0, 3), "pid": os.getpid()})
     sys.stdout.flush()

@@ -80,6 +80,9 @@ def run(spec: dict, doc: dict, events: Events, fault: tuple[str | None, int]) ->
                "adamw_8bit": bnb.optim.AdamW8bit}[cell.optimizer]
         client_opt = cls(params, lr=cell.lr, weight_decay=0.0)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, optimizer=client_opt, config=ds_config)
+    if cell.compile:
+        engine.compile()  # torch.compile of the module; the compile runs in the first warmup step
+    doc["compiled"] = bool(getattr(engine, "is_compiled", False))
     doc["engine_init_s"] = time.perf_counter() - t0
     basic = getattr(engine, "basic_optimizer", None) or client_opt
     ran = type(basic).__name__ if basic is not None else None
@@ -250,7 +253,7 @@ def _training_args(cell, ds_config):
         bf16=cell.precision == "bf16", fp16=cell.precision == "fp16", deepspeed=ds_config,
         gradient_checkpointing=cell.grad_ckpt, gradient_checkpointing_kwargs={"use_reentrant": False},
         logging_steps=1, report_to=[], save_strategy="no", dataloader_num_workers=0, disable_tqdm=True,
-        seed=cell.seed, remove_unused_columns=False, use_cpu=not torch.cuda.is_available(),
+        seed=cell.seed, remove_unused_columns=False, use_cpu=not torch.cuda.is_available(), torch_compile=cell.compile,
         **({"optim": optim} if optim else {}))
 
 
@@ -305,6 +308,9 @@ def _train_hf(cell, args, model, batches, doc, events, device, torch, t_setup):
     basic = getattr(engine, "basic_optimizer", None) or trainer.optimizer
     inner = getattr(basic, "optimizer", basic)
     doc["optimizer_class"] = f"{type(inner).__module__}.{type(inner).__name__}"
+    # The Trainer compiles the module it wraps in place (nn.Module.compile), which leaves _compiled_call_impl.
+    doc["compiled"] = getattr(trainer.model, "_compiled_call_impl", None) is not None or bool(
+        getattr(engine, "is_compiled", False))
     if type(inner).__name__ != OPTIMIZERS[cell.optimizer]:
         raise RuntimeError(f"optimizer {cell.optimizer!r} asked for {OPTIMIZERS[cell.optimizer]}, but the Trainer "
                            f"built {type(inner).__name__}: refusing to report this cell under a name it did not run")
