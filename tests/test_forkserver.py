@@ -68,7 +68,9 @@ def test_runtime_variables_are_served_by_fork(tmp_path):
 
 
 def test_server_refuses_to_fork_with_a_foreign_thread_running():
-    import torch  # noqa: F401 - loaded first, as in the server (its numpy brings OpenBLAS's pool)
+    import torch  # noqa: F401
+
+    forkserver._start_known_threads()  # as the server does, before it counts
 
     allowed = len(os.listdir("/proc/self/task"))
     assert forkserver._why_unsafe(allowed) is None

@@ -9,10 +9,15 @@ Fork safety, checked here rather than assumed:
 - CUDA must be untouched before the fork (a forked child cannot use a CUDA driver its parent
   initialised). PYTORCH_NVML_BASED_CUDA_CHECK=1 makes torch's availability checks use NVML, and the
   server refuses to serve if torch reports CUDA initialised anyway.
-- No other thread may run at the fork (a lock held by another thread stays locked in the child
-  forever; libgomp's thread pool is the classic case). The one exception is numpy's OpenBLAS pool,
-  which stops itself around a fork (pthread_atfork handlers). The server counts its native threads
-  after numpy and again after everything else, and refuses to serve if the second count is higher.
+- No unknown thread may run at the fork (a lock held by another thread stays locked in the child
+  forever; libgomp's thread pool is the classic case). Some libraries that the stack imports start
+  threads that are known to survive a fork: OpenBLAS pools (numpy's and scipy's; they stop themselves
+  around a fork with pthread_atfork handlers), jemalloc's background thread (pyarrow; atfork handlers
+  too), and NVML's thread (DeepSpeed calls nvmlInit at import; NVML is not CUDA and a child needs
+  no state from it). The server starts those first, counts its threads, and refuses to serve if
+  anything imported afterwards adds one.
+  On the H200 host that is 15 + 15 + 1 + 1 threads; a forked child there ran CUDA, NCCL and a fused
+  optimizer (results/gpu-evidence/call-d_fork_probe.log).
 A refusal is not an error: the parent falls back to starting each worker from scratch, and the
 result records which way the cell was started.
 
@@ -98,6 +103,24 @@ def _child(req: dict) -> None:
             os._exit(code)
 
 
+# Started before counting threads: their threads are known to survive a fork (see the docstring).
+_KNOWN_THREAD_OWNERS = ("numpy", "scipy.linalg", "pyarrow")
+
+
+def _start_known_threads() -> None:
+    import importlib.util
+
+    for name in _KNOWN_THREAD_OWNERS:
+        if importlib.util.find_spec(name.split(".")[0]) is not None:
+            __import__(name)
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML (a CPU host): nothing to start
+        pass
+
+
 def serve() -> int:
     global _PROTO
     # Libraries print to stdout while importing (DeepSpeed logs there): keep the answers on a private
@@ -109,8 +132,7 @@ def serve() -> int:
     import importlib
 
     try:
-        import numpy  # noqa: F401 - first, to count OpenBLAS's fork-safe pool apart from other threads
-
+        _start_known_threads()
         allowed_threads = _threads()
         for name in PRELOAD:
             importlib.import_module(name)
