@@ -112,37 +112,20 @@ RULES: tuple[Rule, ...] = (
          "DeepSpeed {ds} removed OneBitAdam, ZeroOneAdam and OneBitLamb",
          "pip install deepspeed==0.19.6",
          "deepspeed 0.19.7 release ('OneBitAdam is not a supported DeepSpeed Optimizer')"),
-    Rule("onebit-needs-fp16-zero0",
-         lambda c, p: c.optimizer in ONEBIT and (c.precision != "fp16" or c.zero_stage != 0),
-         "the 1-bit optimizers run only with fp16 at ZeRO stage 0",
-         "set precision: fp16 and zero_stage: 0",
-         "DeepSpeed 1-bit Adam tutorial; deepspeed/runtime/fp16/onebit"),
+    Rule("onebit-needs-zero0",
+         lambda c, p: c.optimizer in ONEBIT and c.zero_stage != 0,
+         "the 1-bit optimizers run only at ZeRO stage 0",
+         "set zero_stage: 0",
+         "DeepSpeed 1-bit Adam tutorial; fails at ZeRO-1 on the H200 (results/gpu-evidence/gpu_rules_h200.log). "
+         "bf16 was ruled out too until that run showed OneBitAdam in bf16 at ZeRO-0 working"),
     Rule("onebit-needs-cuda",
          lambda c, p: c.optimizer in ONEBIT and not p.cuda,
          "the 1-bit optimizers compress with cupy over NCCL (CPU run: 'No module named cupy')",
          "run them on a GPU host with cupy",
          "seen on a CPU run (tests/test_rules_evidence.py)"),
-    Rule("onebit-no-peft",
-         lambda c, p: c.optimizer in ONEBIT and c.peft != "none",
-         "the 1-bit optimizers' error feedback assumes every parameter trains",
-         "use peft: none with 1-bit optimizers",
-         "DeepSpeed 1-bit Adam tutorial (full-model training only)"),
-    # -- PEFT ----------------------------------------------------------------------------------
-    Rule("qlora-no-fp32",
-         lambda c, p: c.peft == "qlora" and c.precision == "fp32",
-         "QLoRA computes in bf16 or fp16 over 4-bit weights",
-         "set precision: bf16",
-         "QLoRA paper; bitsandbytes compute dtype"),
-    Rule("qlora-no-param-offload",
-         lambda c, p: c.peft == "qlora" and c.offload in ("optimizer+params", "nvme"),
-         "ZeRO-3 parameter offload cannot move bitsandbytes 4-bit parameters",
-         "use offload: none or optimizer",
-         "bitsandbytes Params4bit is not a plain tensor DeepSpeed can page"),
-    Rule("hf-trainer-no-onebit",
-         lambda c, p: c.engine == "hf_trainer" and c.optimizer in ONEBIT,
-         "the HF Trainer path builds its optimizer from the DeepSpeed config; 1-bit needs the DeepSpeed loop",
-         "use engine: deepspeed",
-         "transformers integrations/deepspeed.py"),
+    # Removed after the H200 ran them (results/gpu-evidence/gpu_rules_h200.log, now GPU tests that they
+    # run: tests/test_gpu_rules.py): 1-bit with LoRA, 1-bit under the HF Trainer, QLoRA in fp32, QLoRA
+    # with ZeRO-3 parameter offload.
 )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from bench import dsconfig, env, launch, rules
-from bench.cells import Cell, Lora, Qlora
+from bench.cells import OPTIMIZERS, Cell, Lora, Qlora
 
 pytestmark = pytest.mark.gpu
 
@@ -20,16 +20,20 @@ CASES = [
     ("offload-needs-zero", Cell(zero_stage=0, offload="optimizer", optimizer="cpuadam", **SMALL)),
     ("offload-optimizer-kind", Cell(zero_stage=2, offload="optimizer", optimizer="fusedlamb", precision="fp16", **SMALL)),
     ("offload-optimizer-kind", Cell(zero_stage=2, offload="optimizer", optimizer="paged_adamw_8bit", **SMALL)),
-    ("onebit-needs-fp16-zero0", Cell(zero_stage=0, optimizer="onebitadam", precision="bf16", **SMALL)),
-    ("onebit-needs-fp16-zero0", Cell(zero_stage=1, optimizer="onebitadam", precision="fp16", **SMALL)),
-    ("onebit-no-peft", Cell(optimizer="onebitadam", precision="fp16", peft="lora", lora=Lora(r=8), **SMALL)),
-    ("qlora-no-fp32", Cell(peft="qlora", precision="fp32", optimizer="fusedadam", lora=Lora(r=8), qlora=Qlora(),
-                           **SMALL)),
-    ("qlora-no-param-offload", Cell(zero_stage=3, offload="optimizer+params", optimizer="cpuadam", peft="qlora",
-                                    lora=Lora(r=8), qlora=Qlora(), **SMALL)),
+    ("onebit-needs-zero0", Cell(zero_stage=1, optimizer="onebitadam", precision="fp16", **SMALL)),
     ("cpuadam-needs-offload", Cell(optimizer="cpuadam", **SMALL)),
     ("fusedlamb-no-bf16", Cell(optimizer="fusedlamb", precision="bf16", **SMALL)),
-    ("hf-trainer-no-onebit", Cell(engine="hf_trainer", optimizer="onebitadam", precision="fp16", **SMALL)),
+]
+
+# Combinations a rule used to forbid until the H200 ran them (results/gpu-evidence/gpu_rules_h200.log):
+# they stay runnable, and must keep running.
+RUNS = [
+    ("onebit-bf16", Cell(zero_stage=0, optimizer="onebitadam", precision="bf16", **SMALL)),
+    ("onebit-lora", Cell(optimizer="onebitadam", precision="fp16", peft="lora", lora=Lora(r=8), **SMALL)),
+    ("qlora-fp32", Cell(peft="qlora", precision="fp32", optimizer="fusedadam", lora=Lora(r=8), qlora=Qlora(), **SMALL)),
+    ("qlora-param-offload", Cell(zero_stage=3, offload="optimizer+params", optimizer="cpuadam", peft="qlora",
+                                 lora=Lora(r=8), qlora=Qlora(), **SMALL)),
+    ("hf-trainer-onebit", Cell(engine="hf_trainer", optimizer="onebitadam", precision="fp16", **SMALL)),
 ]
 
 
@@ -40,3 +44,11 @@ def test_rule_holds_on_gpu(tmp_path, rule, cell):
     out = launch.run_cell(cell, dsconfig.build(cell), log_path=tmp_path / "log", gpus=[0])
     print(rule, out.status.value, out.reason[:300])
     assert out.status.value != "ok", f"{rule}: the combination ran fine on this GPU; the rule must go"
+
+
+@pytest.mark.parametrize("name,cell", RUNS, ids=[n for n, _ in RUNS])
+def test_formerly_ruled_out_combination_runs(tmp_path, name, cell):
+    assert rules.check(cell, GPU) is None, f"{name}: a rule stops it again; show it failing on a GPU first"
+    out = launch.run_cell(cell, dsconfig.build(cell), log_path=tmp_path / "log", gpus=[0])
+    assert out.status.value == "ok", f"{name}: {out.status.value}: {out.reason[:300]}"
+    assert out.ranks[0]["optimizer_class"].endswith(OPTIMIZERS[cell.optimizer])
