@@ -420,10 +420,20 @@ def _classify(o: Outcome, killed_for: str | None, cell: Cell) -> tuple[Status, s
         return Status.TIMEOUT, f"no progress for too long ({_where(o)}): a hung collective or a stuck rank"
     if killed_for == "interrupt":
         return Status.INTERRUPTED, f"stopped by the user ({_where(o)})"
-    if o.ranks:
+    ranks = o.ranks
+    if cell.gpus > 1:
+        # torchrun stops the other ranks with SIGTERM when one fails, and a rank stopped that way
+        # records "interrupted" (we did not interrupt: killed_for is None here). The failure is the
+        # other rank's; if it left no result either, the exit code and the log tell.
+        victims = [d for d in ranks if d.get("status") == Status.INTERRUPTED.value]
+        if victims:
+            ranks = [d for d in ranks if d not in victims]
+            if not ranks:
+                return _classify_without_result(o)
+    if ranks:
         # The worst outcome; among equally bad ones the earliest, since a rank that dies takes the
         # others down with it (their errors are the collective's, not the cause).
-        worst = min(o.ranks, key=lambda d: (-_SEVERITY.index(Status(d.get("status", "error"))),
+        worst = min(ranks, key=lambda d: (-_SEVERITY.index(Status(d.get("status", "error"))),
                                             d.get("t_end", float("inf"))))
         st = Status(worst.get("status", "error"))
         reason = worst.get("reason", "")
@@ -431,10 +441,14 @@ def _classify(o: Outcome, killed_for: str | None, cell: Cell) -> tuple[Status, s
             return Status.ERROR, f"only {len(o.ranks)} of {cell.gpus} ranks wrote a result (exit code {o.exit_code})"
         if st is Status.OK and o.exit_code not in (0, None):
             return Status.ERROR, f"the worker reported ok but exited with code {o.exit_code}"
-        if len(o.ranks) > 1 and st is not Status.OK:
+        if cell.gpus > 1 and st is not Status.OK:
             reason = f"rank {worst.get('rank')}: {reason}"
         return st, reason
-    # No result document: the worker died before it could write one.
+    return _classify_without_result(o)
+
+
+def _classify_without_result(o: Outcome) -> tuple[Status, str]:
+    # No result document (or only from ranks torchrun stopped): the worker died before it could write one.
     rss = o.telemetry.get("all", {}).get("host_rss_peak_bytes")
     if o.exit_code == -signal.SIGKILL or (o.exit_code not in (0, None) and _SIGKILL_RE.search(o.log_tail)):
         from .env import probe

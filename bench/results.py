@@ -22,7 +22,7 @@ _CELL_COLUMNS = AXIS_COLUMNS + ["model", "seq_len", "micro_batch", "grad_accum",
 METRIC_COLUMNS = ["tokens_per_s", "samples_per_s", "step_time_median_s", "step_time_p90_s", "tflops_per_gpu",
                   "mfu", "hfu", "loss_first", "loss_final"]
 MEMORY_COLUMNS = ["nvml_proc_peak_bytes", "nvml_used_peak_bytes", "torch_max_reserved_bytes",
-                  "torch_max_allocated_bytes", "host_rss_peak_bytes"]
+                  "torch_max_allocated_bytes", "torch_allocated_between_steps_bytes", "host_rss_peak_bytes"]
 
 # `peak_memory_bytes` is the first of these a row has: the device figure that decides whether a cell
 # fits (NVML sees the CUDA context and NCCL buffers the allocator does not), else host RSS (CPU runs).

@@ -103,6 +103,10 @@ def record_outcome(cell: Cell, planned: Planned, out: launch.Outcome, run_id: st
         mem["torch_max_allocated_bytes"] = max(a["torch_max_allocated_bytes"] for a in alloc_m)
         mem["torch_max_reserved_bytes"] = max(a["torch_max_reserved_bytes"] for a in alloc_m)
         mem["torch_max_allocated_per_gpu"] = [a["torch_max_allocated_bytes"] for a in alloc_m]
+        between = [a["torch_allocated_between_steps_bytes"] for a in alloc_m if a.get("torch_allocated_between_steps_bytes")]
+        if between:
+            mem["torch_allocated_between_steps_bytes"] = max(between)
+            mem["torch_allocated_between_steps_per_gpu"] = between
     if alloc_s:
         mem["torch_max_allocated_setup_bytes"] = max(a["torch_max_allocated_bytes"] for a in alloc_s)
         mem["torch_max_reserved_setup_bytes"] = max(a["torch_max_reserved_bytes"] for a in alloc_s)
@@ -118,6 +122,9 @@ def record_outcome(cell: Cell, planned: Planned, out: launch.Outcome, run_id: st
         "wall_s": out.wall_s, "exit_code": out.exit_code, "phase_at_end": out.phase_at_end, "metrics": metrics,
         "memory": mem, "losses": rank0.get("losses"), "step_times_s": rank0.get("step_times_s"),
         "world_size": len(out.ranks) or None,
+        # Every rank's own end, so a multi-rank failure can be traced to the rank that caused it.
+        "ranks": [{"rank": d.get("rank"), "status": d.get("status"), "reason": (d.get("reason") or "")[:600]}
+                  for d in sorted(out.ranks, key=lambda d: d.get("rank", 0))] if len(out.ranks) > 1 else None,
         "worker": {k: rank0.get(k) for k in ("optimizer_class", "zero_optimizer_class", "params_total",
                                               "params_trainable", "params_embedding", "model_build_s",
                                               "engine_init_s", "setup_s", "fp16_skipped_steps", "gpu_name",
@@ -240,6 +247,7 @@ def prepare(items: list[Planned], logs: Path, extra_env: dict | None, platform: 
     if items:
         launch.start_forkserver(extra_env, logs, gpus=[0] if platform.cuda else None)
     _prebuild(items, logs, extra_env, printer)
+    _checkpoints(items, logs, extra_env, platform, printer)
 
 
 def _prebuild(items: list[Planned], logs: Path, extra_env: dict | None, printer) -> None:
@@ -258,6 +266,20 @@ def _prebuild(items: list[Planned], logs: Path, extra_env: dict | None, printer)
     code = launch.run_tool(["-m", "bench.worker", "--prebuild", *ops], log_path=log, env=env_, timeout_s=1800)
     status = "done" if code == 0 else "some failed (the cells that need them will say why)"
     printer(f"ops {status} in {time.time() - t0:.0f} s")
+
+
+def _checkpoints(items: list[Planned], logs: Path, extra_env: dict | None, platform: env.Platform, printer) -> None:
+    """QLoRA quantizes from a checkpoint: build each preset's once, in one process, before the cells."""
+    for model, precision in sorted({(it.cell.model, it.cell.precision) for it in items
+                                    if it.cell.peft == "qlora" and it.cell.model in matrix.PRESETS}):
+        log = logs / f"checkpoint-{model}-{precision}.log"
+        env_ = launch.child_env({**os.environ, **(extra_env or {})}, port=launch.free_port(),
+                                gpus=[0] if platform.cuda else None)
+        t0 = time.time()
+        code = launch.run_tool(["-m", "bench.worker", "--checkpoint", model, precision], log_path=log, env=env_,
+                               timeout_s=1800)
+        status = "ready" if code == 0 else f"failed (exit {code}; the QLoRA cells will say why; log: {log})"
+        printer(f"QLoRA checkpoint of {model} in {precision}: {status} ({time.time() - t0:.0f} s)")
 
 
 class _Progress:

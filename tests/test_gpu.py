@@ -48,6 +48,10 @@ def test_telemetry_side_by_side(tmp_path):
         assert 0.02 < met["mfu"] < 1.0 and met["hfu"] >= met["mfu"]
         assert met["energy_j_per_token"] > 0 and met["gpu_util_mean_pct"] > 10
         assert set(tel["phases"]) >= {"setup", "warmup", "measured"}
+        # What persists between steps (model states, no activations) sits under the peak, and a
+        # worker forked from the pre-imported server measures the same way as a fresh one.
+        assert 0 < mem["torch_allocated_between_steps_bytes"] <= alloc
+        assert x["started_by"]["mode"] == "fork", x["started_by"]
         # The GPU was handed back clean.
         after = list(x["gpu_after"].values())[0]["used_bytes"]
         assert after < 2 * 2**30, after

@@ -34,3 +34,18 @@ def test_one_failing_rank_fails_the_cell(tmp_path):
     (rec,) = [x for x in read(res) if x["status"] != "started"]
     assert rec["status"] == "error"
     assert rec["reason"].startswith("rank 1: RuntimeError") and "injected fault" in rec["reason"]
+
+
+def test_a_rank_stopped_by_torchrun_does_not_hide_the_failing_rank(tmp_path):
+    # Rank 0 hangs in step 1 while rank 1 raises there: torchrun then SIGTERMs rank 0, which records
+    # "interrupted". The cell failed because of rank 1 (seen on 2 x H200: a QLoRA cell was reported
+    # as "rank 0: interrupted").
+    m = write_matrix(tmp_path / "m.yaml", TINY.replace("timeout_s: 600", "timeout_s: 120") + "gpus: 2\n")
+    res = tmp_path / "r.jsonl"
+    r = zerobench("run", str(m), "--results", str(res), "--no-report", cwd=tmp_path,
+                  env={"ZEROBENCH_FAULT": "hang@1#0,raise@1#1", "ZEROBENCH_STALL_S": "60"})
+    assert r.returncode == 0
+    (rec,) = [x for x in read(res) if x["status"] != "started"]
+    assert rec["status"] == "error", rec["reason"]
+    assert rec["reason"].startswith("rank 1: RuntimeError") and "injected fault" in rec["reason"]
+    assert {d["rank"]: d["status"] for d in rec["ranks"]} == {0: "interrupted", 1: "error"}

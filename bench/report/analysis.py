@@ -42,6 +42,7 @@ MEMORY_VIEW = [
     ("nvml_proc_peak_bytes", "NVML process", True),
     ("torch_max_reserved_bytes", "allocator reserved", True),
     ("torch_max_allocated_bytes", "allocator allocated", True),
+    ("torch_allocated_between_steps_bytes", "allocated between steps", True),
     ("estimate_model_states_bytes", "model states (ZeRO formula)", True),
     ("outside_allocator_bytes", "outside the allocator", False),
     ("host_rss_peak_bytes", "host RSS", False),

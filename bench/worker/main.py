@@ -17,19 +17,22 @@ import traceback
 from .events import Events, watch_parent, write_result
 
 # Faults the test suite injects into a real worker to check that the parent classifies each end
-# right (ZEROBENCH_FAULT=kind[@step][#rank]). Never set in a benchmark run; recorded in the result if set.
+# right (ZEROBENCH_FAULT=kind[@step][#rank], several separated by commas: the first that names this
+# rank, or no rank, applies). Never set in a benchmark run; recorded in the result if set.
 FAULTS = ("hang", "sigkill", "raise", "nan", "exit")
 
 
 def _fault() -> tuple[str | None, int]:
-    raw = os.environ.get("ZEROBENCH_FAULT", "")
-    raw, _, only_rank = raw.partition("#")
-    if not raw or (only_rank and int(only_rank) != int(os.environ.get("RANK", "0"))):
-        return None, -1
-    kind, _, step = raw.partition("@")
-    if kind not in FAULTS:
-        raise SystemExit(f"ZEROBENCH_FAULT={raw!r}: kind must be one of {FAULTS}")
-    return kind, int(step or 1)
+    rank = int(os.environ.get("RANK", "0"))
+    for spec in filter(None, os.environ.get("ZEROBENCH_FAULT", "").split(",")):
+        raw, _, only_rank = spec.partition("#")
+        if only_rank and int(only_rank) != rank:
+            continue
+        kind, _, step = raw.partition("@")
+        if kind not in FAULTS:
+            raise SystemExit(f"ZEROBENCH_FAULT={spec!r}: kind must be one of {FAULTS}")
+        return kind, int(step or 1)
+    return None, -1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,9 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spec", help="spec JSON written by the orchestrator")
     ap.add_argument("--prebuild", nargs="+", metavar="BUILDER",
                     help="only build (JIT-compile) these DeepSpeed op builders, e.g. FusedAdamBuilder, and exit")
+    ap.add_argument("--checkpoint", nargs=2, metavar=("PRESET", "PRECISION"),
+                    help="only build and cache the local checkpoint QLoRA cells quantize from, and exit")
     args = ap.parse_args(argv)
     if args.prebuild:
         return _prebuild(args.prebuild)
+    if args.checkpoint:
+        return _checkpoint(*args.checkpoint)
     if not args.spec:
         ap.error("--spec is required")
     t_start = time.time()
@@ -107,6 +114,21 @@ def _prebuild(builders: list[str]) -> int:
             failed += 1
             print(f"prebuild: {name}: failed: {type(e).__name__}: {e}", flush=True)
     return 1 if failed else 0
+
+
+def _checkpoint(preset: str, precision: str) -> int:
+    """Build a preset's random-weight checkpoint once, in one process, before the cells. Ranks of a
+    multi-GPU cell must not build it themselves: save_pretrained on one rank while another waits on
+    the cache lock stalled a 2-GPU QLoRA cell on the H200."""
+    import torch
+
+    from . import models
+
+    t0 = time.time()
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    path = models.checkpoint(preset, models.DTYPES[precision], device)
+    print(f"checkpoint: {preset} {precision}: {path} ready in {time.time() - t0:.1f} s", flush=True)
+    return 0
 
 
 def _classify_exception(e: BaseException, doc: dict) -> None:

@@ -98,6 +98,7 @@ def run(spec: dict, doc: dict, events: Events, fault: tuple[str | None, int]) ->
     losses: list[float] = []
     times: list[float] = []
     setup_alloc = None
+    resident = 0  # allocated at the start of a measured step: model states and what persists between steps
     skipped_at_measure = 0
     kind, fault_step = fault
     # from_pretrained (QLoRA, local models) returns a model in eval mode, where HF skips gradient
@@ -118,6 +119,10 @@ def run(spec: dict, doc: dict, events: Events, fault: tuple[str | None, int]) ->
             events.phase("measured")
         if kind and step == fault_step:
             _inject(kind)
+        if cuda and step >= cell.warmup_steps:
+            # A host-side counter (no sync): what ZeRO's model-state formulas describe, without the
+            # activations, communication buckets and gathered parameters that make up the peak.
+            resident = max(resident, torch.cuda.memory_allocated(device))
         t0 = time.perf_counter()
         step_losses = []
         for micro in range(cell.grad_accum):
@@ -147,6 +152,8 @@ def run(spec: dict, doc: dict, events: Events, fault: tuple[str | None, int]) ->
     events.phase("teardown")
     _finish(cell, doc, losses, times, int(getattr(engine, "skipped_steps", 0)) - skipped_at_measure, counts, cfg,
             world, cuda, device, torch, deepspeed, transformers, metrics, setup_alloc)
+    if cuda and resident:
+        doc["memory_measured"]["torch_allocated_between_steps_bytes"] = resident
 
 
 def _finish(cell, doc, losses, times, skipped, counts, cfg, world, cuda, device, torch, deepspeed, transformers, metrics,
