@@ -25,7 +25,7 @@ from . import telemetry
 from .cells import Cell
 from .status import Status
 
-__all__ = ["Outcome", "run_cell", "child_env", "run_tool", "ForkServer", "stop_forkserver"]
+__all__ = ["ForkServer", "Outcome", "child_env", "run_cell", "run_tool", "stop_forkserver"]
 
 # Worse outcomes win when ranks disagree.
 _SEVERITY = [Status.OK, Status.DIVERGED, Status.ERROR, Status.TIMEOUT, Status.CUDA_OOM, Status.HOST_OOM,
@@ -142,7 +142,7 @@ _RUNTIME_ENV = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "W
 class _Forked:
     """A worker forked by the server, with the part of subprocess.Popen's interface that launch uses."""
 
-    def __init__(self, server: "ForkServer", pid: int):
+    def __init__(self, server: ForkServer, pid: int):
         self.server, self.pid, self.returncode = server, pid, None
 
     def poll(self) -> int | None:

@@ -1,0 +1,26 @@
+"""Report headlines computed from results alone."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench import results
+from bench.report import analysis
+
+DATA = Path(__file__).parent / "data" / "synthetic_gpu.jsonl"
+
+
+def test_best_mfu_headline_is_not_an_fp32_cell(tmp_path):
+    # fp32 MFU is against the GPU's small non-tensor-core fp32 peak: a 42% fp32 cell must not
+    # headline over a 40% bf16 one (it did on the first H200 report).
+    recs = [json.loads(line) for line in DATA.read_text().splitlines()[:2]]
+    fp32, bf16 = recs
+    fp32 = {**fp32, "cell_hash": "fp32cell01", "cell": {**fp32["cell"], "precision": "fp32"},
+            "metrics": {**fp32["metrics"], "mfu": 0.424}}
+    bf16 = {**bf16, "metrics": {**bf16["metrics"], "mfu": 0.406}}
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (fp32, bf16)))
+    a = analysis.analyse(results.load(path))
+    assert a.best_mfu["precision"] == "bf16" and a.best_mfu["mfu"] == 0.406
+    only_fp32 = analysis.analyse(results.load(path).query("precision == 'fp32'"))
+    assert only_fp32.best_mfu["mfu"] == 0.424  # with nothing else, fp32 is still shown
