@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bench import results
 from bench.report import analysis
 
@@ -24,3 +26,21 @@ def test_best_mfu_headline_is_not_an_fp32_cell(tmp_path):
     assert a.best_mfu["precision"] == "bf16" and a.best_mfu["mfu"] == 0.406
     only_fp32 = analysis.analyse(results.load(path).query("precision == 'fp32'"))
     assert only_fp32.best_mfu["mfu"] == 0.424  # with nothing else, fp32 is still shown
+
+
+def test_zero_stages_against_the_paper_from_the_2gpu_results():
+    from bench import estimate
+    from bench.report import html, markdown
+
+    df = results.load(Path(__file__).resolve().parent.parent / "results" / "1b-2gpu.jsonl")
+    a = analysis.analyse(df)
+    rows = a.zero_scaling
+    assert [r["zero_stage"] for r in rows] == [0, 1, 2, 3] and all(r["gpus"] == 2 for r in rows)
+    for r in rows:  # the prediction is the paper's formula for mixed-precision Adam (K = 12)
+        assert r["predicted_ratio"] == pytest.approx(estimate.zero_ratio(r["zero_stage"], 2))
+        assert 0 < r["nvml_proc_peak_bytes_ratio"] <= 1.0
+    assert rows[0]["torch_max_allocated_bytes_ratio"] == 1.0
+    # QLoRA (frozen 4-bit base) is not a full fine-tune: the paper's ratios do not describe it.
+    assert not any("qlora" in r["cell_name"] for r in rows)
+    assert "## ZeRO stages against the paper" in markdown.render_analysis(a)
+    assert 'id="zero"' in html.render_analysis(a)

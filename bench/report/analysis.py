@@ -106,6 +106,48 @@ class Analysis:
     baseline: pd.DataFrame | None = None
     baseline_only: list[str] = field(default_factory=list)
     """Cell names that the baseline has and these results do not."""
+    zero_scaling: list[dict] = field(default_factory=list)
+    """Multi-GPU full fine-tunes at several ZeRO stages, all else equal: per-GPU memory relative to
+    ZeRO-0, measured (NVML, allocator peak, allocated between steps) beside the ZeRO paper's
+    model-state prediction (bench/estimate.py)."""
+
+
+# Per-GPU memory figures compared across ZeRO stages: (column, label).
+ZERO_SCALING_FIGURES = [("nvml_proc_peak_bytes", "NVML process peak"),
+                        ("torch_max_allocated_bytes", "allocator peak"),
+                        ("torch_allocated_between_steps_bytes", "allocated between steps")]
+
+
+def _zero_scaling(cells: pd.DataFrame) -> list[dict]:
+    """The ZeRO paper's claim, checked: per-GPU memory falls from stage 0 to 3 as optimizer state,
+    then gradients, then parameters are sharded. Only full fine-tunes without offload on several
+    GPUs, grouped by everything but the stage, with a ZeRO-0 cell to compare against."""
+    need = {"zero_stage", "gpus", "peft", "offload", "estimate_model_states_bytes"}
+    if not need <= set(cells):
+        return []
+    ok = cells[(cells["status"] == Status.OK.value) & (cells["gpus"].fillna(1) > 1) & (cells["peft"] == "none")
+               & (cells["offload"] == "none")]
+    if ok.empty:
+        return []
+    others = [c for c, _, _ in AXES if c in ok and c != "zero_stage"] + [c for c, _ in _FIXED if c in ok]
+    out = []
+    gid = ok[others].astype(str).groupby(others, sort=False, dropna=False).ngroup()
+    for _, g in ok.groupby(gid, sort=False):
+        z0 = g[g["zero_stage"] == 0]
+        if z0.empty or g["zero_stage"].nunique() < 2:
+            continue
+        z0 = z0.iloc[0]
+        for _, r in g.sort_values("zero_stage").iterrows():
+            row = {"cell_name": r["cell_name"], "zero_stage": int(r["zero_stage"]), "gpus": int(r["gpus"]),
+                   "predicted_ratio": r["estimate_model_states_bytes"] / z0["estimate_model_states_bytes"],
+                   "estimate_bytes": r["estimate_model_states_bytes"]}
+            for col, _ in ZERO_SCALING_FIGURES:
+                v, v0 = r.get(col), z0.get(col)
+                ok_v = v is not None and v0 is not None and not pd.isna(v) and not pd.isna(v0) and v0 > 0
+                row[col] = v if ok_v else None
+                row[f"{col}_ratio"] = v / v0 if ok_v else None
+            out.append(row)
+    return out
 
 
 def _peft_variant(cells: pd.DataFrame) -> pd.Series:
@@ -364,6 +406,7 @@ def analyse(df: pd.DataFrame, *, title: str = "zerobench report", baseline: pd.D
         compute_metric="mfu" if ok["mfu"].notna().any() else "tflops_per_gpu" if ok["tflops_per_gpu"].notna().any()
         else None,
         ablations=_ablations(cells), loss_cells=_loss_cells(cells), failures=failures,
+        zero_scaling=_zero_scaling(cells),
         failure_groups=_failure_groups(failures), environment=_environment(cells, df), baseline=base,
         baseline_only=only,
     )

@@ -205,6 +205,13 @@ def _failures(a: Analysis) -> dict:
             "failure_statuses": [s for s in a.counts if s != "ok"]}
 
 
+def _zero(a: Analysis) -> dict:
+    from .analysis import ZERO_SCALING_FIGURES
+
+    figs = [(c, h) for c, h in ZERO_SCALING_FIGURES if any(r[c] is not None for r in a.zero_scaling)]
+    return {"zero_rows": a.zero_scaling, "zero_figures": figs}
+
+
 def _baseline(a: Analysis) -> dict:
     return {"baseline_rows": a.baseline.to_dict("records") if a.baseline is not None else []}
 
@@ -213,10 +220,11 @@ def render_analysis(a: Analysis) -> str:
     if a.cells.empty:
         return _TEMPLATE.render(a=a, n_cells=0, nav=[])
     ctx = {}
-    for section in (_cells_table, _fits, _scatter, _loss, _memory, _compute, _failures, _baseline):
+    for section in (_cells_table, _fits, _scatter, _loss, _memory, _compute, _failures, _baseline, _zero):
         ctx |= section(a)
     nav = [("summary", "Summary", True), ("tradeoff", "Throughput vs memory", bool(ctx["scatter"])),
            ("cells", "Cells", True), ("ablations", "Ablations", bool(a.ablations)),
+           ("zero", "ZeRO vs paper", bool(a.zero_scaling)),
            ("memory", "Peak memory", bool(ctx["memory_rows"])), ("loss", "Loss", bool(ctx["loss_chart"])),
            ("compute", "MFU", True), ("failures", "Failed and skipped", True),
            ("baseline", "Baseline", a.baseline is not None), ("environment", "Environment", True)]

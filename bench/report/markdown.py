@@ -110,6 +110,23 @@ def _ablations(a: Analysis) -> list[str]:
             + _table(["knob", "value", "tokens/s", "peak memory", "groups"], "llrrr", rows))
 
 
+def _zero_scaling(a: Analysis) -> list[str]:
+    if not a.zero_scaling:
+        return []
+    from .analysis import ZERO_SCALING_FIGURES
+
+    figs = [(c, h) for c, h in ZERO_SCALING_FIGURES if any(r[c] is not None for r in a.zero_scaling)]
+    rows = [[str(r["zero_stage"]), str(r["gpus"])]
+            + [f"{fmt.gib(r[c])} (×{r[c + '_ratio']:.3f})" if r[c] is not None else "–" for c, _ in figs]
+            + [f"{fmt.gib(r['estimate_bytes'])} (×{r['predicted_ratio']:.3f})"] for r in a.zero_scaling]
+    return (["## ZeRO stages against the paper", "",
+             "Per-GPU memory in GiB, and its ratio to ZeRO-0 with all else equal. The paper's prediction covers model "
+             "states only (parameters, gradients, optimizer state); peaks add activations and DeepSpeed's "
+             "communication buffers, which do not shrink with the stage.", ""]
+            + _table(["ZeRO", "GPUs"] + [h for _, h in figs] + ["model states, ZeRO paper"], "rr" + "r" * (len(figs) + 1),
+                     rows))
+
+
 def _v(axis: str, v) -> str:
     return ("on" if v in (True, "True") else "off") if axis == "grad_ckpt" else str(v)
 
@@ -173,7 +190,7 @@ def render_analysis(a: Analysis, charts: dict[str, str] | None = None) -> str:
         return "\n".join(lines + ["No results.", ""])
     counts = ", ".join(f"{v} {escape(k)}" for k, v in a.counts.items())
     lines += [f"{n} cells: {counts} ({a.attempts} attempts).", ""]
-    lines += _best(a, charts) + _fits(a) + _ablations(a) + _failures(a) + _baseline(a)
+    lines += _best(a, charts) + _fits(a) + _ablations(a) + _zero_scaling(a) + _failures(a) + _baseline(a)
     if "loss" in charts:
         lines += ["## Loss curves", ""] + _image("training loss per step", charts["loss"])
     lines += _all_cells(a)

@@ -153,6 +153,26 @@ value, with the ratio to the row's first value. The summary line is the median r
 </section>
 {%- endif %}
 
+{%- if zero_rows %}
+<section id="zero">
+<h2>ZeRO stages against the paper</h2>
+<p class="note">Per-GPU memory in GiB and its ratio to ZeRO-0, all else equal. The paper's prediction covers
+model states only (parameters, gradients, optimizer state); peaks add activations and DeepSpeed's
+communication buffers, which do not shrink with the stage.</p>
+<div class="table-wrap"><table class="sortable wrap-head">
+<thead><tr><th>cell</th><th class="n">ZeRO</th><th class="n">GPUs</th>
+  {%- for col, head in zero_figures %}<th class="n">{{ head }}</th><th class="n">× ZeRO-0</th>{% endfor %}
+  <th class="n">model states, ZeRO paper</th><th class="n">× ZeRO-0</th></tr></thead>
+<tbody>
+{%- for r in zero_rows %}
+<tr><td class="cell">{{ r.cell_name|name }}</td>{{ td_num(r.zero_stage, r.zero_stage) }}{{ td_num(r.gpus, r.gpus) }}
+{%- for col, head in zero_figures %}{{ td_num(r[col], r[col]|gib) }}{{ td_num(r[col ~ "_ratio"], r[col ~ "_ratio"]|num(3)) }}{% endfor %}
+{{- td_num(r.estimate_bytes, r.estimate_bytes|gib) }}{{ td_num(r.predicted_ratio, r.predicted_ratio|num(3)) }}</tr>
+{%- endfor %}
+</tbody></table></div>
+</section>
+{%- endif %}
+
 {%- if memory_rows %}
 <section id="memory">
 <h2>Peak memory per cell</h2>
