@@ -136,9 +136,10 @@ def load(*paths: str | os.PathLike, include_all_attempts: bool = True):
 
 
 def latest(df):
-    """The last attempt of each cell (per matrix), in first-seen order."""
+    """The last attempt of each cell (per matrix, and per selfcheck variant), in first-seen order."""
     if df.empty:
         return df
-    order = df.drop_duplicates(["matrix", "cell_hash"], keep="first")[["matrix", "cell_hash"]]
-    last = df.drop_duplicates(["matrix", "cell_hash"], keep="last")
-    return order.merge(last, on=["matrix", "cell_hash"], how="left")
+    keys = ["matrix", "cell_hash", "variant"] if "variant" in df else ["matrix", "cell_hash"]
+    order = df.drop_duplicates(keys, keep="first")[keys]
+    last = df.drop_duplicates(keys, keep="last")
+    return order.merge(last, on=keys, how="left")

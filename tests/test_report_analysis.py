@@ -44,3 +44,9 @@ def test_zero_stages_against_the_paper_from_the_2gpu_results():
     assert not any("qlora" in r["cell_name"] for r in rows)
     assert "## ZeRO stages against the paper" in markdown.render_analysis(a)
     assert 'id="zero"' in html.render_analysis(a)
+
+
+def test_selfcheck_variants_stay_apart_in_a_report():
+    df = results.load(Path(__file__).resolve().parent.parent / "results" / "selfcheck-1b.jsonl")
+    a = analysis.analyse(df)
+    assert sorted(a.cells["cell_name"].str.extract(r"\[(.*)\]")[0]) == ["no-telemetry", "reference", "zerobench"]

@@ -366,6 +366,10 @@ def analyse(df: pd.DataFrame, *, title: str = "zerobench report", baseline: pd.D
                         loss_cells=empty, failures=empty, failure_groups=[], environment=[],
                         baseline=None if baseline is None else empty)
     cells = latest(df)
+    if "variant" in cells and cells["variant"].notna().any():
+        # `zerobench selfcheck` runs one cell several ways: keep the ways apart.
+        cells = cells.assign(cell_name=cells["cell_name"] + cells["variant"].map(
+            lambda v: f" [{v}]" if isinstance(v, str) and v else ""))
     if "model" in cells and cells["model"].nunique() > 1:
         # Cell names carry the axes, not the model: a report over several models must say which.
         cells = cells.assign(cell_name=cells["model"].astype(str) + " " + cells["cell_name"])
