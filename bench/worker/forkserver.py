@@ -62,7 +62,8 @@ def _why_unsafe(allowed_threads: int, after: str = "the imports") -> str | None:
         return f"CUDA was initialised by {after}, so a forked child could not use it"
     extra = _threads() - allowed_threads
     if extra > 0:
-        return f"{extra} thread(s) besides OpenBLAS's were started by {after}, so a fork could inherit a held lock"
+        return (f"{extra} thread(s) besides the known fork-safe ones were started by {after}, so a fork could "
+                f"inherit a held lock")
     return None
 
 
@@ -144,6 +145,10 @@ def serve() -> int:
     except BaseException as e:  # noqa: BLE001 - the parent falls back to spawning, and says why
         _send({"ready": False, "why": f"import failed: {type(e).__name__}: {e}"})
         return 1
+    # Python 3.12 warns on every fork of a process with threads; the threads here were checked above.
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r".*use of fork\(\) may lead to deadlocks", category=DeprecationWarning)
     _send({"ready": True, "import_s": round(time.time() - t0, 3), "pid": os.getpid()})
     sys.stdout.flush()
     sys.stderr.flush()
