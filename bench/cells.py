@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Cell", "Lora", "Qlora", "ZERO_STAGES", "OFFLOADS", "PRECISIONS", "OPTIMIZERS", "PEFTS", "ENGINES"]
+__all__ = ["Cell", "Lora", "Qlora", "ZERO_STAGES", "OFFLOADS", "PRECISIONS", "OPTIMIZERS", "PEFTS", "ENGINES",
+           "COMPILE_MODES"]
 
 ZERO_STAGES = (0, 1, 2, 3)
 OFFLOADS = ("none", "optimizer", "optimizer+params", "nvme")  # nvme: optimizer and parameters, ZeRO-3
@@ -31,6 +32,8 @@ OPTIMIZERS = {
     "adamw_8bit": "AdamW8bit",
 }
 PEFTS = ("none", "lora", "qlora")
+# torch.compile modes a cell can name (True is "default"); max-autotune tunes matmul kernels at compile time.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 _LATER_FIELDS = {"compile": False}
 ENGINES = ("deepspeed", "hf_trainer")
 
@@ -73,9 +76,10 @@ class Cell:
     optimizer: str = "adamw"
     peft: str = "none"
     engine: str = "deepspeed"
-    compile: bool = False
+    compile: bool | str = False
     """torch.compile the model (DeepSpeed's engine.compile(); TrainingArguments(torch_compile=True) on the
-    HF Trainer path). The compile itself happens in the warmup steps."""
+    HF Trainer path): True for torch.compile's default mode, or a mode name (COMPILE_MODES). The compile
+    itself happens in the warmup steps."""
     ds_config: str | None = None
     """Path of a user-supplied DeepSpeed JSON, used instead of the generated one (the ZeRO, offload,
     precision and optimizer fields then describe that file rather than produce it)."""
@@ -134,8 +138,10 @@ class Cell:
             parts.append(f"peft={self.peft}{quant}-r{r}")
         if self.engine != "deepspeed":
             parts.append(f"engine={self.engine}")
-        if self.compile:
+        if self.compile is True:
             parts.append("compile=on")
+        elif self.compile:
+            parts.append(f"compile={self.compile}")
         parts.append(f"mb={self.micro_batch}")
         if self.gpus != 1:
             parts.append(f"gpus={self.gpus}")

@@ -7,6 +7,7 @@ how to fix it) before anything runs. pydantic does the type work in strict mode,
 from __future__ import annotations
 
 import difflib
+import re
 import itertools
 import os
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from .cells import ENGINES, OFFLOADS, OPTIMIZERS, PEFTS, Cell, Lora, Qlora
+from .cells import COMPILE_MODES, ENGINES, OFFLOADS, OPTIMIZERS, PEFTS, Cell, Lora, Qlora
 
 __all__ = ["Matrix", "MatrixError", "Problem", "load", "loads", "expand", "PRESETS"]
 
@@ -66,6 +67,8 @@ Precision = Literal["fp32", "fp16", "bf16"]
 Peft = Literal["none", "lora", "qlora"]
 Engine = Literal["deepspeed", "hf_trainer"]
 MicroBatch = Annotated[int, Field(ge=1)]
+# false | true (torch.compile's default mode) | a mode name
+CompileChoice = Union[bool, Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]]
 
 
 class _Strict(BaseModel):
@@ -111,7 +114,7 @@ class Axes(_Strict):
     optimizer: Annotated[list[Optimizer], AfterValidator(_nonempty)] = ["adamw"]
     peft: Annotated[list[Peft], AfterValidator(_nonempty)] = ["none"]
     engine: Annotated[list[Engine], AfterValidator(_nonempty)] = ["deepspeed"]
-    compile: Annotated[list[bool], AfterValidator(_nonempty)] = [False]
+    compile: Annotated[list[CompileChoice], AfterValidator(_nonempty)] = [False]
     micro_batch: Annotated[list[MicroBatch], AfterValidator(_nonempty)] | None = Field(
         None, description="Micro-batch sizes to compare; unset: batch.micro only.")
     ds_config: Annotated[list[Union[str, None]], AfterValidator(_nonempty)] = [None]
@@ -131,7 +134,7 @@ class Pick(_Strict):
     optimizer: _one_or_many(Optimizer) | None = None
     peft: _one_or_many(Peft) | None = None
     engine: _one_or_many(Engine) | None = None
-    compile: _one_or_many(bool) | None = None
+    compile: _one_or_many(CompileChoice) | None = None
     micro_batch: _one_or_many(MicroBatch) | None = None
     ds_config: _one_or_many(str) | None = None
 
@@ -231,8 +234,13 @@ def _problem_from_pydantic(file: str, err: dict, lines: dict) -> Problem:
         fix = "remove the quotes"
     elif kind == "literal_error":
         what = f"{inp!r} is not allowed: {err['msg'].replace('Input should be', 'expected')}"
+        names = re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", "")))
+        fix = _suggest(inp, names).strip() if isinstance(inp, str) else ""
     elif kind == "value_error":
         what = err["msg"].removeprefix("Value error, ")
+    elif kind == "greater_than_equal":
+        what = f"{inp!r} is too small: {err['msg'].replace('Input should be', 'it must be')}"
+        fix = f"use {err.get('ctx', {}).get('ge')} or more"
     elif kind == "list_type":
         what = f"expected a list, got {inp!r}"
         fix = f"write [{inp}]" if not isinstance(inp, (dict, list)) else ""
@@ -268,14 +276,16 @@ def _fields_at(loc: tuple) -> list[str]:
     return list(model.model_fields)
 
 
-def _dedupe(problems: list[Problem]) -> list[Problem]:
-    # A Union produces one error per branch at the same place; keep the first per location.
-    seen, out = set(), []
-    for p in problems:
-        if p.where not in seen:
-            seen.add(p.where)
-            out.append(p)
-    return out
+def _dedupe(problems: list[Problem], prefer: list[bool] | None = None) -> list[Problem]:
+    """A Union produces one error per branch at the same place: keep one per location, in first-seen
+    order, the preferred one if any. (For compile: true | max-autotune, the branch that lists the allowed
+    names explains a bad string better than "expected true or false".)"""
+    prefer = prefer or [False] * len(problems)
+    best: dict[str, tuple[bool, Problem]] = {}
+    for p, pref in zip(problems, prefer):
+        if p.where not in best or (pref and not best[p.where][0]):
+            best[p.where] = (pref, p)
+    return [p for _, p in best.values()]
 
 
 def loads(text: str, file: str = "<matrix>", ds_configs: list[str] | None = None) -> Matrix:
@@ -301,7 +311,8 @@ def loads(text: str, file: str = "<matrix>", ds_configs: list[str] | None = None
     try:
         m = Matrix.model_validate(raw)
     except ValidationError as e:
-        problems = [_problem_from_pydantic(file, err, lines) for err in e.errors()]
+        problems = _dedupe([_problem_from_pydantic(file, err, lines) for err in e.errors()],
+                           prefer=[err["type"] == "literal_error" for err in e.errors()])
         raise MatrixError(_dedupe(problems + _path_problems(raw, file, lines))) from None
     if m.name is None:
         m = m.model_copy(update={"name": Path(file).stem if file != "<matrix>" else "matrix"})
@@ -422,4 +433,5 @@ def expand(m: Matrix) -> list[Cell]:
 
 assert set(Axes.model_fields) == {"zero_stage", "offload", "precision", "grad_ckpt", "optimizer", "peft", "engine",
                                   "compile", "micro_batch", "ds_config"}
+assert set(COMPILE_MODES) == set(CompileChoice.__args__[1].__args__)
 assert set(OFFLOADS) == set(Offload.__args__) and set(PEFTS) == set(Peft.__args__) and set(ENGINES) == set(Engine.__args__)

@@ -11,13 +11,15 @@ pytestmark = pytest.mark.slow
 
 def test_compiled_cell_runs_compiled_and_matches_eager(tmp_path):
     outs = {}
-    for comp in (False, True):
+    for comp in (False, True, "default"):
         c = Cell(model="llama-tiny", seq_len=64, micro_batch=2, warmup_steps=2, measured_steps=3, zero_stage=1,
                  precision="fp32", lr=3e-3, timeout_s=600, compile=comp)
         o = launch.run_cell(c, dsconfig.build(c), log_path=tmp_path / f"{comp}.log", gpus=None, sample_interval_s=0.05)
         assert o.status.value == "ok", o.reason
         outs[comp] = o.ranks[0]
     assert outs[True]["compiled"] is True and outs[False]["compiled"] is False
+    # A named mode reaches torch.compile through DeepSpeed's compile_kwargs.
+    assert outs["default"]["compiled"] is True and outs["default"]["losses"] == outs[True]["losses"]
     # Inductor reorders float arithmetic: close, not bit-equal.
     assert outs[True]["losses"] == pytest.approx(outs[False]["losses"], rel=1e-4)
     # The compile happens in the first (warmup) step, not in the measured ones.

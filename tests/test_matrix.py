@@ -117,3 +117,15 @@ def test_micro_batch_axis_is_validated(tmp_path):
     with pytest.raises(MatrixError) as e:
         matrix.load(f)
     assert "axes.micro_batch" in str(e.value)
+
+
+def test_compile_axis_takes_a_mode(tmp_path):
+    f = write_matrix(tmp_path / "m.yaml", TINY + "axes: {compile: [false, true, max-autotune]}\n")
+    cells = matrix.expand(matrix.load(f))
+    assert [c.compile for c in cells] == [False, True, "max-autotune"]
+    assert cells[1].name.endswith("compile=on,mb=2") and cells[2].name.endswith("compile=max-autotune,mb=2")
+    assert len({c.hash for c in cells}) == 3
+    bad = write_matrix(tmp_path / "b.yaml", TINY + "axes: {compile: [max_autotune]}\n")
+    with pytest.raises(MatrixError) as e:
+        matrix.load(bad)
+    assert "axes.compile" in str(e.value) and "did you mean 'max-autotune'?" in str(e.value)

@@ -81,7 +81,8 @@ def run(spec: dict, doc: dict, events: Events, fault: tuple[str | None, int]) ->
         client_opt = cls(params, lr=cell.lr, weight_decay=0.0)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, optimizer=client_opt, config=ds_config)
     if cell.compile:
-        engine.compile()  # torch.compile of the module; the compile runs in the first warmup step
+        # torch.compile of the module; the compile itself runs in the first warmup step.
+        engine.compile(compile_kwargs={} if cell.compile is True else {"mode": cell.compile})
     doc["compiled"] = bool(getattr(engine, "is_compiled", False))
     doc["engine_init_s"] = time.perf_counter() - t0
     basic = getattr(engine, "basic_optimizer", None) or client_opt
@@ -260,8 +261,9 @@ def _training_args(cell, ds_config):
         bf16=cell.precision == "bf16", fp16=cell.precision == "fp16", deepspeed=ds_config,
         gradient_checkpointing=cell.grad_ckpt, gradient_checkpointing_kwargs={"use_reentrant": False},
         logging_steps=1, report_to=[], save_strategy="no", dataloader_num_workers=0, disable_tqdm=True,
-        seed=cell.seed, remove_unused_columns=False, use_cpu=not torch.cuda.is_available(), torch_compile=cell.compile,
-        **({"optim": optim} if optim else {}))
+        seed=cell.seed, remove_unused_columns=False, use_cpu=not torch.cuda.is_available(), torch_compile=bool(cell.compile),
+        **({"optim": optim} if optim else {}),
+        **({"torch_compile_mode": cell.compile} if isinstance(cell.compile, str) else {}))
 
 
 def _train_hf(cell, args, model, batches, doc, events, device, torch, t_setup):
