@@ -180,3 +180,18 @@ def test_resolve_leaves_generated_configs_alone():
     for c in (cell(zero_stage=0), cell(zero_stage=3, offload="optimizer+params", optimizer="cpuadam")):
         cfg = dsconfig.build(c)
         assert dscheck.resolve(cfg, micro_batch=c.micro_batch, grad_accum=c.grad_accum) == cfg
+
+
+@pytest.mark.parametrize("compile_", [False, True, "max-autotune"])
+def test_compile_is_the_models_not_deepspeeds(compile_, tmp_path):
+    # torch.compile is applied to the engine's module (engine.compile()), not through the config.
+    c = Cell(zero_stage=2, compile=compile_, micro_batch=2, grad_accum=4)
+    assert dsconfig.build(c) == dsconfig.build(Cell(zero_stage=2, micro_batch=2, grad_accum=4))
+    round_trip(c, tmp_path)
+
+
+@pytest.mark.parametrize("micro", [1, 16, 24])
+def test_micro_batch_axis_sets_the_batch_size(micro, tmp_path):
+    c = Cell(zero_stage=1, micro_batch=micro, grad_accum=2, gpus=2)
+    cfg = round_trip(c, tmp_path)
+    assert cfg["train_micro_batch_size_per_gpu"] == micro and cfg["gradient_accumulation_steps"] == 2
