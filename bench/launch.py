@@ -1,7 +1,8 @@
 """The child-process protocol, written once.
 
-The parent picks the spec, events and result paths, starts the worker (or torchrun for several
-GPUs) in its own process group with a free rendezvous port, samples its telemetry, enforces the
+The parent picks the spec, events and result paths, starts the worker in its own process group
+(forked from the pre-imported fork server for one GPU, a fresh interpreter otherwise, torchrun for
+several GPUs) with a free rendezvous port, samples its telemetry, enforces the
 wall-clock timeout and a no-progress watchdog, and classifies the end from the exit code, the
 result documents and the log tail. Whatever happens to the cell, an Outcome comes back.
 """
