@@ -272,10 +272,14 @@ class ForkServer:
 _server: ForkServer | None = None
 
 
+def _forkserver_off() -> bool:
+    return os.environ.get("ZEROBENCH_FORKSERVER", "1") == "0"
+
+
 def start_forkserver(extra_env: dict[str, str] | None, log_dir: Path, gpus: list[int] | None) -> None:
     """Start the fork server's imports in the background (a run calls this before its op builds), in the
     environment its single-GPU cells will have."""
-    if os.environ.get("ZEROBENCH_FORKSERVER", "1") != "0":
+    if not _forkserver_off():
         _forkserver_for(child_env({**os.environ, **(extra_env or {})}, port=free_port(), gpus=gpus), log_dir)
 
 
@@ -285,13 +289,12 @@ def _forkserver_for(env: dict[str, str], log_dir: Path) -> ForkServer:
         _server = None  # it died: start another
     if _server is None:
         _server = ForkServer(env, log_dir / "forkserver.log")
-        atexit.register(stop_forkserver)
     return _server
 
 
 def _forkserver(env: dict[str, str], log_dir: Path) -> tuple[ForkServer | None, str]:
     """The fork server, ready, or None and why a fresh interpreter is used instead."""
-    if os.environ.get("ZEROBENCH_FORKSERVER", "1") == "0":
+    if _forkserver_off():
         return None, "ZEROBENCH_FORKSERVER=0"
     srv = _forkserver_for(env, log_dir)
     srv.wait_ready()
@@ -308,6 +311,9 @@ def stop_forkserver() -> None:
     if _server is not None:
         _server.close()
         _server = None
+
+
+atexit.register(stop_forkserver)  # a run stops it itself; this covers direct run_cell callers
 
 
 def run_tool(args: list[str], *, log_path: Path, env: dict[str, str], timeout_s: float) -> int:

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 from .store import read
 
-__all__ = ["load", "latest", "records_to_frame", "AXIS_COLUMNS", "METRIC_COLUMNS", "MEMORY_COLUMNS",
+__all__ = ["load", "latest", "records_to_frame", "fixed_cost_s", "AXIS_COLUMNS", "METRIC_COLUMNS", "MEMORY_COLUMNS",
            "PEAK_MEMORY_SOURCES"]
 
 AXIS_COLUMNS = ["zero_stage", "offload", "precision", "grad_ckpt", "optimizer", "peft", "engine", "compile",
@@ -28,6 +28,15 @@ MEMORY_COLUMNS = ["nvml_proc_peak_bytes", "nvml_used_peak_bytes", "torch_max_res
 # fits (NVML sees the CUDA context and NCCL buffers the allocator does not), else host RSS (CPU runs).
 PEAK_MEMORY_SOURCES = {"nvml_proc_peak_bytes": "nvml", "torch_max_reserved_bytes": "torch_reserved",
                        "host_rss_peak_bytes": "host_rss"}
+
+
+def fixed_cost_s(rec: dict) -> float | None:
+    """What a cell costs besides its steps and its model build: process start, imports, engine setup,
+    teardown. From a result record; None when it has no steps."""
+    steps = rec.get("step_times_s")
+    if not steps or not rec.get("wall_s"):
+        return None
+    return rec["wall_s"] - sum(steps) - ((rec.get("worker") or {}).get("model_build_s") or 0.0)
 
 
 def _row(rec: dict) -> dict:
@@ -53,11 +62,7 @@ def _row(rec: dict) -> dict:
     for k, v in (rec.get("memory") or {}).items():
         if not isinstance(v, (list, dict)):
             row[k] = v
-    steps = rec.get("step_times_s")
-    if steps and rec.get("wall_s"):
-        # What a cell costs besides its steps and its model build: process start, imports, engine
-        # setup, teardown (the same definition as `zerobench selfcheck` prints).
-        row["fixed_cost_s"] = rec["wall_s"] - sum(steps) - (worker.get("model_build_s") or 0.0)
+    row["fixed_cost_s"] = fixed_cost_s(rec)
     row["started_by"] = (rec.get("started_by") or {}).get("mode")
     row["optimizer_class"] = worker.get("optimizer_class")
     row["params_total"] = worker.get("params_total")

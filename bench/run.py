@@ -184,11 +184,11 @@ def run(matrix_path: str, *, results: str | None = None, filters: list[str] | No
     if resume and len(todo) < len(p.items):
         printer(f"resume: {len(p.items) - len(todo)} of {len(p.items)} cells already have a result in {results_path}")
 
-    prepare([it for it in todo if it.skip is None], logs, extra_env, platform, printer)
     prog = _Progress(len(todo), enabled=progress, printer=printer)
     t_run = time.time()
     finished = False
     try:
+        prepare([it for it in todo if it.skip is None], logs, extra_env, platform, printer)
         for i, it in enumerate(todo, 1):
             cell = it.cell
             attempt = attempts.get(cell.hash, 0) + 1
@@ -246,24 +246,28 @@ def prepare(items: list[Planned], logs: Path, extra_env: dict | None, platform: 
     the cells need are built meanwhile, so neither is charged to a cell."""
     if items:
         launch.start_forkserver(extra_env, logs, gpus=[0] if platform.cuda else None)
-    _prebuild(items, logs, extra_env, printer)
+    _prebuild(items, logs, extra_env, platform, printer)
     _checkpoints(items, logs, extra_env, platform, printer)
 
 
-def _prebuild(items: list[Planned], logs: Path, extra_env: dict | None, printer) -> None:
+def _tool_env(extra_env: dict | None, gpus: list[int] | None) -> dict[str, str]:
+    return launch.child_env({**os.environ, **(extra_env or {})}, port=launch.free_port(), gpus=gpus)
+
+
+def _prebuild(items: list[Planned], logs: Path, extra_env: dict | None, platform: env.Platform, printer) -> None:
     """Build the ops the matrix needs once, up front, so no cell's setup time includes a compile."""
     ops = sorted({_OPS[it.cell.optimizer] for it in items if it.cell.optimizer in _OPS}
                  | {"AsyncIOBuilder" for it in items if it.cell.offload == "nvme"}
                  # On CPU, DeepSpeed's first init_distributed compiles its shared-memory comm op.
-                 | ({"ShareMemCommBuilder"} if items and not env.probe().cuda else set()))
+                 | ({"ShareMemCommBuilder"} if items and not platform.cuda else set()))
     if not ops:
         return
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / "prebuild.log"
     printer(f"building DeepSpeed ops once for this run: {', '.join(ops)} (log: {log})")
-    env_ = launch.child_env({**os.environ, **(extra_env or {})}, port=launch.free_port(), gpus=None)
     t0 = time.time()
-    code = launch.run_tool(["-m", "bench.worker", "--prebuild", *ops], log_path=log, env=env_, timeout_s=1800)
+    code = launch.run_tool(["-m", "bench.worker", "--prebuild", *ops], log_path=log, env=_tool_env(extra_env, None),
+                           timeout_s=1800)
     status = "done" if code == 0 else "some failed (the cells that need them will say why)"
     printer(f"ops {status} in {time.time() - t0:.0f} s")
 
@@ -273,11 +277,9 @@ def _checkpoints(items: list[Planned], logs: Path, extra_env: dict | None, platf
     for model, precision in sorted({(it.cell.model, it.cell.precision) for it in items
                                     if it.cell.peft == "qlora" and it.cell.model in matrix.PRESETS}):
         log = logs / f"checkpoint-{model}-{precision}.log"
-        env_ = launch.child_env({**os.environ, **(extra_env or {})}, port=launch.free_port(),
-                                gpus=[0] if platform.cuda else None)
         t0 = time.time()
-        code = launch.run_tool(["-m", "bench.worker", "--checkpoint", model, precision], log_path=log, env=env_,
-                               timeout_s=1800)
+        code = launch.run_tool(["-m", "bench.worker", "--checkpoint", model, precision], log_path=log,
+                               env=_tool_env(extra_env, [0] if platform.cuda else None), timeout_s=1800)
         status = "ready" if code == 0 else f"failed (exit {code}; the QLoRA cells will say why; log: {log})"
         printer(f"QLoRA checkpoint of {model} in {precision}: {status} ({time.time() - t0:.0f} s)")
 

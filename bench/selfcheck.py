@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import env, launch, run as run_mod, telemetry
+from .results import fixed_cost_s
 from .store import Store
 
 __all__ = ["selfcheck", "compare", "BARS"]
@@ -40,8 +41,8 @@ def selfcheck(matrix_path: str, *, filters: list[str] | None = None, results: st
     run_id = run_mod.new_run_id()
     platform = env.probe()
     written = []
-    run_mod.prepare(p.runnable, logs, None, platform, printer)
     try:
+        run_mod.prepare(p.runnable, logs, None, platform, printer)
         written = _variants(p, matrix_path, store, logs, run_id, platform, printer)
     finally:
         launch.stop_forkserver()
@@ -90,9 +91,9 @@ def compare(records: list[dict]) -> list[str]:
             d = 1 - tz / tn
             parts.append(f"telemetry cost: {d * 100:+.1f}% tokens/s "
                          f"({_verdict(d, BARS['telemetry_cost'])} of ±{BARS['telemetry_cost']:.0%})")
-        if zb and zb.get("step_times_s"):
+        fixed = fixed_cost_s(zb) if zb else None
+        if fixed is not None:
             build = (zb.get("worker") or {}).get("model_build_s") or 0.0
-            fixed = zb["wall_s"] - sum(zb["step_times_s"]) - build
             how = (zb.get("started_by") or {}).get("mode", "spawn")
             parts.append(f"fixed per-cell cost beyond model build: {fixed:.1f} s ({_verdict(fixed, BARS['fixed_cost_s'])} "
                          f"of {BARS['fixed_cost_s']:g} s; model build {build:.2f} s, worker "

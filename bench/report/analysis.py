@@ -110,6 +110,8 @@ class Analysis:
     """Multi-GPU full fine-tunes at several ZeRO stages, all else equal: per-GPU memory relative to
     ZeRO-0, measured (NVML, allocator peak, allocated between steps) beside the ZeRO paper's
     model-state prediction (bench/estimate.py)."""
+    zero_figures: list[tuple[str, str]] = field(default_factory=list)
+    """The ZERO_SCALING_FIGURES (column, label) that some row of zero_scaling has."""
 
 
 # Per-GPU memory figures compared across ZeRO stages: (column, label).
@@ -410,7 +412,8 @@ def analyse(df: pd.DataFrame, *, title: str = "zerobench report", baseline: pd.D
         compute_metric="mfu" if ok["mfu"].notna().any() else "tflops_per_gpu" if ok["tflops_per_gpu"].notna().any()
         else None,
         ablations=_ablations(cells), loss_cells=_loss_cells(cells), failures=failures,
-        zero_scaling=_zero_scaling(cells),
+        zero_scaling=(zs := _zero_scaling(cells)),
+        zero_figures=[(c, h) for c, h in ZERO_SCALING_FIGURES if any(r[c] is not None for r in zs)],
         failure_groups=_failure_groups(failures), environment=_environment(cells, df), baseline=base,
         baseline_only=only,
     )

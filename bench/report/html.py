@@ -206,10 +206,7 @@ def _failures(a: Analysis) -> dict:
 
 
 def _zero(a: Analysis) -> dict:
-    from .analysis import ZERO_SCALING_FIGURES
-
-    figs = [(c, h) for c, h in ZERO_SCALING_FIGURES if any(r[c] is not None for r in a.zero_scaling)]
-    return {"zero_rows": a.zero_scaling, "zero_figures": figs}
+    return {"zero_rows": a.zero_scaling, "zero_figures": a.zero_figures}
 
 
 def _baseline(a: Analysis) -> dict:

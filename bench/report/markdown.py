@@ -113,9 +113,7 @@ def _ablations(a: Analysis) -> list[str]:
 def _zero_scaling(a: Analysis) -> list[str]:
     if not a.zero_scaling:
         return []
-    from .analysis import ZERO_SCALING_FIGURES
-
-    figs = [(c, h) for c, h in ZERO_SCALING_FIGURES if any(r[c] is not None for r in a.zero_scaling)]
+    figs = a.zero_figures
     rows = [[str(r["zero_stage"]), str(r["gpus"])]
             + [f"{fmt.gib(r[c])} (×{r[c + '_ratio']:.3f})" if r[c] is not None else "–" for c, _ in figs]
             + [f"{fmt.gib(r['estimate_bytes'])} (×{r['predicted_ratio']:.3f})"] for r in a.zero_scaling]

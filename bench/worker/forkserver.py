@@ -1,7 +1,7 @@
 """A pre-imported parent for single-rank workers: import torch, DeepSpeed and transformers once per run,
 then fork one fresh process per cell.
 
-Why: on the H200 host a worker spent 13-16 s of every cell importing its stack, most of a cell's
+Why: on the H200 host a worker spent 13-20 s of every cell importing its stack, most of a cell's
 fixed cost. A fork of a process that has the modules in memory starts training at once, and each
 cell is still its own process (own CUDA context, own allocator, own crash).
 
