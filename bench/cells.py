@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Cell", "Lora", "Qlora", "ZERO_STAGES", "OFFLOADS", "PRECISIONS", "OPTIMIZERS", "PEFTS", "ENGINES",
-           "COMPILE_MODES"]
+           "COMPILE_MODES", "KERNELS"]
 
 ZERO_STAGES = (0, 1, 2, 3)
 OFFLOADS = ("none", "optimizer", "optimizer+params", "nvme")  # nvme: optimizer and parameters, ZeRO-3
@@ -34,7 +34,10 @@ OPTIMIZERS = {
 PEFTS = ("none", "lora", "qlora")
 # torch.compile modes a cell can name (True is "default"); max-autotune tunes matmul kernels at compile time.
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-_LATER_FIELDS = {"compile": False}
+# Kernel sets a cell can use for the model's own ops: "hf" (transformers' modules, SDPA attention) or
+# "liger" (Liger-Kernel's Triton RMSNorm, RoPE, SwiGLU and fused linear cross-entropy).
+KERNELS = ("hf", "liger")
+_LATER_FIELDS = {"compile": False, "kernels": "hf"}
 ENGINES = ("deepspeed", "hf_trainer")
 
 
@@ -80,6 +83,9 @@ class Cell:
     """torch.compile the model (DeepSpeed's engine.compile(); TrainingArguments(torch_compile=True) on the
     HF Trainer path): True for torch.compile's default mode, or a mode name (COMPILE_MODES). The compile
     itself happens in the warmup steps."""
+    kernels: str = "hf"
+    """Which implementation of the model's own ops (KERNELS). "liger" patches transformers' modules with
+    Liger-Kernel's before the model is built; what was applied is recorded (worker.kernels_applied)."""
     ds_config: str | None = None
     """Path of a user-supplied DeepSpeed JSON, used instead of the generated one (the ZeRO, offload,
     precision and optimizer fields then describe that file rather than produce it)."""
@@ -142,7 +148,11 @@ class Cell:
             parts.append("compile=on")
         elif self.compile:
             parts.append(f"compile={self.compile}")
+        if self.kernels != "hf":
+            parts.append(f"kernels={self.kernels}")
         parts.append(f"mb={self.micro_batch}")
+        if self.grad_accum != 1:
+            parts.append(f"ga={self.grad_accum}")
         if self.gpus != 1:
             parts.append(f"gpus={self.gpus}")
         if self.ds_config:

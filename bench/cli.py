@@ -26,7 +26,7 @@ def _assumed_platform(n: int | None):
     from . import env
 
     real = env.probe()
-    versions = {**real.versions, "bitsandbytes": real.versions.get("bitsandbytes") or "assumed"}
+    versions = {**real.versions, **{d: real.versions.get(d) or "assumed" for d in ("bitsandbytes", "liger-kernel")}}
     if "+cpu" in (versions.get("torch") or ""):
         versions["torch"] = versions["torch"].replace("+cpu", "+assumed-cuda")
     gpus = tuple(env.Gpu(i, "assumed GPU", 0, f"assumed-{i}") for i in range(n))

@@ -13,8 +13,8 @@ from pathlib import Path
 
 __all__ = ["Platform", "probe", "provenance", "version", "version_tuple", "LIBS"]
 
-LIBS = ("torch", "deepspeed", "transformers", "peft", "accelerate", "bitsandbytes", "nvidia-ml-py", "pandas",
-        "zerobench")
+LIBS = ("torch", "deepspeed", "transformers", "peft", "accelerate", "bitsandbytes", "liger-kernel", "triton",
+        "nvidia-ml-py", "pandas", "zerobench")
 
 
 def version(dist: str) -> str | None:

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from .cells import COMPILE_MODES, ENGINES, OFFLOADS, OPTIMIZERS, PEFTS, Cell, Lora, Qlora
+from .cells import COMPILE_MODES, ENGINES, KERNELS, OFFLOADS, OPTIMIZERS, PEFTS, Cell, Lora, Qlora
 
 __all__ = ["Matrix", "MatrixError", "Problem", "load", "loads", "expand", "PRESETS"]
 
@@ -67,6 +67,8 @@ Precision = Literal["fp32", "fp16", "bf16"]
 Peft = Literal["none", "lora", "qlora"]
 Engine = Literal["deepspeed", "hf_trainer"]
 MicroBatch = Annotated[int, Field(ge=1)]
+GradAccum = Annotated[int, Field(ge=1)]
+Kernels = Literal["hf", "liger"]
 # false | true (torch.compile's default mode) | a mode name
 CompileChoice = Union[bool, Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]]
 
@@ -117,6 +119,9 @@ class Axes(_Strict):
     compile: Annotated[list[CompileChoice], AfterValidator(_nonempty)] = [False]
     micro_batch: Annotated[list[MicroBatch], AfterValidator(_nonempty)] | None = Field(
         None, description="Micro-batch sizes to compare; unset: batch.micro only.")
+    grad_accum: Annotated[list[GradAccum], AfterValidator(_nonempty)] | None = Field(
+        None, description="Gradient-accumulation steps to compare; unset: batch.grad_accum only.")
+    kernels: Annotated[list[Kernels], AfterValidator(_nonempty)] = ["hf"]
     ds_config: Annotated[list[Union[str, None]], AfterValidator(_nonempty)] = [None]
 
 
@@ -136,6 +141,8 @@ class Pick(_Strict):
     engine: _one_or_many(Engine) | None = None
     compile: _one_or_many(CompileChoice) | None = None
     micro_batch: _one_or_many(MicroBatch) | None = None
+    grad_accum: _one_or_many(GradAccum) | None = None
+    kernels: _one_or_many(Kernels) | None = None
     ds_config: _one_or_many(str) | None = None
 
     def values(self) -> dict[str, list]:
@@ -254,7 +261,8 @@ _MOVED = {
     "stage": "axes.zero_stage", "zero": "axes.zero_stage", "zero_optimization": "axes.zero_stage and axes.offload",
     "gradient_checkpointing": "axes.grad_ckpt", "bf16": "axes.precision", "fp16": "axes.precision",
     "micro_batch": "batch.micro (or axes.micro_batch to compare several)", "train_micro_batch_size_per_gpu": "batch.micro",
-    "gradient_accumulation_steps": "batch.grad_accum", "grad_accum": "batch.grad_accum",
+    "gradient_accumulation_steps": "batch.grad_accum (or axes.grad_accum to compare several)",
+    "grad_accum": "batch.grad_accum (or axes.grad_accum to compare several)",
     "warmup": "steps.warmup", "measured": "steps.measured", "steps_per_print": None,
 }
 
@@ -383,6 +391,7 @@ def _semantic_problems(m: Matrix, file: str, lines: dict) -> list[Problem]:
 def _cross(m: Matrix) -> list[dict]:
     axes = {k: getattr(m.axes, k) for k in AXES}
     axes["micro_batch"] = axes["micro_batch"] or [m.batch.micro]
+    axes["grad_accum"] = axes["grad_accum"] or [m.batch.grad_accum]
     combos = [dict(zip(axes, vals)) for vals in itertools.product(*axes.values())]
     for pick in m.include:
         # An include entry is a partial assignment: axes it leaves out take every value from axes.
@@ -414,7 +423,7 @@ def expand(m: Matrix) -> list[Cell]:
     qlora = Qlora(quant_type=m.qlora.quant_type, double_quant=m.qlora.double_quant,
                   quant_storage=m.qlora.quant_storage)
     fixed = dict(model=m.model, data=m.data, tokenizer=m.tokenizer, seq_len=m.seq_len,
-                 grad_accum=m.batch.grad_accum, warmup_steps=m.steps.warmup, measured_steps=m.steps.measured,
+                 warmup_steps=m.steps.warmup, measured_steps=m.steps.measured,
                  lr=m.lr, seed=m.seed, gpus=m.gpus, attn=m.attn, timeout_s=m.timeout_s, matrix=m.name or "",
                  nvme_path=m.nvme_path)
     cells, seen = [], set()
@@ -432,6 +441,7 @@ def expand(m: Matrix) -> list[Cell]:
 
 
 assert set(Axes.model_fields) == {"zero_stage", "offload", "precision", "grad_ckpt", "optimizer", "peft", "engine",
-                                  "compile", "micro_batch", "ds_config"}
+                                  "compile", "micro_batch", "grad_accum", "kernels", "ds_config"}
 assert set(COMPILE_MODES) == set(CompileChoice.__args__[1].__args__)
+assert set(KERNELS) == set(Kernels.__args__)
 assert set(OFFLOADS) == set(Offload.__args__) and set(PEFTS) == set(Peft.__args__) and set(ENGINES) == set(Engine.__args__)

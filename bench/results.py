@@ -4,18 +4,22 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable
 
+from .cells import Cell
 from .store import read
 
 __all__ = ["load", "latest", "records_to_frame", "fixed_cost_s", "AXIS_COLUMNS", "METRIC_COLUMNS", "MEMORY_COLUMNS",
            "PEAK_MEMORY_SOURCES"]
 
 AXIS_COLUMNS = ["zero_stage", "offload", "precision", "grad_ckpt", "optimizer", "peft", "engine", "compile",
-                "ds_config"]
+                "kernels", "ds_config"]
 _CELL_COLUMNS = AXIS_COLUMNS + ["model", "seq_len", "micro_batch", "grad_accum", "gpus", "warmup_steps",
                                 "measured_steps", "seed", "data", "lr", "attn"]
+
+_CELL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Cell) if f.default is not dataclasses.MISSING}
 
 # Always present (NaN where a record lacks them: skipped cells, CPU runs without NVML or a CUDA
 # allocator), so notebooks and the reports can index them without checking first.
@@ -52,7 +56,8 @@ def _row(rec: dict) -> dict:
         "started_at": rec.get("started_at"), "ended_at": rec.get("ended_at"), "wall_s": rec.get("wall_s"),
     }
     for k in _CELL_COLUMNS:
-        row[k] = cell.get(k)
+        # A record written before a field existed ran at that field's default (compile off, hf kernels).
+        row[k] = cell.get(k, _CELL_DEFAULTS.get(k))
     lora = cell.get("lora") or {}
     row["lora_r"] = lora.get("r")
     row["lora_alpha"] = lora.get("alpha")

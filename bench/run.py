@@ -128,7 +128,7 @@ def record_outcome(cell: Cell, planned: Planned, out: launch.Outcome, run_id: st
         "worker": {k: rank0.get(k) for k in ("optimizer_class", "zero_optimizer_class", "params_total",
                                               "params_trainable", "params_embedding", "model_build_s",
                                               "engine_init_s", "setup_s", "fp16_skipped_steps", "gpu_name",
-                                              "nvme_swap_bytes", "train_mode", "compiled",
+                                              "nvme_swap_bytes", "train_mode", "compiled", "kernels",
                                               "versions", "fault_injected", "allocator_at_failure")},
         "telemetry": tel, "ds_config": planned.ds_config, "foreign_gpu_processes": foreign or None,
         "gpu_after": out.gpu_after or None, "started_by": out.started_by or None,

@@ -17,7 +17,8 @@ def test_hash_is_stable_and_ignores_timeout():
 def test_hash_changes_with_anything_measured():
     base = Cell()
     for change in ({"seq_len": 256}, {"micro_batch": 4}, {"seed": 1}, {"model": "llama-1b"}, {"grad_ckpt": True},
-                   {"lr": 2e-3}, {"measured_steps": 9}, {"compile": True}):
+                   {"lr": 2e-3}, {"measured_steps": 9}, {"compile": True}, {"kernels": "liger"},
+                   {"grad_accum": 4}):
         assert Cell(**change).hash != base.hash, change
 
 
@@ -27,6 +28,8 @@ def test_readable_id():
     assert c.name == "zero=3,offload=optimizer+params,prec=bf16,gc=on,opt=cpuadam,peft=lora-r8,mb=1"
     assert c.id == f"{c.name}#{c.hash}"
     assert Cell(compile=True, micro_batch=16).name.endswith(",compile=on,mb=16")
+    # Kernels and gradient accumulation show only when they differ from the default (hf, 1).
+    assert Cell(kernels="liger", micro_batch=16, grad_accum=4).name.endswith(",kernels=liger,mb=16,ga=4")
 
 
 def test_hashes_of_published_results_survive_new_fields():

@@ -195,3 +195,24 @@ def test_micro_batch_axis_sets_the_batch_size(micro, tmp_path):
     c = Cell(zero_stage=1, micro_batch=micro, grad_accum=2, gpus=2)
     cfg = round_trip(c, tmp_path)
     assert cfg["train_micro_batch_size_per_gpu"] == micro and cfg["gradient_accumulation_steps"] == 2
+
+
+@pytest.mark.parametrize("kernels", ["hf", "liger"])
+@pytest.mark.parametrize("grad_accum", [1, 8])
+def test_kernels_are_the_models_and_grad_accum_is_deepspeeds(kernels, grad_accum, tmp_path):
+    # Liger patches the model's modules, not the config; gradient accumulation is DeepSpeed's.
+    c = Cell(zero_stage=3, kernels=kernels, micro_batch=2, grad_accum=grad_accum)
+    cfg = round_trip(c, tmp_path)
+    assert cfg == round_trip(Cell(zero_stage=3, micro_batch=2, grad_accum=grad_accum), tmp_path)
+    assert cfg["gradient_accumulation_steps"] == grad_accum
+
+
+def test_liger_needs_a_gpu_and_the_package():
+    from bench.env import Platform
+
+    c = cell(zero_stage=0, kernels="liger")
+    assert rules.check(c, Platform()).rule == "liger-needs-cuda"
+    assert rules.check(c, GPU_HOST).rule == "liger-installed"
+    with_liger = Platform(gpus=GPU_HOST.gpus, driver="580", versions={**GPU_HOST.versions, "liger-kernel": "0.8.5"})
+    assert rules.check(c, with_liger) is None
+    assert rules.check(cell(zero_stage=0), Platform()) is None

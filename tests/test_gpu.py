@@ -90,3 +90,31 @@ def test_wrong_optimizer_name_is_refused_on_gpu(tmp_path):
                 micro_batch=1, warmup_steps=1, measured_steps=2)
     out = launch.run_cell(cell, dsconfig.build(cell), log_path=tmp_path / "log", gpus=[0])
     assert out.status.value == "error" and "but DeepSpeed built DeepSpeedCPUAdam" in out.reason
+
+
+def test_liger_kernels_run_and_learn_like_hf(tmp_path):
+    """kernels: liger patches the model with Liger's Triton modules (at ZeRO-3 without the fused linear
+    cross-entropy, which would read the sharded head): same init and data, so the same first loss."""
+    m = write_matrix(tmp_path / "k.yaml", """\
+model: llama-tiny
+seq_len: 256
+batch: {micro: 4, grad_accum: 1}
+steps: {warmup: 1, measured: 6}
+lr: 1.0e-3
+timeout_s: 300
+axes: {zero_stage: [0, 3], optimizer: [fusedadam], precision: [bf16], kernels: [hf, liger]}
+""")
+    r = zerobench("run", str(m), "--results", str(tmp_path / "k.jsonl"), "--no-report", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = {(x["cell"]["zero_stage"], x["cell"]["kernels"]): x for x in _outcomes(tmp_path / "k.jsonl")}
+    assert {k: x["status"] for k, x in recs.items()} == {k: "ok" for k in recs} and len(recs) == 4, \
+        {k: x["reason"] for k, x in recs.items()}
+    for zero in (0, 3):
+        hf, lg = recs[(zero, "hf")], recs[(zero, "liger")]
+        k = lg["worker"]["kernels"]
+        print(zero, k, hf["losses"], lg["losses"])
+        assert hf["worker"]["kernels"]["liger_modules"] == 0 and k["liger_modules"] > 0
+        assert k["liger_settings"]["fused_linear_cross_entropy"] is (zero != 3)
+        assert lg["worker"]["versions"]["liger-kernel"]
+        assert abs(lg["losses"][0] - hf["losses"][0]) < 0.02 * hf["losses"][0]
+        assert lg["losses"][-1] < lg["losses"][0]

@@ -112,6 +112,27 @@ include:
     assert {c.micro_batch for c in plain} == {matrix.load(tmp_path / "p.yaml").batch.micro}
 
 
+def test_grad_accum_and_kernels_axes(tmp_path):
+    # batch.grad_accum is the default; axes.grad_accum crosses several; kernels crosses hf and liger.
+    f = write_matrix(tmp_path / "m.yaml", TINY + """\
+axes:
+  grad_accum: [1, 4]
+  kernels: [hf, liger]
+include:
+  - {grad_accum: 8, kernels: liger, micro_batch: 16}
+""")
+    cells = matrix.expand(matrix.load(f))
+    assert [(c.grad_accum, c.kernels, c.micro_batch) for c in cells] == [
+        (1, "hf", 2), (1, "liger", 2), (4, "hf", 2), (4, "liger", 2), (8, "liger", 16)]
+    assert cells[-1].name.endswith("kernels=liger,mb=16,ga=8") and len({c.hash for c in cells}) == 5
+    plain = matrix.expand(matrix.load(write_matrix(tmp_path / "p.yaml", TINY.replace("grad_accum: 1", "grad_accum: 2"))))
+    assert {c.grad_accum for c in plain} == {2} and {c.kernels for c in plain} == {"hf"}
+    bad = write_matrix(tmp_path / "b.yaml", TINY + "axes: {kernels: [ligr], grad_accum: [0]}\n")
+    with pytest.raises(MatrixError) as e:
+        matrix.load(bad)
+    assert "axes.kernels" in str(e.value) and "'liger'" in str(e.value) and "axes.grad_accum" in str(e.value)
+
+
 def test_micro_batch_axis_is_validated(tmp_path):
     f = write_matrix(tmp_path / "m.yaml", TINY + "axes: {micro_batch: [0, 4]}\n")
     with pytest.raises(MatrixError) as e:

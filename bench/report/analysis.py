@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ..cells import ENGINES, OFFLOADS, OPTIMIZERS, PRECISIONS, ZERO_STAGES
+from ..cells import ENGINES, KERNELS, OFFLOADS, OPTIMIZERS, PRECISIONS, ZERO_STAGES
 from ..results import latest
 from ..status import Status
 
@@ -25,15 +25,15 @@ STATUS_ORDER = [s.value for s in Status if s is not Status.STARTED]
 AXES = [("zero_stage", "ZeRO stage", "zero"), ("offload", "Offload", "offload"), ("precision", "Precision", "prec"),
         ("grad_ckpt", "Gradient checkpointing", "gc"), ("optimizer", "Optimizer", "opt"),
         ("peft_variant", "PEFT", "peft"), ("engine", "Engine", "engine"), ("compile", "torch.compile", "compile"),
-        ("micro_batch", "Micro batch", "mb"),
+        ("kernels", "Kernels", "kernels"), ("micro_batch", "Micro batch", "mb"), ("grad_accum", "Gradient accumulation", "ga"),
         ("seq_len", "Sequence length", "seq")]
 # Settings that must also match for two cells to count as "differing only in one axis".
-_FIXED = [("model", "model"), ("grad_accum", "ga"), ("gpus", "gpus"), ("warmup_steps", "warmup"),
+_FIXED = [("model", "model"), ("gpus", "gpus"), ("warmup_steps", "warmup"),
           ("measured_steps", "steps"), ("seed", "seed"), ("data", "data"), ("ds_config", "ds_config"),
           ("lr", "lr"), ("attn", "attn"), ("lora_alpha", "lora_alpha")]
 _SHORT = {c: s for c, _, s in AXES} | dict(_FIXED)
 _KNOWN_ORDER = {"zero_stage": ZERO_STAGES, "offload": OFFLOADS, "precision": PRECISIONS, "grad_ckpt": (False, True), "compile": (False, True),
-                "optimizer": tuple(OPTIMIZERS), "engine": ENGINES, "peft_variant": ("none",)}
+                "kernels": KERNELS, "optimizer": tuple(OPTIMIZERS), "engine": ENGINES, "peft_variant": ("none",)}
 
 # Memory figures per cell, in display order: (column, header, drawn as a bar). The allocator figures
 # sit beside NVML because the gap between them (CUDA context, NCCL buffers, fragmentation) is the point.

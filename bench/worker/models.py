@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["PRESETS", "config_for", "build"]
+__all__ = ["PRESETS", "config_for", "build", "liger_settings", "apply_liger"]
 
 _LLAMA = dict(model_type="llama", hidden_act="silu", rms_norm_eps=1e-5, tie_word_embeddings=False, use_cache=False)
 PRESETS: dict[str, dict[str, Any]] = {
@@ -39,6 +39,31 @@ def config_for(model: str, attn: str):
     cfg._attn_implementation = attn
     cfg.use_cache = False
     return cfg
+
+
+def liger_settings(zero_stage: int) -> dict[str, bool]:
+    """Which of Liger-Kernel's kernels a kernels=liger cell uses.
+
+    All of them, except that under ZeRO-3 the fused linear cross-entropy gives way to Liger's plain
+    cross-entropy: the fused kernel reads lm_head.weight directly instead of calling the module, so
+    ZeRO-3's gather hook never fires and it multiplies by an empty shard (huggingface/trl#5891,
+    "size mismatch ... vec (0)"). The settings used are recorded with the result."""
+    fused = zero_stage != 3
+    return {"rope": True, "rms_norm": True, "swiglu": True, "fused_linear_cross_entropy": fused,
+            "cross_entropy": not fused}
+
+
+def apply_liger(model_type: str, settings: dict[str, bool]) -> None:
+    """Patch transformers' modules for `model_type` with Liger's; call before the model is built.
+
+    Liger skips a model type it has no kernels for with a log line; here that is an error, so no cell
+    is reported as kernels=liger when it ran transformers' own modules."""
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN, _apply_liger_kernel
+
+    if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
+        raise RuntimeError(f"Liger-Kernel has no kernels for model type {model_type!r}: refusing to report this cell "
+                           "as kernels=liger")
+    _apply_liger_kernel(model_type, **settings)
 
 
 def build(model: str, attn: str, dtype: torch.dtype, device: torch.device, zero3_init: contextlib.AbstractContextManager | None):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -67,6 +68,7 @@ def run(spec: dict, doc: dict, events: Events, fault: tuple[str | None, int]) ->
         losses, times, skipped = _train_hf(cell, hf_args, model, batches, doc, events, device, torch, t_setup)
         return _finish(cell, doc, losses, times, skipped, counts, cfg, world, cuda, device, torch, deepspeed,
                        transformers, metrics)
+    _record_kernels(cell, model, doc)
     batches = batches.to(device)
 
     # -- engine -------------------------------------------------------------------------------
@@ -183,17 +185,19 @@ def _finish(cell, doc, losses, times, skipped, counts, cfg, world, cuda, device,
                               loss_measured_first=losses[cell.warmup_steps])
     doc["versions"] = {"torch": torch.__version__, "deepspeed": deepspeed.__version__,
                        "transformers": transformers.__version__, "cuda": torch.version.cuda}
-    try:
-        import bitsandbytes
-
-        doc["versions"]["bitsandbytes"] = bitsandbytes.__version__
-    except ImportError:
-        pass
+    for mod, dist in (("bitsandbytes", "bitsandbytes"), ("liger_kernel", "liger-kernel"), ("triton", "triton")):
+        if mod in sys.modules:  # only what the cell imported
+            doc["versions"][dist] = _dist_version(dist)
 
 
 def _build_model(cell, ds_config, dtype, device, local_rank, under_trainer, models, deepspeed):
     """Build the model for a cell: preset or local weights, QLoRA quantization, LoRA adapters, GC."""
     import torch
+
+    if cell.kernels == "liger" and not under_trainer:
+        # Class-level patch before the build, so ZeRO-3's zero.Init and from_pretrained make Liger's
+        # modules directly. (The Trainer path asks the Trainer instead: TrainingArguments(use_liger_kernel).)
+        models.apply_liger(models.config_for(cell.model, cell.attn).model_type, models.liger_settings(cell.zero_stage))
 
     if cell.peft == "qlora":
         from transformers import AutoModelForCausalLM, BitsAndBytesConfig
@@ -244,6 +248,22 @@ def _build_model(cell, ds_config, dtype, device, local_rank, under_trainer, mode
     return model
 
 
+def _liger(cell) -> dict:
+    from .models import liger_settings
+
+    return liger_settings(cell.zero_stage)
+
+
+def _record_kernels(cell, model, doc: dict) -> None:
+    """Record which kernels the built model runs, and refuse a kernels=liger cell that runs none of Liger's."""
+    liger = sum(type(m).__module__.startswith("liger_kernel") for m in model.modules())
+    doc["kernels"] = {"asked": cell.kernels, "liger_modules": liger,
+                      "liger_settings": _liger(cell) if cell.kernels == "liger" else None}
+    if cell.kernels == "liger" and not liger:
+        raise RuntimeError("kernels=liger, but the built model has no Liger module: refusing to report this cell "
+                           "under a name it did not run")
+
+
 def _training_args(cell, ds_config):
     import tempfile
 
@@ -263,6 +283,7 @@ def _training_args(cell, ds_config):
         logging_steps=1, report_to=[], save_strategy="no", dataloader_num_workers=0, disable_tqdm=True,
         seed=cell.seed, remove_unused_columns=False, use_cpu=not torch.cuda.is_available(), torch_compile=bool(cell.compile),
         **({"optim": optim} if optim else {}),
+        **({"use_liger_kernel": True, "liger_kernel_config": _liger(cell)} if cell.kernels == "liger" else {}),
         **({"torch_compile_mode": cell.compile} if isinstance(cell.compile, str) else {}))
 
 
@@ -312,6 +333,7 @@ def _train_hf(cell, args, model, batches, doc, events, device, torch, t_setup):
                 events.emit("step", step=len(losses) - 1, loss=losses[-1], dt=times[-1] if times else None)
 
     trainer = Trainer(model=model, args=args, train_dataset=Rows(), callbacks=[Clock()])
+    _record_kernels(cell, trainer.model, doc)
     trainer.train()
     engine = trainer.model_wrapped
     basic = getattr(engine, "basic_optimizer", None) or trainer.optimizer
@@ -329,6 +351,15 @@ def _train_hf(cell, args, model, batches, doc, events, device, torch, t_setup):
     doc["phase"] = "teardown"
     events.phase("teardown")
     return losses, times, int(getattr(engine, "skipped_steps", 0) or 0)
+
+
+def _dist_version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
 
 
 def _nvme_swap_dir(cell, ds_config: dict, spec: dict) -> str | None:
