@@ -216,3 +216,15 @@ def test_liger_needs_a_gpu_and_the_package():
     with_liger = Platform(gpus=GPU_HOST.gpus, driver="580", versions={**GPU_HOST.versions, "liger-kernel": "0.8.5"})
     assert rules.check(c, with_liger) is None
     assert rules.check(cell(zero_stage=0), Platform()) is None
+
+
+def test_liger_under_compile_is_stopped_on_the_version_it_failed_on():
+    from bench.env import Platform
+
+    def host(v):
+        return Platform(gpus=GPU_HOST.gpus, driver="580", versions={**GPU_HOST.versions, "liger-kernel": v})
+
+    c = cell(zero_stage=0, kernels="liger", compile=True)
+    assert rules.check(c, host("0.8.5")).rule == "liger-no-compile"
+    assert rules.check(c, host("0.9.0")) is None  # a later release gets measured, not assumed broken
+    assert rules.check(cell(zero_stage=0, kernels="liger"), host("0.8.5")) is None

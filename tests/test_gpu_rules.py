@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 
 SMALL = dict(model="llama-tiny", seq_len=128, micro_batch=2, warmup_steps=1, measured_steps=2, timeout_s=300)
 GPU = env.Platform(gpus=(env.Gpu(0, "GPU", 0, "x"),), versions={"torch": "2.11.0+cu130", "deepspeed": "0.19.6",
-                                                                   "bitsandbytes": "0.50.2"})
+                                                                   "bitsandbytes": "0.50.2", "liger-kernel": "0.8.5"})
 CASES = [
     # On CPU DeepSpeed builds DeepSpeedCPUAdam at stage 0 too (the parameters already live on the
     # CPU), so only a GPU can show what stage 0 does with offload_optimizer.
@@ -22,6 +22,9 @@ CASES = [
     ("offload-optimizer-kind", Cell(zero_stage=2, offload="optimizer", optimizer="paged_adamw_8bit", **SMALL)),
     ("onebit-needs-zero0", Cell(zero_stage=1, optimizer="onebitadam", precision="fp16", **SMALL)),
     ("cpuadam-needs-offload", Cell(optimizer="cpuadam", **SMALL)),
+    ("liger-no-compile", Cell(kernels="liger", compile=True, optimizer="fusedadam", **SMALL)),
+    ("liger-no-compile", Cell(kernels="liger", compile=True, optimizer="fusedadam",
+                              **{**SMALL, "model": "llama-1b", "seq_len": 512})),
     ("fusedlamb-no-bf16", Cell(optimizer="fusedlamb", precision="bf16", **SMALL)),
 ]
 
