@@ -83,12 +83,13 @@ RULES: tuple[Rule, ...] = (
     Rule("liger-no-compile",
          lambda c, p: c.kernels == "liger" and bool(c.compile) and p.has("liger-kernel")
          and version_tuple(p.versions.get("liger-kernel")) <= (0, 8, 5),
-         "torch.compile of Liger-Kernel's Triton kernels fails: dynamo cannot analyse the kernels' mutations "
-         "(\"'float' object has no attribute 'to'\") and the first step ends in 'CUDA error: an illegal memory "
-         "access'",
+         "torch.compile of Liger-Kernel's Triton kernels is unreliable: dynamo cannot analyse the kernels' "
+         "mutations (\"'float' object has no attribute 'to'\"), and at the 1.1B shape the first step ends in "
+         "'CUDA error: an illegal memory access'",
          "use kernels: liger without compile (it was the faster of the two), or compile with kernels: hf",
-         "3 of 3 compiled liger cells on the H200, liger-kernel 0.8.5, torch 2.11 (results/1b-mfu-2.jsonl); "
-         "tests/test_gpu_rules.py"),
+         "liger-kernel 0.8.5, torch 2.11 on the H200: 3 of 3 compiled 1.1B liger cells crashed "
+         "(results/1b-mfu-2.jsonl), and a 1.1B cell at seq 512 in tests/test_gpu_rules.py; the tiny preset "
+         "ran (results/gpu-evidence/session3_gpu_rules_liger.log)"),
     # -- DeepSpeed ZeRO ------------------------------------------------------------------------
     Rule("offload-needs-zero",
          lambda c, p: c.offload != "none" and c.zero_stage == 0,

@@ -22,7 +22,8 @@ CASES = [
     ("offload-optimizer-kind", Cell(zero_stage=2, offload="optimizer", optimizer="paged_adamw_8bit", **SMALL)),
     ("onebit-needs-zero0", Cell(zero_stage=1, optimizer="onebitadam", precision="fp16", **SMALL)),
     ("cpuadam-needs-offload", Cell(optimizer="cpuadam", **SMALL)),
-    ("liger-no-compile", Cell(kernels="liger", compile=True, optimizer="fusedadam", **SMALL)),
+    # At the 1.1B shape; the tiny preset compiled with Liger ran (results/gpu-evidence/session3_gpu_rules_liger.log),
+    # so the failure depends on the shapes and the rule stops the combination as unreliable.
     ("liger-no-compile", Cell(kernels="liger", compile=True, optimizer="fusedadam",
                               **{**SMALL, "model": "llama-1b", "seq_len": 512})),
     ("fusedlamb-no-bf16", Cell(optimizer="fusedlamb", precision="bf16", **SMALL)),
