@@ -46,6 +46,26 @@ def test_zero_stages_against_the_paper_from_the_2gpu_results():
     assert 'id="zero"' in html.render_analysis(a)
 
 
+def test_user_configs_are_compared_with_the_generated_zero0():
+    # 1b-2gpu-buckets re-runs the generated ZeRO-0 cell beside ZeRO 1-3 from user configs with small
+    # buckets: one ZeRO-0 row (the latest of the two runs of that cell), one row per stage and config.
+    from bench.report import markdown
+
+    root = Path(__file__).resolve().parent.parent / "results"
+    df = results.load(root / "1b-2gpu-b.jsonl", root / "1b-2gpu-buckets.jsonl")
+    rows = analysis.analyse(df).zero_scaling
+    assert [(r["zero_stage"], r["ds_config"]) for r in rows] == [
+        (0, None), (1, None), (1, "zero1-buckets-5e7.json"), (2, None), (2, "zero2-buckets-5e7.json"),
+        (3, None), (3, "zero3-buckets-5e7.json")]
+    z0 = df[(df["zero_stage"] == 0) & (df["status"] == "ok") & (df["peft"] == "none")]
+    assert len(z0) == 2 and rows[0]["nvml_proc_peak_bytes"] == z0.iloc[-1]["nvml_proc_peak_bytes"]
+    # Smaller buckets lower ZeRO-2's and ZeRO-3's peaks, not ZeRO-1's (which has no reduce buckets here).
+    by = {(r["zero_stage"], r["ds_config"]): r for r in rows}
+    for z in (2, 3):
+        assert by[(z, f"zero{z}-buckets-5e7.json")]["nvml_proc_peak_bytes"] < by[(z, None)]["nvml_proc_peak_bytes"]
+    assert "| DeepSpeed config |" in markdown.render_analysis(analysis.analyse(df))
+
+
 def test_selfcheck_variants_stay_apart_in_a_report():
     df = results.load(Path(__file__).resolve().parent.parent / "results" / "selfcheck-1b.jsonl")
     a = analysis.analyse(df)

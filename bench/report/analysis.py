@@ -131,16 +131,23 @@ def _zero_scaling(cells: pd.DataFrame) -> list[dict]:
                & (cells["offload"] == "none")]
     if ok.empty:
         return []
-    others = [c for c, _, _ in AXES if c in ok and c != "zero_stage"] + [c for c, _ in _FIXED if c in ok]
+    # A user ds_config sets the stage itself (and may tune ZeRO's buckets), so it is not held equal:
+    # such cells are compared with the generated ZeRO-0 cell of the same settings, one row per config.
+    others = [c for c, _, _ in AXES if c in ok and c != "zero_stage"] + [c for c, _ in _FIXED if c in ok
+                                                                          and c != "ds_config"]
     out = []
     gid = ok[others].astype(str).groupby(others, sort=False, dropna=False).ngroup()
     for _, g in ok.groupby(gid, sort=False):
-        z0 = g[g["zero_stage"] == 0]
+        # The same cell measured by two matrices (a baseline re-run beside new configs): its latest.
+        g = g.drop_duplicates("cell_hash", keep="last")
+        config = g["ds_config"].map(lambda v: v.rsplit("/", 1)[-1] if isinstance(v, str) and v else "")
+        z0 = g[(g["zero_stage"] == 0) & (config == "")]
         if z0.empty or g["zero_stage"].nunique() < 2:
             continue
         z0 = z0.iloc[0]
-        for _, r in g.sort_values("zero_stage").iterrows():
+        for _, r in g.assign(_config=config).sort_values(["zero_stage", "_config"], kind="stable").iterrows():
             row = {"cell_name": r["cell_name"], "zero_stage": int(r["zero_stage"]), "gpus": int(r["gpus"]),
+                   "ds_config": r["_config"] or None,
                    "predicted_ratio": r["estimate_model_states_bytes"] / z0["estimate_model_states_bytes"],
                    "estimate_bytes": r["estimate_model_states_bytes"]}
             for col, _ in ZERO_SCALING_FIGURES:

@@ -114,15 +114,16 @@ def _zero_scaling(a: Analysis) -> list[str]:
     if not a.zero_scaling:
         return []
     figs = a.zero_figures
-    rows = [[str(r["zero_stage"]), str(r["gpus"])]
+    configs = any(r["ds_config"] for r in a.zero_scaling)
+    rows = [[str(r["zero_stage"]), str(r["gpus"])] + ([r["ds_config"] or "generated"] if configs else [])
             + [f"{fmt.gib(r[c])} (×{r[c + '_ratio']:.3f})" if r[c] is not None else "–" for c, _ in figs]
             + [f"{fmt.gib(r['estimate_bytes'])} (×{r['predicted_ratio']:.3f})"] for r in a.zero_scaling]
     return (["## ZeRO stages against the paper", "",
              "Per-GPU memory in GiB, and its ratio to ZeRO-0 with all else equal. The paper's prediction covers model "
              "states only (parameters, gradients, optimizer state); peaks add activations and DeepSpeed's "
              "communication buffers, which do not shrink with the stage.", ""]
-            + _table(["ZeRO", "GPUs"] + [h for _, h in figs] + ["model states, ZeRO paper"], "rr" + "r" * (len(figs) + 1),
-                     rows))
+            + _table(["ZeRO", "GPUs"] + (["DeepSpeed config"] if configs else []) + [h for _, h in figs]
+                     + ["model states, ZeRO paper"], "rr" + ("l" if configs else "") + "r" * (len(figs) + 1), rows))
 
 
 def _v(axis: str, v) -> str:
