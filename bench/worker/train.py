@@ -130,8 +130,10 @@ def run(spec: dict, doc: dict, events: Events, fault: tuple[str | None, int]) ->
         step_losses = []
         for micro in range(cell.grad_accum):
             batch = batches[step * cell.grad_accum + micro]
-            out = engine(input_ids=batch, labels=batch)
-            loss = out.loss
+            # Keep the loss only: holding the model's output would keep its logits (micro-batch x
+            # seq_len x vocab) alive into the next step, adding them to every peak and to the memory
+            # between steps (500 MiB per GPU at 1.1B, micro-batch 4: results/1b-2gpu-b.jsonl).
+            loss = engine(input_ids=batch, labels=batch).loss
             if kind == "nan" and step >= fault_step:
                 loss = loss * float("nan")
             engine.backward(loss)
