@@ -124,3 +124,24 @@ axes: {zero_stage: [0, 3], optimizer: [fusedadam], precision: [bf16], kernels: [
         assert lg["worker"]["versions"]["liger-kernel"]
         assert abs(lg["losses"][0] - hf["losses"][0]) < 0.02 * hf["losses"][0]
         assert lg["losses"][-1] < lg["losses"][0]
+
+
+def test_liger_kernels_on_the_trainer_path(tmp_path):
+    """The HF Trainer path asks the Trainer for Liger (TrainingArguments(use_liger_kernel=...)), as its
+    users do; the Trainer patches the built model, and the record must show Liger's modules in it."""
+    m = write_matrix(tmp_path / "k.yaml", """\
+model: llama-tiny
+seq_len: 256
+batch: {micro: 4, grad_accum: 1}
+steps: {warmup: 1, measured: 4}
+lr: 1.0e-3
+timeout_s: 300
+axes: {zero_stage: [2], optimizer: [fusedadam], precision: [bf16], engine: [hf_trainer], kernels: [hf, liger]}
+""")
+    r = zerobench("run", str(m), "--results", str(tmp_path / "k.jsonl"), "--no-report", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = {x["cell"]["kernels"]: x for x in _outcomes(tmp_path / "k.jsonl")}
+    assert {k: x["status"] for k, x in recs.items()} == {"hf": "ok", "liger": "ok"}, {k: x["reason"] for k, x in recs.items()}
+    print(recs["liger"]["worker"]["kernels"], recs["hf"]["losses"], recs["liger"]["losses"])
+    assert recs["hf"]["worker"]["kernels"]["liger_modules"] == 0 and recs["liger"]["worker"]["kernels"]["liger_modules"] > 0
+    assert abs(recs["liger"]["losses"][0] - recs["hf"]["losses"][0]) < 0.02 * recs["hf"]["losses"][0]

@@ -23,6 +23,8 @@ def test_trainer_cells_run_and_are_comparable(tmp_path):
     for x in recs:
         assert len(x["step_times_s"]) == len(x["losses"]) == 8, "same number of timed optimizer steps"
         assert x["worker"]["optimizer_class"].endswith(".AdamW")
+        # Both paths say which kernels the model ran (the Trainer's from inside train()).
+        assert x["worker"]["kernels"] == {"asked": "hf", "liger_modules": 0, "liger_settings": None}
         measured = x["losses"][2:]
         assert sum(measured[-2:]) < sum(measured[:2]), x["losses"]
     trainer = [x for x in recs if x["cell"]["engine"] == "hf_trainer"]

@@ -309,6 +309,8 @@ def _train_hf(cell, args, model, batches, doc, events, device, torch, t_setup):
 
     class Clock(TrainerCallback):
         def on_train_begin(self, a, s, c, **kw):
+            # Recent Trainers apply Liger inside train(), so this is the first point that sees the result.
+            _record_kernels(cell, kw.get("model") or model, doc)
             doc["setup_s"] = time.perf_counter() - t_setup
             doc["phase"] = "warmup"
             events.phase("warmup")
@@ -335,7 +337,6 @@ def _train_hf(cell, args, model, batches, doc, events, device, torch, t_setup):
                 events.emit("step", step=len(losses) - 1, loss=losses[-1], dt=times[-1] if times else None)
 
     trainer = Trainer(model=model, args=args, train_dataset=Rows(), callbacks=[Clock()])
-    _record_kernels(cell, trainer.model, doc)
     trainer.train()
     engine = trainer.model_wrapped
     basic = getattr(engine, "basic_optimizer", None) or trainer.optimizer
