@@ -85,7 +85,7 @@ class Cell:
     itself happens in the warmup steps."""
     kernels: str = "hf"
     """Which implementation of the model's own ops (KERNELS). "liger" patches transformers' modules with
-    Liger-Kernel's before the model is built; what was applied is recorded (worker.kernels_applied)."""
+    Liger-Kernel's before the model is built; what the model ran is recorded (worker.kernels)."""
     ds_config: str | None = None
     """Path of a user-supplied DeepSpeed JSON, used instead of the generated one (the ZeRO, offload,
     precision and optimizer fields then describe that file rather than produce it)."""

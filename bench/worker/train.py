@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from ..cells import OPTIMIZERS, Cell
+from ..env import version as env_version
 from .events import Events
 
 
@@ -189,7 +190,7 @@ def _finish(cell, doc, losses, times, skipped, counts, cfg, world, cuda, device,
                        "transformers": transformers.__version__, "cuda": torch.version.cuda}
     for mod, dist in (("bitsandbytes", "bitsandbytes"), ("liger_kernel", "liger-kernel"), ("triton", "triton")):
         if mod in sys.modules:  # only what the cell imported
-            doc["versions"][dist] = _dist_version(dist)
+            doc["versions"][dist] = env_version(dist)
 
 
 def _build_model(cell, ds_config, dtype, device, local_rank, under_trainer, models, deepspeed):
@@ -250,17 +251,13 @@ def _build_model(cell, ds_config, dtype, device, local_rank, under_trainer, mode
     return model
 
 
-def _liger(cell) -> dict:
-    from .models import liger_settings
-
-    return liger_settings(cell.zero_stage)
-
-
 def _record_kernels(cell, model, doc: dict) -> None:
     """Record which kernels the built model runs, and refuse a kernels=liger cell that runs none of Liger's."""
+    from .models import liger_settings
+
     liger = sum(type(m).__module__.startswith("liger_kernel") for m in model.modules())
     doc["kernels"] = {"asked": cell.kernels, "liger_modules": liger,
-                      "liger_settings": _liger(cell) if cell.kernels == "liger" else None}
+                      "liger_settings": liger_settings(cell.zero_stage) if cell.kernels == "liger" else None}
     if cell.kernels == "liger" and not liger:
         raise RuntimeError("kernels=liger, but the built model has no Liger module: refusing to report this cell "
                            "under a name it did not run")
@@ -271,6 +268,8 @@ def _training_args(cell, ds_config):
 
     import torch
     from transformers import TrainingArguments
+
+    from .models import liger_settings
 
     optim = {"paged_adamw": "paged_adamw_32bit", "paged_adamw_8bit": "paged_adamw_8bit",
              "adamw_8bit": "adamw_bnb_8bit"}.get(cell.optimizer)
@@ -285,7 +284,8 @@ def _training_args(cell, ds_config):
         logging_steps=1, report_to=[], save_strategy="no", dataloader_num_workers=0, disable_tqdm=True,
         seed=cell.seed, remove_unused_columns=False, use_cpu=not torch.cuda.is_available(), torch_compile=bool(cell.compile),
         **({"optim": optim} if optim else {}),
-        **({"use_liger_kernel": True, "liger_kernel_config": _liger(cell)} if cell.kernels == "liger" else {}),
+        **({"use_liger_kernel": True, "liger_kernel_config": liger_settings(cell.zero_stage)}
+           if cell.kernels == "liger" else {}),
         **({"torch_compile_mode": cell.compile} if isinstance(cell.compile, str) else {}))
 
 
@@ -354,15 +354,6 @@ def _train_hf(cell, args, model, batches, doc, events, device, torch, t_setup):
     doc["phase"] = "teardown"
     events.phase("teardown")
     return losses, times, int(getattr(engine, "skipped_steps", 0) or 0)
-
-
-def _dist_version(dist: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
 
 
 def _nvme_swap_dir(cell, ds_config: dict, spec: dict) -> str | None:
