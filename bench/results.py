@@ -12,7 +12,7 @@ from .cells import Cell
 from .store import read
 
 __all__ = ["load", "latest", "records_to_frame", "fixed_cost_s", "AXIS_COLUMNS", "METRIC_COLUMNS", "MEMORY_COLUMNS",
-           "PEAK_MEMORY_SOURCES"]
+           "PEAK_MEMORY_SOURCES", "STEP_PARTS"]
 
 AXIS_COLUMNS = ["zero_stage", "offload", "precision", "grad_ckpt", "optimizer", "peft", "engine", "compile",
                 "kernels", "ds_config"]
@@ -25,8 +25,11 @@ _CELL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Cell) if f.defau
 # allocator), so notebooks and the reports can index them without checking first.
 METRIC_COLUMNS = ["tokens_per_s", "samples_per_s", "step_time_median_s", "step_time_p90_s", "tflops_per_gpu",
                   "mfu", "hfu", "loss_first", "loss_final"]
+# The parts of a measured step whose allocator peaks the worker records (torch_max_allocated_<part>_bytes).
+STEP_PARTS = ("forward", "backward", "step")
 MEMORY_COLUMNS = ["nvml_proc_peak_bytes", "nvml_used_peak_bytes", "torch_max_reserved_bytes",
-                  "torch_max_allocated_bytes", "torch_allocated_between_steps_bytes", "host_rss_peak_bytes"]
+                  "torch_max_allocated_bytes", "torch_allocated_between_steps_bytes", "host_rss_peak_bytes"] + [
+                  f"torch_max_allocated_{part}_bytes" for part in STEP_PARTS]
 
 # `peak_memory_bytes` is the first of these a row has: the device figure that decides whether a cell
 # fits (NVML sees the CUDA context and NCCL buffers the allocator does not), else host RSS (CPU runs).

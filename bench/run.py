@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import dsconfig, env, launch, matrix, rules, telemetry
 from .cells import Cell
+from .results import STEP_PARTS
 from .status import Status
 from .store import SCHEMA_VERSION, Store
 
@@ -103,6 +104,10 @@ def record_outcome(cell: Cell, planned: Planned, out: launch.Outcome, run_id: st
         mem["torch_max_allocated_bytes"] = max(a["torch_max_allocated_bytes"] for a in alloc_m)
         mem["torch_max_reserved_bytes"] = max(a["torch_max_reserved_bytes"] for a in alloc_m)
         mem["torch_max_allocated_per_gpu"] = [a["torch_max_allocated_bytes"] for a in alloc_m]
+        for part in STEP_PARTS:
+            v = [a[f"torch_max_allocated_{part}_bytes"] for a in alloc_m if a.get(f"torch_max_allocated_{part}_bytes")]
+            if v:
+                mem[f"torch_max_allocated_{part}_bytes"] = max(v)
         between = [a["torch_allocated_between_steps_bytes"] for a in alloc_m if a.get("torch_allocated_between_steps_bytes")]
         if between:
             mem["torch_allocated_between_steps_bytes"] = max(between)

@@ -57,6 +57,13 @@ def test_telemetry_side_by_side(tmp_path):
             # cuBLAS's workspaces (64 MiB). The previous step's logits must not be among them.
             extra = mem["torch_allocated_between_steps_bytes"] - 14 * x["worker"]["params_total"]
             assert 0 <= extra < 96 * 2**20, extra / 2**20
+            # At the end of the backward pass the gradients (2 bytes per parameter at least) exist
+            # beside those model states.
+            grads = mem["torch_max_allocated_backward_bytes"] - mem["torch_allocated_between_steps_bytes"]
+            assert grads >= 2 * x["worker"]["params_total"], grads / 2**30
+        # The step's peak is its largest part's: the parts cover the whole step.
+        parts = [mem[f"torch_max_allocated_{p}_bytes"] for p in ("forward", "backward", "step")]
+        assert max(parts) == alloc, (parts, alloc)
         assert x["started_by"]["mode"] == "fork", x["started_by"]
         # The GPU was handed back clean.
         after = list(x["gpu_after"].values())[0]["used_bytes"]

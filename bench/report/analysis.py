@@ -117,7 +117,14 @@ class Analysis:
 # Per-GPU memory figures compared across ZeRO stages: (column, label).
 ZERO_SCALING_FIGURES = [("nvml_proc_peak_bytes", "NVML process peak"),
                         ("torch_max_allocated_bytes", "allocator peak"),
+                        ("torch_max_allocated_backward_bytes", "allocator peak in backward"),
                         ("torch_allocated_between_steps_bytes", "allocated between steps")]
+ZERO_SCALING_NOTE = (
+    "Per-GPU memory in GiB and its ratio to ZeRO-0, all else equal. The paper's prediction covers model states "
+    "only (parameters, gradients, optimizer state). They all exist at once only at the end of the backward pass, "
+    "so the allocator's peak in backward is the figure to hold against it; the cell's peak may come elsewhere "
+    "(the loss's logits in the forward pass, the fp32 gradient copy in the optimizer step), and peaks add "
+    "activations and DeepSpeed's communication buffers, which do not shrink with the stage.")
 
 
 def _zero_scaling(cells: pd.DataFrame) -> list[dict]:

@@ -15,7 +15,7 @@ import numpy as np
 from markupsafe import Markup, escape
 
 from . import fmt, svg
-from .analysis import Analysis, analyse
+from .analysis import ZERO_SCALING_NOTE, Analysis, analyse
 from .assets import CSS, JS
 from .template import TEMPLATE
 
@@ -206,7 +206,7 @@ def _failures(a: Analysis) -> dict:
 
 
 def _zero(a: Analysis) -> dict:
-    return {"zero_rows": a.zero_scaling, "zero_figures": a.zero_figures}
+    return {"zero_rows": a.zero_scaling, "zero_figures": a.zero_figures, "zero_note": ZERO_SCALING_NOTE}
 
 
 def _baseline(a: Analysis) -> dict:

@@ -10,7 +10,7 @@ import re
 from urllib.parse import quote
 
 from . import fmt
-from .analysis import Analysis, analyse
+from .analysis import ZERO_SCALING_NOTE, Analysis, analyse
 
 __all__ = ["render", "render_analysis", "escape"]
 
@@ -119,9 +119,7 @@ def _zero_scaling(a: Analysis) -> list[str]:
             + [f"{fmt.gib(r[c])} (×{r[c + '_ratio']:.3f})" if r[c] is not None else "–" for c, _ in figs]
             + [f"{fmt.gib(r['estimate_bytes'])} (×{r['predicted_ratio']:.3f})"] for r in a.zero_scaling]
     return (["## ZeRO stages against the paper", "",
-             "Per-GPU memory in GiB, and its ratio to ZeRO-0 with all else equal. The paper's prediction covers model "
-             "states only (parameters, gradients, optimizer state); peaks add activations and DeepSpeed's "
-             "communication buffers, which do not shrink with the stage.", ""]
+             ZERO_SCALING_NOTE, ""]
             + _table(["ZeRO", "GPUs"] + (["DeepSpeed config"] if configs else []) + [h for _, h in figs]
                      + ["model states, ZeRO paper"], "rr" + ("l" if configs else "") + "r" * (len(figs) + 1), rows))
 

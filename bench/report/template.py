@@ -156,9 +156,7 @@ value, with the ratio to the row's first value. The summary line is the median r
 {%- if zero_rows %}
 <section id="zero">
 <h2>ZeRO stages against the paper</h2>
-<p class="note">Per-GPU memory in GiB and its ratio to ZeRO-0, all else equal. The paper's prediction covers
-model states only (parameters, gradients, optimizer state); peaks add activations and DeepSpeed's
-communication buffers, which do not shrink with the stage.</p>
+<p class="note">{{ zero_note }}</p>
 <div class="table-wrap"><table class="sortable wrap-head">
 <thead><tr><th>cell</th><th class="n">ZeRO</th><th class="n">GPUs</th>
   {%- for col, head in zero_figures %}<th class="n">{{ head }}</th><th class="n">× ZeRO-0</th>{% endfor %}

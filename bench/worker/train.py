@@ -103,6 +103,7 @@ def run(spec: dict, doc: dict, events: Events, fault: tuple[str | None, int]) ->
     times: list[float] = []
     setup_alloc = None
     resident = 0  # allocated at the start of a measured step: model states and what persists between steps
+    parts = _PartPeaks(torch, device) if cuda else None
     skipped_at_measure = 0
     kind, fault_step = fault
     # from_pretrained (QLoRA, local models) returns a model in eval mode, where HF skips gradient
@@ -134,11 +135,18 @@ def run(spec: dict, doc: dict, events: Events, fault: tuple[str | None, int]) ->
             # Keep the loss only: holding the model's output would keep its logits (micro-batch x
             # seq_len x vocab) alive into the next step, adding them to every peak and to the memory
             # between steps (500 MiB per GPU at 1.1B, micro-batch 4: results/1b-2gpu-b.jsonl).
+            measure = parts is not None and step >= cell.warmup_steps
             loss = engine(input_ids=batch, labels=batch).loss
             if kind == "nan" and step >= fault_step:
                 loss = loss * float("nan")
+            if measure:
+                parts.end("forward")
             engine.backward(loss)
+            if measure:
+                parts.end("backward")
             engine.step()
+            if measure:
+                parts.end("step")
             step_losses.append(loss.detach())
         # One host sync per step, as a plain training loop has: .item() per micro-batch would stall
         # the GPU between micro-batches and be measured as the setup's cost.
@@ -160,6 +168,36 @@ def run(spec: dict, doc: dict, events: Events, fault: tuple[str | None, int]) ->
             world, cuda, device, torch, deepspeed, transformers, metrics, setup_alloc)
     if cuda and resident:
         doc["memory_measured"]["torch_allocated_between_steps_bytes"] = resident
+    if parts is not None and parts.peaks:
+        parts.merge_into(doc["memory_measured"])
+
+
+class _PartPeaks:
+    """The allocator's peak in each part of a measured step: forward (with the loss), backward (with
+    ZeRO's gradient reduction, which DeepSpeed runs inside engine.backward) and the optimizer step.
+    Where the peak comes from decides what shrinks it: the ZeRO paper's model states (parameters,
+    gradients, optimizer state) all exist at once only at the end of the backward pass, while the
+    loss's logits or the step's fp32 gradient copy can set the cell's peak instead.
+    The allocator's counters are kept on the host: reading and resetting them needs no sync."""
+
+    def __init__(self, torch, device):
+        self.cuda, self.device = torch.cuda, device
+        self.peaks: dict[str, int] = {}
+        self.reserved = 0
+
+    def end(self, part: str) -> None:
+        self.peaks[part] = max(self.peaks.get(part, 0), self.cuda.max_memory_allocated(self.device))
+        self.reserved = max(self.reserved, self.cuda.max_memory_reserved(self.device))
+        # The next part's peak starts from what is allocated now.
+        self.cuda.reset_peak_memory_stats(self.device)
+
+    def merge_into(self, mem: dict) -> None:
+        """Per-part peaks into the measured figures; the whole-phase peaks stay the max over all parts
+        (each reset above cleared the allocator's own)."""
+        for part, v in self.peaks.items():
+            mem[f"torch_max_allocated_{part}_bytes"] = v
+        mem["torch_max_allocated_bytes"] = max(mem["torch_max_allocated_bytes"], *self.peaks.values())
+        mem["torch_max_reserved_bytes"] = max(mem["torch_max_reserved_bytes"], self.reserved)
 
 
 def _finish(cell, doc, losses, times, skipped, counts, cfg, world, cuda, device, torch, deepspeed, transformers, metrics,
