@@ -289,11 +289,19 @@ def _build_model(cell, ds_config, dtype, device, local_rank, under_trainer, mode
     return model
 
 
+def _runs_liger(module) -> bool:
+    """Whether a module's forward is Liger's: a Liger class (the class-level patch before the build) or
+    Liger's forward bound onto the instance (how the HF Trainer applies Liger to a built model: the
+    module keeps its transformers class, found on the H200 in results/gpu-evidence/session4_gpu_tests.log)."""
+    fwd = getattr(module.forward, "__func__", module.forward)
+    return getattr(fwd, "__module__", "").startswith("liger_kernel")
+
+
 def _record_kernels(cell, model, doc: dict) -> None:
     """Record which kernels the built model runs, and refuse a kernels=liger cell that runs none of Liger's."""
     from .models import liger_settings
 
-    liger = sum(type(m).__module__.startswith("liger_kernel") for m in model.modules())
+    liger = sum(_runs_liger(m) for m in model.modules())
     doc["kernels"] = {"asked": cell.kernels, "liger_modules": liger,
                       "liger_settings": liger_settings(cell.zero_stage) if cell.kernels == "liger" else None}
     if cell.kernels == "liger" and not liger:
