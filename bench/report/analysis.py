@@ -154,6 +154,7 @@ def _zero_scaling(cells: pd.DataFrame) -> list[dict]:
         z0 = z0.iloc[0]
         for _, r in g.assign(_config=config).sort_values(["zero_stage", "_config"], kind="stable").iterrows():
             row = {"cell_name": r["cell_name"], "zero_stage": int(r["zero_stage"]), "gpus": int(r["gpus"]),
+                   "micro_batch": int(r["micro_batch"]),
                    "ds_config": r["_config"] or None,
                    "predicted_ratio": r["estimate_model_states_bytes"] / z0["estimate_model_states_bytes"],
                    "estimate_bytes": r["estimate_model_states_bytes"]}

@@ -115,13 +115,14 @@ def _zero_scaling(a: Analysis) -> list[str]:
         return []
     figs = a.zero_figures
     configs = any(r["ds_config"] for r in a.zero_scaling)
-    rows = [[str(r["zero_stage"]), str(r["gpus"])] + ([r["ds_config"] or "generated"] if configs else [])
+    rows = [[str(r["zero_stage"]), str(r["gpus"]), str(r["micro_batch"])]
+            + ([r["ds_config"] or "generated"] if configs else [])
             + [f"{fmt.gib(r[c])} (×{r[c + '_ratio']:.3f})" if r[c] is not None else "–" for c, _ in figs]
             + [f"{fmt.gib(r['estimate_bytes'])} (×{r['predicted_ratio']:.3f})"] for r in a.zero_scaling]
     return (["## ZeRO stages against the paper", "",
              ZERO_SCALING_NOTE, ""]
-            + _table(["ZeRO", "GPUs"] + (["DeepSpeed config"] if configs else []) + [h for _, h in figs]
-                     + ["model states, ZeRO paper"], "rr" + ("l" if configs else "") + "r" * (len(figs) + 1), rows))
+            + _table(["ZeRO", "GPUs", "micro-batch"] + (["DeepSpeed config"] if configs else []) + [h for _, h in figs]
+                     + ["model states, ZeRO paper"], "rrr" + ("l" if configs else "") + "r" * (len(figs) + 1), rows))
 
 
 def _v(axis: str, v) -> str:
