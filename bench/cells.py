@@ -93,7 +93,7 @@ class Cell:
     """Content hash of that file, so an edited file is a different cell."""
     # fixed settings
     model: str = "llama-tiny"
-    """A preset name (llama-tiny, llama-1b, llama-7b, llama-13b) or a local Hugging Face directory."""
+    """A preset name (llama-tiny, llama-small, llama-1b, llama-7b, llama-13b) or a local Hugging Face directory."""
     data: str = "builtin"
     tokenizer: str | None = None
     seq_len: int = 128

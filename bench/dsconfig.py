@@ -49,8 +49,25 @@ def build(cell: Cell) -> dict[str, Any]:
         # gives each attempt its own subfolder and removes it at the end).
         path = cell.nvme_path or "/tmp"
         zero["offload_optimizer"] = {"device": "nvme", "nvme_path": path, "pin_memory": True, "buffer_count": 4}
+        # max_in_cpu 0: every parameter of 1 MiB or more lives on the drive (smaller ones stay in CPU
+        # memory: DeepSpeed's MIN_AIO_BYTES). With DeepSpeed's 1e9 elements, a model of up to 1e9
+        # parameters stayed whole in pinned CPU memory, so an nvme cell of a small model measured CPU
+        # parameter offload, while a larger one went wholly to the drive (stage3.py
+        # _create_param_groups_fp16_flat_cpu_memory: its first sub-group, cut at sub_group_size 1e9,
+        # is a little over 1e9 and never fits).
         zero["offload_param"] = {"device": "nvme", "nvme_path": path, "pin_memory": True, "buffer_count": 5,
-                                 "buffer_size": 100_000_000, "max_in_cpu": 1_000_000_000}
+                                 "buffer_size": 100_000_000, "max_in_cpu": 0}
+        # Release every parameter after its use. A parameter read from the drive holds one of the
+        # buffer_count pinned swap buffers until ZeRO-3 releases it, and the default reuse distance
+        # (1e9 elements) keeps each parameter whose next use is that close in the recorded trace
+        # (partitioned_param_coordinator.py __params_to_release, from the second step on). At 1.1B with
+        # gradient checkpointing that is layer 15 onwards, 7 swapped weights a layer against 5 buffers:
+        # layer 15's first five held them all and its up_proj found none ("Not enough buffers 0 for
+        # swapping 1", partitioned_param_swapper.py swap_in; results/nvme-1b.jsonl; DeepSpeed issue
+        # #3062). With nothing kept, the buffers hold the weights in use and those the NVMe prefetcher
+        # reads ahead, which takes only free ones. Costs a second read from the drive of the weights
+        # that backward uses again soon after forward.
+        zero["stage3_max_reuse_distance"] = 0
     if cell.zero_stage == 3:
         # Gather weights for save: not needed to benchmark, and it costs a full-model gather.
         zero["stage3_gather_16bit_weights_on_model_save"] = False

@@ -22,7 +22,7 @@ from .cells import COMPILE_MODES, ENGINES, KERNELS, OFFLOADS, OPTIMIZERS, PEFTS,
 __all__ = ["Matrix", "MatrixError", "Problem", "load", "loads", "expand", "PRESETS"]
 
 # Model presets the worker knows how to build (bench/worker/models.py holds their shapes).
-PRESETS = ("llama-tiny", "llama-1b", "llama-7b", "llama-13b")
+PRESETS = ("llama-tiny", "llama-small", "llama-1b", "llama-7b", "llama-13b")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     # CPU/CI: seconds per cell on 2 cores, still a real Llama block (RoPE, GQA, SwiGLU, RMSNorm).
     "llama-tiny": dict(_LLAMA, hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, vocab_size=2048, max_position_embeddings=2048),
+    # CPU/CI too: the smallest shape whose weights reach DeepSpeed's 1 MiB NVMe swap minimum (in 16-bit,
+    # the MLP weights and embeddings: 14 of them); llama-tiny's all stay in CPU memory under offload nvme.
+    "llama-small": dict(_LLAMA, hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
+                        num_key_value_heads=4, vocab_size=2048, max_position_embeddings=2048),
     # TinyLlama-1.1B shape.
     "llama-1b": dict(_LLAMA, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
                      num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048),
