@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import presets
 from .cells import Cell
 
 __all__ = ["build", "OPTIMIZER_SECTIONS", "CLIENT_OPTIMIZERS"]
@@ -55,8 +56,12 @@ def build(cell: Cell) -> dict[str, Any]:
         # parameter offload, while a larger one went wholly to the drive (stage3.py
         # _create_param_groups_fp16_flat_cpu_memory: its first sub-group, cut at sub_group_size 1e9,
         # is a little over 1e9 and never fits).
+        # Each swap buffer must hold the largest weight's partition (swap_in asserts "More elements ...
+        # than buffer size"): DeepSpeed's 1e8 elements is less than a 7B Llama's embedding (32000 x 4096)
+        # on one GPU.
+        largest = -(-(presets.largest_weight(cell.model) or 0) // max(cell.gpus, 1))
         zero["offload_param"] = {"device": "nvme", "nvme_path": path, "pin_memory": True, "buffer_count": 5,
-                                 "buffer_size": 100_000_000, "max_in_cpu": 0}
+                                 "buffer_size": max(100_000_000, largest), "max_in_cpu": 0}
         # Release every parameter after its use. A parameter read from the drive holds one of the
         # buffer_count pinned swap buffers until ZeRO-3 releases it, and the default reuse distance
         # (1e9 elements) keeps each parameter whose next use is that close in the recorded trace

@@ -17,12 +17,13 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from . import presets
 from .cells import COMPILE_MODES, ENGINES, KERNELS, OFFLOADS, OPTIMIZERS, PEFTS, Cell, Lora, Qlora
 
 __all__ = ["Matrix", "MatrixError", "Problem", "load", "loads", "expand", "PRESETS"]
 
-# Model presets the worker knows how to build (bench/worker/models.py holds their shapes).
-PRESETS = ("llama-tiny", "llama-small", "llama-1b", "llama-7b", "llama-13b")
+# Model presets the worker knows how to build (their shapes: bench/presets.py).
+PRESETS = tuple(presets.PRESETS)
 
 
 @dataclass(frozen=True)

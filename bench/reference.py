@@ -26,7 +26,7 @@ def main(argv=None) -> int:
         import torch
         import transformers
 
-        from .worker.models import PRESETS
+        from .presets import PRESETS
 
         cuda = torch.cuda.is_available()
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")

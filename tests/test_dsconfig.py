@@ -228,3 +228,19 @@ def test_liger_under_compile_is_stopped_on_the_version_it_failed_on():
     assert rules.check(c, host("0.8.5")).rule == "liger-no-compile"
     assert rules.check(c, host("0.9.0")) is None  # a later release gets measured, not assumed broken
     assert rules.check(cell(zero_stage=0, kernels="liger"), host("0.8.5")) is None
+
+
+def test_nvme_swap_buffers_hold_the_largest_weight(tmp_path):
+    # DeepSpeed's swap_in asserts "More elements ... than buffer size" when a weight's partition
+    # outgrows a buffer: a 7B Llama's embedding (32000 x 4096) is over its default 1e8 on one GPU.
+    def size(model, gpus=1):
+        cell = Cell(zero_stage=3, offload="nvme", optimizer="cpuadam", nvme_path="/tmp", model=model, gpus=gpus)
+        return dsconfig.build(cell)["zero_optimization"]["offload_param"]["buffer_size"]
+
+    assert size("llama-1b") == 100_000_000
+    assert size("llama-7b") == 32000 * 4096
+    assert size("llama-7b", gpus=2) == 100_000_000  # each GPU swaps its half
+    local = tmp_path / "m"
+    local.mkdir()
+    (local / "config.json").write_text('{"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336}')
+    assert size(str(local)) == 128256 * 4096
