@@ -78,8 +78,7 @@ from bench.worker import models
 cell = Cell(model="llama-small", zero_stage=3, offload="nvme", optimizer="cpuadam", micro_batch=2, nvme_path=sys.argv[1])
 cfg = dsconfig.build(cell)
 deepspeed.init_distributed(dist_backend="gloo")
-model = models.build(cell.model, cell.attn, torch.bfloat16, torch.device("cpu"),
-                     deepspeed.zero.Init(config_dict_or_path=cfg, dtype=torch.bfloat16))
+model = models.build(cell.model, cell.attn, torch.bfloat16, torch.device("cpu"), cfg)
 deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
 print(json.dumps({n: [p.ds_numel, p.ds_tensor.final_location == OffloadDeviceEnum.nvme]
                   for n, p in model.named_parameters()}))

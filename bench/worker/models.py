@@ -4,7 +4,6 @@ No downloads: a preset is a shape. A local Hugging Face directory may be given i
 """
 from __future__ import annotations
 
-import contextlib
 import os
 from typing import Any
 
@@ -54,25 +53,38 @@ def apply_liger(model_type: str, settings: dict[str, bool]) -> None:
     _apply_liger_kernel(model_type, **settings)
 
 
-def build(model: str, attn: str, dtype: torch.dtype, device: torch.device, zero3_init: contextlib.AbstractContextManager | None):
-    """Build the model. Presets get random weights made in `dtype` on `device` (no fp32 transient, no copy)."""
+def build(model: str, attn: str, dtype: torch.dtype, device: torch.device, zero3_config: dict | None = None):
+    """Build the model. Presets get random weights made in `dtype` on `device` (no fp32 transient, no
+    copy); a local checkpoint is loaded. With a ZeRO-3 config, the weights are partitioned as they are
+    made (remote_device None: the config's offload_param device, cpu or nvme, decides)."""
     from transformers import AutoModelForCausalLM
 
     cfg = config_for(model, attn)
-    ctx = zero3_init if zero3_init is not None else torch.device(device)
     if model in PRESETS:
+        import deepspeed
+
+        ctx = deepspeed.zero.Init(config_dict_or_path=zero3_config, dtype=dtype) if zero3_config else torch.device(device)
         # Make weights in the target dtype directly: a 7B in fp32 then cast would briefly need 2x the memory.
         old = torch.get_default_dtype()
         torch.set_default_dtype(dtype)
         try:
             with ctx:
                 m = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn)
-            if zero3_init is not None:
+            if zero3_config:
                 _hf_init_partitioned(m)
         finally:
             torch.set_default_dtype(old)
+    elif zero3_config:
+        # transformers partitions and loads a checkpoint itself when a ZeRO-3 config is registered;
+        # inside our own zero.Init it would load every weight into an already-partitioned (empty)
+        # parameter and fail on the size mismatch.
+        from transformers.integrations import HfDeepSpeedConfig
+
+        keep = HfDeepSpeedConfig(zero3_config)  # noqa: F841 - must stay alive while loading
+        m = AutoModelForCausalLM.from_pretrained(model, local_files_only=True, dtype=dtype, attn_implementation=attn)
+        del keep
     else:
-        with ctx:
+        with torch.device(device):
             m = AutoModelForCausalLM.from_pretrained(model, local_files_only=True, dtype=dtype, attn_implementation=attn)
     m.config.use_cache = False
     return m

@@ -269,11 +269,8 @@ def _build_model(cell, ds_config, dtype, device, local_rank, under_trainer, mode
         elif cell.grad_ckpt:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     else:
-        zero3 = None
-        if cell.zero_stage == 3 and not under_trainer:
-            # remote_device None: the config's offload_param device (cpu or nvme) decides.
-            zero3 = deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype)
-        model = models.build(cell.model, cell.attn, dtype, device, zero3)
+        model = models.build(cell.model, cell.attn, dtype, device,
+                             ds_config if cell.zero_stage == 3 and not under_trainer else None)
         if cell.grad_ckpt:
             # Non-reentrant checkpointing works with frozen base weights (LoRA) and ZeRO-3 hooks.
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
