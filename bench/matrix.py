@@ -18,7 +18,8 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from . import presets
-from .cells import COMPILE_MODES, ENGINES, KERNELS, OFFLOADS, OPTIMIZERS, PEFTS, Cell, Lora, Qlora
+from .cells import (COMPILE_MODES, ENGINES, KERNELS, OFFLOADS, OPTIMIZERS, PEFTS, PRECISIONS, ZERO_STAGES, Cell, Lora,
+                    Qlora)
 
 __all__ = ["Matrix", "MatrixError", "Problem", "load", "loads", "expand", "PRESETS"]
 
@@ -62,16 +63,17 @@ def _known_optimizer(v: str) -> str:
 
 
 Optimizer = Annotated[str, AfterValidator(_known_optimizer)]
-Stage = Literal[0, 1, 2, 3]
-Offload = Literal["none", "optimizer", "optimizer+params", "nvme"]
-Precision = Literal["fp32", "fp16", "bf16"]
-Peft = Literal["none", "lora", "qlora"]
-Engine = Literal["deepspeed", "hf_trainer"]
+# The allowed values are bench.cells' own lists (Literal[tuple] lists the tuple's items).
+Stage = Literal[ZERO_STAGES]
+Offload = Literal[OFFLOADS]
+Precision = Literal[PRECISIONS]
+Peft = Literal[PEFTS]
+Engine = Literal[ENGINES]
 MicroBatch = Annotated[int, Field(ge=1)]
 GradAccum = Annotated[int, Field(ge=1)]
-Kernels = Literal["hf", "liger"]
+Kernels = Literal[KERNELS]
 # false | true (torch.compile's default mode) | a mode name
-CompileChoice = Union[bool, Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]]
+CompileChoice = Union[bool, Literal[COMPILE_MODES]]
 
 
 class _Strict(BaseModel):
@@ -443,6 +445,3 @@ def expand(m: Matrix) -> list[Cell]:
 
 assert set(Axes.model_fields) == {"zero_stage", "offload", "precision", "grad_ckpt", "optimizer", "peft", "engine",
                                   "compile", "micro_batch", "grad_accum", "kernels", "ds_config"}
-assert set(COMPILE_MODES) == set(CompileChoice.__args__[1].__args__)
-assert set(KERNELS) == set(Kernels.__args__)
-assert set(OFFLOADS) == set(Offload.__args__) and set(PEFTS) == set(Peft.__args__) and set(ENGINES) == set(Engine.__args__)

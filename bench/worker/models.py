@@ -5,13 +5,12 @@ No downloads: a preset is a shape. A local Hugging Face directory may be given i
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import torch
 
 from ..presets import PRESETS
 
-__all__ = ["PRESETS", "config_for", "build", "liger_settings", "apply_liger"]
+__all__ = ["PRESETS", "config_for", "build", "from_checkpoint", "liger_settings", "apply_liger"]
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -75,17 +74,28 @@ def build(model: str, attn: str, dtype: torch.dtype, device: torch.device, zero3
         finally:
             torch.set_default_dtype(old)
     elif zero3_config:
-        # transformers partitions and loads a checkpoint itself when a ZeRO-3 config is registered;
-        # inside our own zero.Init it would load every weight into an already-partitioned (empty)
-        # parameter and fail on the size mismatch.
+        m = from_checkpoint(model, attn, dtype, zero3_config)
+    else:
+        with torch.device(device):
+            m = from_checkpoint(model, attn, dtype)
+    m.config.use_cache = False
+    return m
+
+
+def from_checkpoint(path: str, attn: str, dtype: torch.dtype, zero3_config: dict | None = None, **kw):
+    """Load a local checkpoint (kw: from_pretrained's, e.g. a quantization config). With a ZeRO-3
+    config, transformers partitions the weights as it loads them, through the config registered for
+    the load (HfDeepSpeedConfig); inside our own zero.Init every weight would meet an
+    already-partitioned (empty) parameter and the load would fail on the size mismatch."""
+    from transformers import AutoModelForCausalLM
+
+    keep = None
+    if zero3_config:
         from transformers.integrations import HfDeepSpeedConfig
 
         keep = HfDeepSpeedConfig(zero3_config)  # noqa: F841 - must stay alive while loading
-        m = AutoModelForCausalLM.from_pretrained(model, local_files_only=True, dtype=dtype, attn_implementation=attn)
-        del keep
-    else:
-        with torch.device(device):
-            m = AutoModelForCausalLM.from_pretrained(model, local_files_only=True, dtype=dtype, attn_implementation=attn)
+    m = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype, attn_implementation=attn, **kw)
+    del keep
     m.config.use_cache = False
     return m
 

@@ -241,7 +241,7 @@ def _build_model(cell, ds_config, dtype, device, local_rank, under_trainer, mode
         models.apply_liger(models.config_for(cell.model, cell.attn).model_type, models.liger_settings(cell.zero_stage))
 
     if cell.peft == "qlora":
-        from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+        from transformers import BitsAndBytesConfig
 
         q = cell.qlora
         storage = dtype if q.quant_storage == "auto" else {"uint8": torch.uint8, **models.DTYPES}[q.quant_storage]
@@ -249,18 +249,12 @@ def _build_model(cell, ds_config, dtype, device, local_rank, under_trainer, mode
                                  bnb_4bit_use_double_quant=q.double_quant, bnb_4bit_compute_dtype=dtype,
                                  bnb_4bit_quant_storage=storage)
         ckpt = models.checkpoint(cell.model, dtype, device)
-        keep = None
-        if cell.zero_stage == 3 and not under_trainer:
-            # ZeRO-3 QLoRA: the registered config makes from_pretrained partition the 4-bit weights,
-            # which works because they are stored in the compute dtype (quant_storage).
-            from transformers.integrations import HfDeepSpeedConfig
-
-            keep = HfDeepSpeedConfig(ds_config)  # noqa: F841 - must stay alive while loading
+        # ZeRO-3 QLoRA: from_pretrained partitions the 4-bit weights, which works because they are
+        # stored in the compute dtype (quant_storage). (On the Trainer path the Trainer's own
+        # arguments register the ZeRO-3 config.)
         kw = {} if cell.zero_stage == 3 else {"device_map": {"": local_rank if device.type == "cuda" else "cpu"}}
-        model = AutoModelForCausalLM.from_pretrained(ckpt, quantization_config=bnb, dtype=dtype,
-                                                     attn_implementation=cell.attn, local_files_only=True, **kw)
-        del keep
-        model.config.use_cache = False
+        model = models.from_checkpoint(ckpt, cell.attn, dtype, ds_config if cell.zero_stage == 3 and not under_trainer
+                                       else None, quantization_config=bnb, **kw)
         if cell.zero_stage != 3:
             from peft import prepare_model_for_kbit_training
 
