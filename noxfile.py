@@ -1,9 +1,17 @@
 """The front door: every job a person or CI runs is a session here.
 
-    nox -s bench                       # the embedded CPU smoke matrix, then its report
-    nox -s bench -- matrices/1b.yaml   # any matrix; arguments go to `zerobench run`
-    nox -s tests                       # CPU test suite (what CI runs)
+nox -s bench                       # the embedded CPU smoke matrix, then its report
+nox -s bench -- matrices/1b.yaml   # any matrix; arguments go to `zerobench run`
+nox -s tests                       # CPU test suite, the quick part (unit tests, reports, checks)
+nox -s slow_tests                  # CPU: real DeepSpeed cells end to end and the fault suite (CI runs both)
+nox -s ds_tables                   # after a DeepSpeed upgrade: regenerate bench/dsconfig_keys.json
+nox -s regress -- BASELINE MATRIX  # run MATRIX, then compare it with BASELINE (fails on a regression)
 """
+
+import os
+import shutil
+from pathlib import Path
+
 import nox
 
 nox.options.sessions = ["tests"]
@@ -14,17 +22,87 @@ nox.options.default_venv_backend = "venv"
 TORCH_CPU = "torch==2.13.0"
 
 
+def _cuda_host() -> bool:
+    """An NVIDIA driver is loaded (no torch needed to tell)."""
+    return Path("/proc/driver/nvidia/gpus").is_dir() or shutil.which("nvidia-smi") is not None
+
+
 def _install(session, *extras):
-    session.install(TORCH_CPU)
+    """The project with its extras; on a CUDA host also the GPU extra (NVML telemetry, bitsandbytes,
+    Liger) and the registry's CUDA torch instead of the CPU build."""
+    if _cuda_host():
+        extras = (*extras, "gpu")
+    else:
+        session.install(TORCH_CPU)
     spec = ".[" + ",".join(extras) + "]" if extras else "."
     session.install("-e", spec)
 
 
+def _system_packages(session):
+    """The browser tests need a Chromium and the NVMe tests libaio's headers (DeepSpeed's async-I/O op
+    compiles against them); neither is a Python package. Installed with Debian's packages when missing
+    and we are root, else the session stops before any test with the one command to run."""
+    missing = []
+    if not (os.environ.get("ZEROBENCH_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")):
+        missing.append("chromium")
+    if not Path("/usr/include/libaio.h").exists():
+        missing.append("libaio-dev")
+    if not missing:
+        return
+    if shutil.which("apt-get") and os.geteuid() == 0:
+        session.log(f"installing Debian's {' '.join(missing)} (for the browser and NVMe tests)")
+        env = {"DEBIAN_FRONTEND": "noninteractive"}
+        session.run("apt-get", "update", "-qq", external=True, env=env)
+        session.run("apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, external=True, env=env)
+        return
+    session.error(
+        f"the browser and NVMe tests need {' and '.join(missing)}, which are not Python packages: run "
+        f"`sudo apt-get install -y {' '.join(missing)}` (Debian/Ubuntu; elsewhere your system's "
+        "Chromium and libaio development package), then `nox -s tests` again"
+    )
+
+
 @nox.session(python="3.11")
 def tests(session):
-    """Run the CPU test suite (real tiny DeepSpeed cells included); GPU tests skip."""
+    """Run the quick CPU suite: everything but the `slow` tests (real DeepSpeed cells end to end, the fault
+    suite) and the GPU ones. `nox -s slow_tests` runs the slow ones; CI runs both."""
+    _system_packages(session)
     _install(session, "test")
-    session.run("pytest", "-m", "not gpu", *session.posargs)
+    session.run("pytest", "-m", "not gpu and not slow", *session.posargs)
+
+
+@nox.session(python="3.11")
+def slow_tests(session):
+    """Run the slow CPU tests: real tiny DeepSpeed cells through every path, and the fault suite."""
+    _system_packages(session)
+    _install(session, "test")
+    session.run("pytest", "-m", "slow and not gpu", *session.posargs)
+
+
+@nox.session(python="3.11")
+def faults(session):
+    """Run the fault suite and print its summary (`-- --md PATH` also writes it)."""
+    _system_packages(session)
+    _install(session, "test")
+    session.run("python", "-m", "tests.faults", *session.posargs)
+
+
+@nox.session(python="3.11")
+def lint(session):
+    """ruff (lint, and the format check) and the import-layer contracts (lint-imports, pyproject.toml)."""
+    session.install("ruff==0.17.6", "import-linter==2.17")  # pinned: lint results must not move with a release
+    paths = ["bench", "tests", "tools", "noxfile.py"]
+    session.run("ruff", "check", *paths, *session.posargs)
+    session.run("ruff", "format", "--check", *paths)
+    # lint-imports reads the package from the source tree; nothing to install.
+    session.run("lint-imports", env={"PYTHONPATH": str(Path(__file__).resolve().parent)})
+
+
+@nox.session(python="3.11")
+def ds_tables(session):
+    """Regenerate bench/dsconfig_keys.json from the pinned DeepSpeed's config models (`-- --check`: compare only)."""
+    _install(session)
+    session.run("python", "-m", "bench.dsconfig_gen", *session.posargs)
 
 
 @nox.session(python=False)
@@ -48,3 +126,18 @@ def report(session):
 
     args = session.posargs or sorted(glob.glob("results/*.jsonl"))
     session.run("zerobench", "report", *args)
+
+
+@nox.session(python="3.11")
+def regress(session):
+    """Run a matrix, then compare it with a baseline results file; fails on a regression (`-- BASELINE MATRIX`)."""
+    if len(session.posargs) < 2:
+        session.error("usage: nox -s regress -- BASELINE.jsonl MATRIX.yaml [more `zerobench run` arguments]")
+    baseline, matrix, *extra = session.posargs
+    _install(session)
+    stem = Path(matrix).stem
+    results = Path("results") / "regress" / f"{stem}.jsonl"
+    results.unlink(missing_ok=True)  # a fresh measurement, never mixed with an earlier one
+    session.run("zerobench", "run", matrix, "--results", str(results), "--no-report", "--no-progress", *extra)
+    # Exit 1 on a regression fails the session (and the CI job); the Markdown is written either way.
+    session.run("zerobench", "compare", baseline, str(results), "--md", str(Path("reports") / f"regress-{stem}.md"))

@@ -3,5 +3,6 @@
 The orchestrator modules (matrix, cells, rules, dsconfig, launch, store, run, results, report) import
 no torch; the worker package (bench.worker) does, in its own process.
 """
+
 __version__ = "0.1.0"
 __all__ = ["__version__"]

@@ -3,6 +3,7 @@
 Two runs of the same cell share its hash; the hash covers everything that changes what is
 measured (model, shapes, steps, seed, every axis) and nothing that does not (timeout, matrix name).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,34 +12,22 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Cell", "Lora", "Qlora", "ZERO_STAGES", "OFFLOADS", "PRECISIONS", "OPTIMIZERS", "PEFTS", "ENGINES",
-           "COMPILE_MODES", "KERNELS"]
+from . import axes
 
-ZERO_STAGES = (0, 1, 2, 3)
-OFFLOADS = ("none", "optimizer", "optimizer+params", "nvme")  # nvme: optimizer and parameters, ZeRO-3
-PRECISIONS = ("fp32", "fp16", "bf16")
-# Each optimizer name is the class that must actually run; the worker refuses a cell whose engine
-# built something else (DeepSpeed swaps optimizers silently, e.g. Adam -> DeepSpeedCPUAdam under offload).
-OPTIMIZERS = {
-    "adamw": "AdamW",  # torch.optim.AdamW: the plain baseline
-    "fusedadam": "FusedAdam",  # deepspeed.ops.adam.FusedAdam (multi-tensor CUDA kernel; a C++ op on CPU)
-    "cpuadam": "DeepSpeedCPUAdam",  # ZeRO-Offload's SIMD CPU Adam; only runs with offload
-    "fusedlamb": "FusedLamb",
-    "onebitadam": "OnebitAdam",
-    "zerooneadam": "ZeroOneAdam",
-    "onebitlamb": "OnebitLamb",
-    "paged_adamw": "PagedAdamW",  # bitsandbytes
-    "paged_adamw_8bit": "PagedAdamW8bit",
-    "adamw_8bit": "AdamW8bit",
-}
-PEFTS = ("none", "lora", "qlora")
-# torch.compile modes a cell can name (True is "default"); max-autotune tunes matmul kernels at compile time.
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-# Kernel sets a cell can use for the model's own ops: "hf" (transformers' modules, SDPA attention) or
-# "liger" (Liger-Kernel's Triton RMSNorm, RoPE, SwiGLU and fused linear cross-entropy).
-KERNELS = ("hf", "liger")
-_LATER_FIELDS = {"compile": False, "kernels": "hf"}
-ENGINES = ("deepspeed", "hf_trainer")
+__all__ = ["Cell", "Lora", "Qlora", "Adaptive", "AxisValues"]
+
+# One field per axis, in the table's order, with its default: written once, in bench.axes.
+AxisValues = dataclasses.make_dataclass(
+    "AxisValues",
+    [(a.name, a.type | None if a.none_allowed else a.type, field(default=a.default)) for a in axes.AXES],
+    frozen=True,
+    kw_only=True,
+    slots=True,
+)
+AxisValues.__module__ = __name__
+AxisValues.__doc__ = "The axis values of a cell (bench.axes.AXES): " + "; ".join(
+    f"{a.name}: {a.doc}" for a in axes.AXES
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -68,39 +57,51 @@ class Qlora:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Cell:
-    """One point of the matrix. Axis fields first, then the fixed settings shared by the matrix."""
+class Adaptive:
+    """Adaptive step counts (`steps: {warmup: auto, measured: auto}`): the cell's warmup_steps and
+    measured_steps are then caps, and the worker decides when each phase ends (bench.adaptive has the
+    rules). Fewer steps on a steady cell, as many as the cap on a noisy one, a bounded time on a slow one."""
 
-    # axes
-    zero_stage: int = 0
-    offload: str = "none"
-    precision: str = "bf16"
-    grad_ckpt: bool = False
-    optimizer: str = "adamw"
-    peft: str = "none"
-    engine: str = "deepspeed"
-    compile: bool | str = False
-    """torch.compile the model (DeepSpeed's engine.compile(); TrainingArguments(torch_compile=True) on the
-    HF Trainer path): True for torch.compile's default mode, or a mode name (COMPILE_MODES). The compile
-    itself happens in the warmup steps."""
-    kernels: str = "hf"
-    """Which implementation of the model's own ops (KERNELS). "liger" patches transformers' modules with
-    Liger-Kernel's before the model is built; what the model ran is recorded (worker.kernels)."""
-    ds_config: str | None = None
-    """Path of a user-supplied DeepSpeed JSON, used instead of the generated one (the ZeRO, offload,
-    precision and optimizer fields then describe that file rather than produce it)."""
+    warmup: bool = True
+    """Warm up until step time settles (else the fixed warmup_steps)."""
+    measured: bool = True
+    """Measure until the median's interval is within `tolerance` (else the fixed measured_steps)."""
+    settle_window: int = 3
+    """Warmup has settled when the last this-many step times ..."""
+    settle_within: float = 0.05
+    """... each lie within this fraction of their median."""
+    min_warmup: int = 1
+    """Warmup steps always run (the first step compiles kernels and fills the allocator's cache)."""
+    tolerance: float = 0.02
+    """Stop measuring once the median step time's interval half-width is at most this fraction of it."""
+    level: float = 0.95
+    """Confidence the interval must reach (bench.stats.median_ci) before it can stop the measurement."""
+    min_steps: int = 6
+    """Measured steps always run (6 is the fewest whose range reaches 95% for the median)."""
+    max_seconds: float | None = None
+    """Cap on the steps' own time, warmup and measured summed; warmup gets at most half of it. None: no cap."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Cell(AxisValues):
+    """One point of the matrix: the axis values (AxisValues, one field per bench.axes.AXES entry), then
+    the fixed settings shared by the matrix."""
+
     ds_config_sha: str | None = None
-    """Content hash of that file, so an edited file is a different cell."""
+    """Content hash of the ds_config file, so an edited file is a different cell."""
     # fixed settings
     model: str = "llama-tiny"
     """A preset name (llama-tiny, llama-small, llama-1b, llama-7b, llama-13b) or a local Hugging Face directory."""
     data: str = "builtin"
     tokenizer: str | None = None
     seq_len: int = 128
-    micro_batch: int = 1
-    grad_accum: int = 1
     warmup_steps: int = 2
+    """Warmup steps run before timing; with adaptive warmup, the most it may take."""
     measured_steps: int = 8
+    """Steps timed; with adaptive measurement, the most it may take."""
+    adaptive: Adaptive | None = None
+    """How many steps are decided as the cell runs (None: the fixed counts above). Left out of the hash when
+    None, so cells with fixed steps keep the ids they had before adaptive steps existed."""
     lr: float = 1e-3
     seed: int = 0
     gpus: int = 1
@@ -119,11 +120,13 @@ class Cell:
         d = self.to_dict()
         for k in ("timeout_s", "matrix", "nvme_path"):
             d.pop(k)
-        # Fields added after results were first published are left out at their default, so a cell
-        # keeps the hash (and its history, baselines and --resume) it had before the field existed.
-        for k, default in _LATER_FIELDS.items():
-            if d[k] == default:
-                d.pop(k)
+        # Axes added after results were first published are left out at their default, so a cell
+        # keeps the hash (and its history, baselines and --resume) it had before the axis existed.
+        for a in axes.AXES:
+            if not a.hashed_at_default and d[a.name] == a.default:
+                d.pop(a.name)
+        if d["adaptive"] is None:
+            d.pop("adaptive")
         return d
 
     @property
@@ -134,30 +137,7 @@ class Cell:
     @property
     def name(self) -> str:
         """Readable key=value name of the axis values (the hash disambiguates the rest)."""
-        parts = [f"zero={self.zero_stage}", f"offload={self.offload}", f"prec={self.precision}",
-                 f"gc={'on' if self.grad_ckpt else 'off'}", f"opt={self.optimizer}"]
-        if self.peft == "none":
-            parts.append("peft=none")
-        else:
-            r = self.lora.r if self.lora else "?"
-            quant = f"-{self.qlora.quant_type}" if self.peft == "qlora" and self.qlora else ""
-            parts.append(f"peft={self.peft}{quant}-r{r}")
-        if self.engine != "deepspeed":
-            parts.append(f"engine={self.engine}")
-        if self.compile is True:
-            parts.append("compile=on")
-        elif self.compile:
-            parts.append(f"compile={self.compile}")
-        if self.kernels != "hf":
-            parts.append(f"kernels={self.kernels}")
-        parts.append(f"mb={self.micro_batch}")
-        if self.grad_accum != 1:
-            parts.append(f"ga={self.grad_accum}")
-        if self.gpus != 1:
-            parts.append(f"gpus={self.gpus}")
-        if self.ds_config:
-            parts.append(f"ds_config={self.ds_config.rsplit('/', 1)[-1]}")
-        return ",".join(parts)
+        return ",".join(p for p in (part.part(self) for part in axes.NAME_PARTS) if p is not None)
 
     @property
     def id(self) -> str:
@@ -185,4 +165,6 @@ class Cell:
             d["lora"] = Lora(**lo)
         if d.get("qlora") is not None:
             d["qlora"] = Qlora(**d["qlora"])
+        if d.get("adaptive") is not None:
+            d["adaptive"] = Adaptive(**d["adaptive"])
         return cls(**d)

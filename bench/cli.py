@@ -1,18 +1,30 @@
-"""`zerobench` (= `python -m bench`): run, cells, report."""
+"""`zerobench` (= `python -m bench`): run, cells, report, compare, export, selfcheck, schema."""
+
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
-from .matrix import MatrixError
+from .problems import ConfigError, InputError
 
 DEFAULT_MATRIX = Path(__file__).parent / "matrices" / "smoke.yaml"
 
 
 def _matrix_arg(p):
-    p.add_argument("matrix", nargs="?", default=None,
-                   help=f"matrix YAML (default: the embedded CPU smoke matrix, {DEFAULT_MATRIX.name})")
+    p.add_argument(
+        "matrix",
+        nargs="?",
+        default=None,
+        help=f"matrix YAML (default: the embedded CPU smoke matrix, {DEFAULT_MATRIX.name})",
+    )
+
+
+def _positive(v: str) -> int:
+    n = int(v)
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be 1 or more")
+    return n
 
 
 def _resolve(m: str | None) -> str:
@@ -30,8 +42,13 @@ def _assumed_platform(n: int | None):
     if "+cpu" in (versions.get("torch") or ""):
         versions["torch"] = versions["torch"].replace("+cpu", "+assumed-cuda")
     gpus = tuple(env.Gpu(i, "assumed GPU", 0, f"assumed-{i}") for i in range(n))
-    return env.Platform(gpus=gpus, driver="assumed", versions=versions, host_memory_bytes=real.host_memory_bytes,
-                        cpu_count=real.cpu_count)
+    return env.Platform(
+        gpus=gpus,
+        driver="assumed",
+        versions=versions,
+        host_memory_bytes=real.host_memory_bytes,
+        cpu_count=real.cpu_count,
+    )
 
 
 def cmd_cells(args) -> int:
@@ -40,8 +57,12 @@ def cmd_cells(args) -> int:
     from .run import plan
 
     assumed = getattr(args, "assume_gpus", None)
-    p = plan(_resolve(args.matrix), args.filter, ds_configs=getattr(args, "ds_config", None),
-             platform=_assumed_platform(assumed))
+    p = plan(
+        _resolve(args.matrix),
+        args.filter,
+        ds_configs=getattr(args, "ds_config", None),
+        platform=_assumed_platform(assumed),
+    )
     n_skip = sum(1 for it in p.items if it.skip)
     where = f"on a host with {assumed} CUDA GPU(s)" if assumed else "here"
     print(f"{p.source}: {len(p.items)} cells, {len(p.items) - n_skip} runnable {where}, {n_skip} skipped")
@@ -58,27 +79,108 @@ def cmd_cells(args) -> int:
 
 def cmd_run(args) -> int:
     from . import report as _  # noqa: F401 - fail early if the report stack is broken
-    from .run import run
+    from .run import Stopped, run, stop_on_signals
 
     src = _resolve(args.matrix)
-    if args.dry_run:
-        return cmd_cells(args)
-    try:
-        p, results_path, written = run(src, results=args.results, filters=args.filter, resume=args.resume,
-                                       progress=not args.no_progress, ds_configs=args.ds_config,
-                                       logs_dir=args.logs)
-    except KeyboardInterrupt:
-        print("\nzerobench: interrupted; results so far are saved. Continue with --resume.", file=sys.stderr)
-        return 130
-    print(f"results: {results_path}")
-    if not args.no_report:
-        from .report import write_reports
+    gpu_mem = None
+    if args.gpu_mem:
+        from .estimate.table import parse_size
 
-        out = Path(args.report or (Path("reports") / results_path.stem))
-        paths = write_reports([results_path], out)
-        print("report: " + ", ".join(str(x) for x in paths))
+        try:
+            gpu_mem = parse_size(args.gpu_mem)
+        except ValueError as e:
+            print(f"zerobench run: {e}", file=sys.stderr)
+            return 2
+    if args.dry_run:
+        from .run import preview
+
+        code = cmd_cells(args)
+        print("\n".join(preview(src, filters=args.filter, ds_configs=args.ds_config, gpu_mem=gpu_mem,
+                                 prune=not args.no_prune, order=args.order,
+                                 gpus_available=args.gpus_available)))  # fmt: skip
+        return code
+    on_record = None
+    if args.wandb:
+        import importlib.util
+
+        from .report.tracking import to_wandb
+
+        if importlib.util.find_spec("wandb") is None:  # before any cell runs: an input error
+            print("zerobench run: --wandb needs wandb: pip install 'zerobench[wandb]'", file=sys.stderr)
+            return 2
+
+        def on_record(rec):
+            to_wandb([rec], project=args.wandb_project, directory=args.wandb_dir)
+
+    from .store import StoreWriteError
+
+    stopped = None
+    # SIGTERM (kill, a job scheduler) ends a run as Ctrl-C does: the running cell recorded as
+    # interrupted, the report of what finished written, exit code 128 + the signal's number.
+    with stop_on_signals():
+        try:
+            p, results_path, written = run(
+                src,
+                prune=not args.no_prune,
+                gpu_mem=gpu_mem,
+                results=args.results,
+                filters=args.filter,
+                resume=args.resume,
+                progress=not args.no_progress,
+                ds_configs=args.ds_config,
+                logs_dir=args.logs,
+                on_record=on_record,
+                repeats=args.repeats,
+                order=args.order,
+                gpus_available=args.gpus_available,
+                pack=args.pack,
+            )
+        except Stopped as e:
+            print(
+                f"\nzerobench: stopped by {e.signame}; results so far are saved. Continue with --resume.",
+                file=sys.stderr,
+            )
+            if e.results_path is not None and e.results_path.exists() and not args.no_report:
+                _write_run_report(args, e.results_path)
+            return e.exit_code
+        except StoreWriteError as e:  # run() said what was written and what was lost, once cells began
+            if not getattr(e, "reported", False):
+                print(f"zerobench run: stopped before any cell: {e.strerror}", file=sys.stderr)
+            stopped, results_path, written = e, Path(e.filename), []
+        print(f"results: {results_path}" + (" (incomplete: the run stopped, see above)" if stopped else ""), flush=True)
+        if not args.no_report and results_path.is_file():
+            try:
+                if not _write_run_report(args, results_path):
+                    return 1
+            except Stopped as e:
+                print(
+                    f"\nzerobench: stopped by {e.signame} while writing the report; every record is saved "
+                    f"(`zerobench report {results_path}` writes the report).",
+                    file=sys.stderr,
+                )
+                return e.exit_code
+    if stopped:
+        return 1
     bad = [r for r in written if r["status"] not in ("ok", "skipped")]
     return 1 if (bad and args.strict) else 0
+
+
+def _write_run_report(args, results_path: Path) -> bool:
+    """The run's report; False (said why) when it could not be written: the results are saved regardless."""
+    from .report import write_reports
+
+    out = Path(args.report or (Path("reports") / results_path.stem))
+    try:
+        paths = write_reports([results_path], out)
+    except OSError as e:
+        print(
+            f"zerobench: the report was not written ({e.filename or out}: {e.strerror}); "
+            f"the results are saved: `zerobench report {results_path} -o PATH` writes it elsewhere",
+            file=sys.stderr,
+        )
+        return False
+    print("report: " + ", ".join(str(x) for x in paths), flush=True)
+    return True
 
 
 def cmd_report(args) -> int:
@@ -95,56 +197,308 @@ def cmd_report(args) -> int:
         print(parquet_error(), file=sys.stderr)
         return 2
     out = Path(args.output or (Path("reports") / paths[0].stem))
-    written = write_reports(paths, out, formats=args.format, baseline=baseline or None)
-    if args.csv or args.parquet:
-        from .report import export
-        from .results import load
+    try:
+        written = write_reports(paths, out, formats=args.format, baseline=baseline or None)
+        if args.csv or args.parquet:
+            from .report import export
+            from .results import load
 
-        df = load(*paths)
-        written += [export.to_csv(df, args.csv)] if args.csv else []
-        written += [export.to_parquet(df, args.parquet)] if args.parquet else []
+            df = load(*paths)
+            written += [export.to_csv(df, args.csv)] if args.csv else []
+            written += [export.to_parquet(df, args.parquet)] if args.parquet else []
+    except OSError as e:  # a full or read-only disk: say where, without a traceback
+        print(f"zerobench report: cannot write {e.filename or out}: {e.strerror}", file=sys.stderr)
+        return 1
     print("report: " + ", ".join(str(x) for x in written))
     return 0
 
 
+def _latest_records(paths: list[str]) -> list[dict]:
+    """The last attempt of each cell (per matrix), in first-seen order."""
+    from .store import read
+
+    last: dict[tuple, dict] = {}
+    for path in paths:
+        for rec in read(path):
+            if rec.get("status") != "started":
+                last[(rec.get("matrix"), rec.get("cell_hash"), rec.get("variant"))] = rec
+    return list(last.values())
+
+
+def cmd_export(args) -> int:
+    from .report.tracking import TrackerError, to_wandb
+    from .store import read
+
+    missing = [p for p in args.results if not Path(p).is_file()]
+    if missing:
+        print(f"zerobench export: no such results file: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    if args.pytest_benchmark:
+        from .report.export import to_pytest_benchmark
+        from .results import load
+
+        path, n, left = to_pytest_benchmark(load(*args.results), args.pytest_benchmark)
+        print(
+            f"pytest-benchmark: {n} cells written to {path}" + (f" ({left} without an ok run left out)" if left else "")
+        )
+        return 0
+    records = (
+        [r for p in args.results for r in read(p) if r.get("status") != "started"]
+        if args.all_attempts
+        else _latest_records(args.results)
+    )
+    try:
+        folders = to_wandb(records, project=args.project, entity=args.entity, directory=args.dir, mode=args.mode)
+    except TrackerError as e:
+        print(f"zerobench export: {e}", file=sys.stderr)
+        return 2
+    where = f" under {args.dir}" if args.dir else ""
+    print(f"W&B: {len(folders)} runs logged to project {args.project!r}{where}")
+    return 0
+
+
+def _results_files(path: str) -> list[Path]:
+    p = Path(path)
+    return sorted(p.glob("*.jsonl")) if p.is_dir() else [p]
+
+
+def cmd_compare(args) -> int:
+    """Exit 0: no regression; 1: a regression; 2: bad input (no such file, no records, bad thresholds)."""
+    from . import compare
+    from .results import load
+    from .store import read
+
+    sides = {}
+    for name, path in (("baseline", args.baseline), ("current", args.current)):
+        files = _results_files(path)
+        if not Path(path).exists() or not files:
+            print(f"zerobench compare: no such results file or folder: {path}", file=sys.stderr)
+            return 2
+        try:
+            df = load(*files)
+        except Exception as e:  # noqa: BLE001 - an unreadable file is bad input, said as such
+            print(f"zerobench compare: cannot read {path}: {type(e).__name__}: {e}", file=sys.stderr)
+            return 2
+        if df.empty:
+            print(f"zerobench compare: {path} holds no finished cell", file=sys.stderr)
+            return 2
+        sides[name] = df
+    matrix_files = sorted(
+        {r["matrix_file"] for f in _results_files(args.current) for r in read(f) if r.get("matrix_file")}
+    )
+    settings, source = compare.settings(matrix_files, args.thresholds)
+    cmp = compare.compare(
+        sides["baseline"],
+        sides["current"],
+        settings=settings,
+        settings_source=source,
+        baseline=args.baseline,
+        current=args.current,
+    )
+    text = compare.markdown(cmp)
+    if args.md:
+        Path(args.md).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.md).write_text(text, encoding="utf-8", newline="\n")
+        counts = ", ".join(f"{n} {v}" for v, n in cmp.counts().items())
+        print(f"compare: {counts}; Markdown: {args.md}")
+        for c in cmp.regressions:
+            print(f"  regression: {c.cell_name}: {'; '.join(c.reasons)}")
+    else:
+        sys.stdout.write(text)
+    return cmp.exit_code
+
+
 def cmd_selfcheck(args) -> int:
     from .selfcheck import selfcheck
+    from .store import StoreWriteError
 
-    path, _ = selfcheck(_resolve(args.matrix), filters=args.filter, results=args.results)
+    try:
+        path, _ = selfcheck(_resolve(args.matrix), filters=args.filter, results=args.results)
+    except StoreWriteError as e:  # the records before it are whole on disk
+        print(f"zerobench selfcheck: stopped: {e.strerror}", file=sys.stderr)
+        return 1
     print(f"results: {path}")
     return 0
 
 
+def cmd_estimate(args) -> int:
+    from .estimate import Hardware
+    from .estimate.table import parse_size
+
+    try:
+        gpu_mem = parse_size(args.gpu_mem) if args.gpu_mem else None
+        host_mem = parse_size(args.host_mem) if args.host_mem else None
+    except ValueError as e:
+        print(f"zerobench estimate: {e}", file=sys.stderr)
+        return 2
+    if args.check:
+        return _estimate_check(args)
+    from . import env, matrix
+    from .estimate.table import as_json, estimate_cells, text
+    from .run import select
+
+    if gpu_mem is None or host_mem is None:
+        here = env.probe()  # this machine's GPU and host memory, unless given
+        gpu_mem = gpu_mem or (here.gpus[0].memory_bytes if here.gpus else None)
+        host_mem = host_mem or here.host_memory_bytes or None
+    m = matrix.load(_resolve(args.matrix), ds_configs=args.ds_config)
+    cells = select(matrix.expand(m), args.filter)
+    hw = Hardware(gpu_memory_bytes=gpu_mem, host_memory_bytes=host_mem)
+    rows = estimate_cells(cells, hw, gpus=args.gpus)
+    print(as_json(rows, hw, args.margin) if args.json else text(rows, hw, args.margin))
+    return 0
+
+
+def _estimate_check(args) -> int:
+    import dataclasses
+
+    from .estimate import check
+
+    missing = [p for p in args.check if not Path(p).exists()]
+    if missing:
+        print(f"zerobench estimate: no such results file: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    # A folder stands for its *.jsonl files.
+    files = [str(f) for p in args.check for f in (sorted(Path(p).glob("*.jsonl")) if Path(p).is_dir() else [p])]
+    cs = check.cases(files, gpu=args.gpu_name)
+    if not cs:
+        print(f"zerobench estimate: no ok or out-of-memory {args.gpu_name} records in these files", file=sys.stderr)
+        return 2
+    if args.refit:
+        k = check.fit(cs)
+        for f in dataclasses.fields(k):
+            v = getattr(k, f.name)
+            print(f"{f.name} = {v / 2**30:.3f} GiB" if v > 1e6 else f"{f.name} = {v:.3f}")
+        return 0
+    rows = check.evaluate(cs, margin=args.margin)
+    cv = check.cross_validate(cs, margin=args.margin)
+    print(check.text_table(check.table(rows, cv)))
+    print()
+    print(check.text_table(check.category_table(rows, cv)))
+    print()
+    print(check.summary_line(check.summarize(rows), "in-sample"))
+    print(check.summary_line(check.summarize(cv), "cross-validated (leave one results file out)"))
+    if args.markdown:
+        from .estimate.fitted import FITTED
+
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(check.markdown(args.check, files, rows, cv, FITTED, args.margin))
+        print(f"report: {args.markdown}")
+    return 0
+
+
+def cmd_schema(args) -> int:
+    import json
+
+    from .record import json_schema
+
+    text = json.dumps(json_schema(), indent=2) + "\n"
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"schema: {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    from . import schedule
+
     ap = argparse.ArgumentParser(prog="zerobench", description="Benchmark and ablate DeepSpeed/PEFT training setups.")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     r = sub.add_parser("run", help="run a matrix: every valid cell in its own process; results appended")
     _matrix_arg(r)
     r.add_argument("--dry-run", action="store_true", help="validate and list the cells, run nothing")
-    r.add_argument("--filter", action="append", metavar="REGEX",
-                   help="only cells whose id matches (repeatable: all must match), e.g. --filter zero=3")
-    r.add_argument("--resume", action="store_true", help="skip cells that already have a result in the results file")
+    r.add_argument(
+        "--filter",
+        action="append",
+        metavar="REGEX",
+        help="only cells whose id matches (repeatable: all must match), e.g. --filter zero=3",
+    )
+    r.add_argument(
+        "--resume",
+        action="store_true",
+        help="skip cells (each repeat of a cell) that already have a result in the results file",
+    )
+    r.add_argument(
+        "--repeats",
+        type=_positive,
+        metavar="N",
+        help="run every cell N times, interleaved, each its own record (default: the matrix's repeats, else 1)",
+    )
+    r.add_argument(
+        "--order",
+        choices=schedule.ORDERS,
+        default="early",
+        help="early (default): cells recorded without running first, then a prior for the speed/memory frontier "
+        "(no offload, no checkpointing, less predicted memory first), lighter before heavier where a cell may run "
+        "out of memory, so one out-of-memory end implies the heavier cells; matrix: the order the matrix expands in",
+    )
+    r.add_argument(
+        "--gpus-available",
+        type=_positive,
+        metavar="N",
+        help="use this host's first N GPUs (default: all NVML shows, within CUDA_VISIBLE_DEVICES); on a CPU host, "
+        "N slots that run N cells side by side (default 1)",
+    )
+    r.add_argument(
+        "--pack",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run cells side by side, each on its own GPUs, at most one cell per GPU; each record names its GPUs, "
+        "port and the cells beside it (default: pack when more than one GPU is available)",
+    )
     r.add_argument("--results", metavar="PATH", help="results file (default: results/<matrix name>.jsonl)")
     r.add_argument("--logs", metavar="DIR", help="worker logs (default: results/logs/<results name>/)")
     r.add_argument("--report", metavar="PATH", help="report path without suffix (default: reports/<results name>)")
     r.add_argument("--no-report", action="store_true", help="do not write the reports at the end")
     r.add_argument("--no-progress", action="store_true", help="no progress bar (one line per cell still printed)")
     r.add_argument("--strict", action="store_true", help="exit 1 if any cell failed (for CI jobs)")
-    r.add_argument("--ds-config", nargs="+", metavar="JSON",
-                   help="run these DeepSpeed config files as cells (checked first: misplaced keys are errors)")
+    r.add_argument(
+        "--no-prune",
+        action="store_true",
+        help="run cells the memory model predicts not to fit (default: recorded as skipped, with the prediction), "
+        "and the cells a lighter cell's out-of-memory end implies (default: recorded as implied_oom, naming it)",
+    )
+    r.add_argument(
+        "--gpu-mem",
+        metavar="SIZE",
+        help="judge cells against this much GPU memory, e.g. 80GiB (default: NVML's total of the first GPU; "
+        "with neither, nothing is pruned)",
+    )
+    r.add_argument(
+        "--ds-config",
+        nargs="+",
+        metavar="JSON",
+        help="run these DeepSpeed config files as cells (checked first: misplaced keys are errors)",
+    )
+    r.add_argument(
+        "--wandb", action="store_true", help="log each cell to Weights & Biases as it ends (as export --wandb)"
+    )
+    r.add_argument(
+        "--wandb-project", default="zerobench", metavar="P", help="W&B project for --wandb (default zerobench)"
+    )
+    r.add_argument("--wandb-dir", metavar="DIR", help="where W&B writes its run folders for --wandb (default ./wandb)")
     r.set_defaults(func=cmd_run)
 
     c = sub.add_parser("cells", help="list a matrix's cells, with the reason each skipped one is skipped")
     _matrix_arg(c)
     c.add_argument("--filter", action="append", metavar="REGEX")
     c.add_argument("--ds-config", nargs="+", metavar="JSON", help="list these DeepSpeed config files as cells")
-    c.add_argument("--assume-gpus", type=int, metavar="N",
-                   help="judge the rules as on a CUDA host with N GPUs and the gpu extra, e.g. to plan a GPU run")
+    c.add_argument(
+        "--assume-gpus",
+        type=int,
+        metavar="N",
+        help="judge the rules as on a CUDA host with N GPUs and the gpu extra, e.g. to plan a GPU run",
+    )
     c.set_defaults(func=cmd_cells)
 
-    sc = sub.add_parser("selfcheck", help="run cells beside a hand-written DeepSpeed loop and without telemetry, "
-                                          "to check the harness's own accuracy and cost")
+    sc = sub.add_parser(
+        "selfcheck",
+        help="run cells beside a hand-written DeepSpeed loop and without telemetry, "
+        "to check the harness's own accuracy and cost",
+    )
     _matrix_arg(sc)
     sc.add_argument("--filter", action="append", metavar="REGEX")
     sc.add_argument("--results", metavar="PATH", help="default: results/selfcheck-<matrix name>.jsonl")
@@ -152,20 +506,110 @@ def main(argv: list[str] | None = None) -> int:
 
     rp = sub.add_parser("report", help="write Markdown and HTML reports from results files")
     rp.add_argument("results", nargs="+", help="results .jsonl files (or folders of them)")
-    rp.add_argument("-o", "--output", help="output path without suffix: writes NAME.md (with NAME.*.png charts "
-                    "beside it) and NAME.html (default: reports/<first results name>)")
+    rp.add_argument(
+        "-o",
+        "--output",
+        help="output path without suffix: writes NAME.md (with NAME.*.png charts "
+        "beside it) and NAME.html (default: reports/<first results name>)",
+    )
     rp.add_argument("--format", action="append", choices=["md", "html"], help="default: both (repeatable)")
-    rp.add_argument("--baseline", action="append", metavar="RESULTS",
-                    help="results to compare with: tokens/s and peak memory deltas per matching cell (repeatable)")
+    rp.add_argument(
+        "--baseline",
+        action="append",
+        metavar="RESULTS",
+        help="results to compare with: tokens/s and peak memory deltas per matching cell (repeatable)",
+    )
     rp.add_argument("--csv", metavar="PATH", help="also write the tidy table (one row per cell attempt) as CSV")
     rp.add_argument("--parquet", metavar="PATH", help="also write it as Parquet (needs pyarrow)")
     rp.set_defaults(func=cmd_report)
 
+    ex = sub.add_parser(
+        "export",
+        help="log results to Weights & Biases (one run per cell: config, summary, loss and step-time history, "
+        "grouped by matrix), or write them in pytest-benchmark's JSON format",
+    )
+    ex.add_argument("results", nargs="+", help="results .jsonl files")
+    target = ex.add_mutually_exclusive_group(required=True)
+    target.add_argument("--wandb", action="store_true", help="export to W&B")
+    target.add_argument(
+        "--pytest-benchmark",
+        metavar="PATH",
+        help="write pytest-benchmark's JSON (one benchmark per ok cell, rounds = measured step times) for "
+        "`pytest-benchmark compare PATH ...`",
+    )
+    ex.add_argument("--project", default="zerobench", help="W&B project (default: zerobench)")
+    ex.add_argument("--entity", help="W&B entity (team or user; default: yours)")
+    ex.add_argument("--dir", metavar="DIR", help="where W&B writes its run folders (default: ./wandb)")
+    ex.add_argument(
+        "--mode",
+        choices=["online", "offline"],
+        help="default: WANDB_MODE, else online when WANDB_API_KEY is set, else offline (wandb sync DIR uploads later)",
+    )
+    ex.add_argument("--all-attempts", action="store_true", help="one run per attempt, not only each cell's last")
+    ex.set_defaults(func=cmd_export)
+
+    es = sub.add_parser(
+        "estimate",
+        help="predict each cell's peak GPU memory (NVML per process) and host memory as named terms; "
+        "--check: against recorded measurements",
+    )
+    _matrix_arg(es)
+    es.add_argument("--filter", action="append", metavar="REGEX")
+    es.add_argument("--ds-config", nargs="+", metavar="JSON", help="estimate these DeepSpeed config files as cells")
+    es.add_argument("--gpus", type=int, metavar="N", help="GPUs per cell (default: the matrix's)")
+    es.add_argument("--gpu-mem", metavar="SIZE", help="GPU memory to judge against, e.g. 80GiB (default: this GPU's)")
+    es.add_argument("--host-mem", metavar="SIZE", help="host memory to judge against (default: this host's)")
+    es.add_argument(
+        "--margin",
+        type=float,
+        default=0.10,
+        help="fits below (1 - margin) of the memory, pruned above (1 + margin), uncertain between (default 0.10)",
+    )
+    es.add_argument("--json", action="store_true", help="every term of every cell, as JSON")
+    es.add_argument(
+        "--check",
+        nargs="+",
+        metavar="RESULTS",
+        help="predict each recorded cell from its cell and GPU alone, beside what was measured",
+    )
+    es.add_argument("--markdown", metavar="PATH", help="with --check: also write the check as Markdown")
+    es.add_argument("--refit", action="store_true", help="with --check: print the constants fitted on these results")
+    es.add_argument("--gpu-name", default="H200", help="with --check: the GPU whose records count (default H200)")
+    es.set_defaults(func=cmd_estimate)
+    cp = sub.add_parser(
+        "compare",
+        help="compare results against a baseline, cell by cell, with the noise in mind; exit 1 on a regression",
+    )
+    cp.add_argument("baseline", help="baseline results .jsonl (or a folder of them)")
+    cp.add_argument("current", help="current results .jsonl (or a folder of them)")
+    cp.add_argument("--md", metavar="PATH", help="write the Markdown (fit for a pull-request comment) here")
+    cp.add_argument(
+        "--thresholds",
+        metavar="FILE",
+        help="YAML with the compare settings to use (a matrix file's compare: section, or just that mapping); "
+        "default: the current results' matrix's compare: section, else the defaults",
+    )
+    cp.set_defaults(func=cmd_compare)
+
+    sp = sub.add_parser("schema", help="print the JSON Schema of a stored result record (one line of results/*.jsonl)")
+    sp.add_argument(
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="write it here instead (the repository's copy: schema/record-v<N>.schema.json)",
+    )
+    sp.set_defaults(func=cmd_schema)
+
     args = ap.parse_args(argv)
+    from .record import RecordVersionError
+
     try:
         return args.func(args)
-    except MatrixError as e:
+    except ConfigError as e:  # it names its file, every problem and the fix
         print(e, file=sys.stderr)
+        return 2
+    except (InputError, RecordVersionError) as e:
+        print(f"zerobench {args.cmd}: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `zerobench cells ... | head`
         return 0

@@ -1,20 +1,33 @@
 """What this machine is: accelerators, library versions, git provenance. Imports no torch, so the
 orchestrator stays fast and holds no CUDA context; GPUs are found through NVML."""
+
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.metadata as md
 import os
 import platform as _platform
+import re
 import socket
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["Platform", "probe", "provenance", "version", "version_tuple", "LIBS"]
+__all__ = ["Platform", "probe", "provenance", "source_sha", "file_sha", "version", "version_tuple", "LIBS"]
 
-LIBS = ("torch", "deepspeed", "transformers", "peft", "accelerate", "bitsandbytes", "liger-kernel", "triton",
-        "nvidia-ml-py", "pandas", "zerobench")
+LIBS = (
+    "torch",
+    "deepspeed",
+    "transformers",
+    "peft",
+    "accelerate",
+    "bitsandbytes",
+    "liger-kernel",
+    "triton",
+    "nvidia-ml-py",
+    "pandas",
+)
 
 
 def version(dist: str) -> str | None:
@@ -25,16 +38,18 @@ def version(dist: str) -> str | None:
 
 
 def version_tuple(v: str | None) -> tuple[int, ...]:
-    """'0.19.6+cu130' -> (0, 19, 6); None -> ()."""
-    if not v:
-        return ()
+    """'0.19.6+cu130' -> (0, 19, 6); '2.13.0rc1' -> (2, 13, 0); None -> ().
+
+    The release numbers only: a part's leading digits count, and whatever follows them (rc1, a0,
+    .dev0, .post1, +cu130) ends the tuple, so a pre-release compares as its release.
+    """
     out = []
-    for part in v.split("+")[0].split("."):
-        digits = "".join(ch for ch in part if ch.isdigit())
+    for part in (v or "").split("+")[0].split("."):
+        digits = re.match(r"\d*", part).group()
         if not digits:
             break
         out.append(int(digits))
-        if not part.isdigit():
+        if digits != part:
             break
     return tuple(out)
 
@@ -58,6 +73,9 @@ class Platform:
     cpu_count: int = 0
     libaio: bool = True
     """libaio's headers, which DeepSpeed's async-I/O op (NVMe offload) compiles against."""
+    nvml: bool = True
+    """NVML (nvidia-ml-py) answers. False on a GPU host without it: the GPUs were found through
+    nvidia-smi, and the NVML memory and power figures are missing from every record."""
 
     @property
     def cuda(self) -> bool:
@@ -73,58 +91,142 @@ class Platform:
         return d
 
 
-def _nvml_gpus() -> tuple[tuple[Gpu, ...], str | None]:
-    if os.environ.get("ZEROBENCH_NO_GPU"):
+def _smi_gpus() -> tuple[tuple[Gpu, ...], str | None]:
+    """The GPUs as nvidia-smi lists them: how a GPU host without nvidia-ml-py is still known as one."""
+    try:
+        r = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,name,memory.total,uuid,driver_version", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
         return (), None
+    gpus, driver = [], None
+    for line in r.stdout.splitlines() if r.returncode == 0 else []:
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) == 5 and parts[0].isdigit() and parts[2].isdigit():
+            gpus.append(Gpu(int(parts[0]), parts[1], int(parts[2]) * 2**20, parts[3]))
+            driver = parts[4]
+    return tuple(gpus), driver
+
+
+def _nvml_gpus() -> tuple[tuple[Gpu, ...], str | None, bool]:
+    """(GPUs, driver, whether NVML answered)."""
+    if os.environ.get("ZEROBENCH_NO_GPU"):
+        return (), None, True
     try:
         import pynvml
-    except ImportError:
-        return (), None
+    except Exception:  # noqa: BLE001 - not installed, or a binding that cannot load its library
+        return (*_smi_gpus(), False)
     try:
         pynvml.nvmlInit()
     except Exception:  # no driver: a CPU machine
-        return (), None
+        return (), None, True
     try:
-        gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(h)
-            gpus.append(Gpu(i, name.decode() if isinstance(name, bytes) else name,
-                            int(pynvml.nvmlDeviceGetMemoryInfo(h).total), str(pynvml.nvmlDeviceGetUUID(h))))
-        drv = pynvml.nvmlSystemGetDriverVersion()
-        return tuple(gpus), drv.decode() if isinstance(drv, bytes) else drv
+        return _enumerate(pynvml)
+    except Exception:  # noqa: BLE001 - NVML started but cannot list the GPUs (driver mismatch, a lost GPU)
+        return (*_smi_gpus(), False)
     finally:
-        pynvml.nvmlShutdown()
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _enumerate(pynvml) -> tuple[tuple[Gpu, ...], str | None, bool]:
+    gpus = []
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        name = pynvml.nvmlDeviceGetName(h)
+        gpus.append(
+            Gpu(
+                i,
+                name.decode() if isinstance(name, bytes) else name,
+                int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+                str(pynvml.nvmlDeviceGetUUID(h)),
+            )
+        )
+    drv = pynvml.nvmlSystemGetDriverVersion()
+    return tuple(gpus), drv.decode() if isinstance(drv, bytes) else drv, True
 
 
 @functools.cache
 def probe() -> Platform:
     import psutil
 
-    gpus, driver = _nvml_gpus()
+    gpus, driver, nvml = _nvml_gpus()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and gpus:
         keep = {int(x) for x in visible.split(",") if x.strip().isdigit()}
         gpus = tuple(g for g in gpus if g.index in keep)
-    return Platform(gpus=gpus, driver=driver, versions={d: version(d) for d in LIBS},
-                    host_memory_bytes=int(psutil.virtual_memory().total), cpu_count=os.cpu_count() or 0,
-                    libaio=Path("/usr/include/libaio.h").exists())
+    return Platform(
+        gpus=gpus,
+        driver=driver,
+        versions={d: version(d) for d in LIBS},
+        host_memory_bytes=int(psutil.virtual_memory().total),
+        cpu_count=os.cpu_count() or 0,
+        libaio=Path("/usr/include/libaio.h").exists(),
+        nvml=nvml or not gpus,
+    )
 
 
-def _git(*args: str) -> str | None:
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def _git(root: Path, *args: str) -> str | None:
     try:
-        root = Path(__file__).resolve().parent.parent
         r = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
         return r.stdout.strip() if r.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired):
         return None
 
 
+def _own_checkout() -> Path | None:
+    """The root of zerobench's own git checkout when this package runs from one, else None.
+
+    git answers for whatever repository encloses a folder: an installed wheel (site-packages) or a copy
+    of the tree inside another repository (as on the lent GPU host) would report that repository's
+    commit. Only a checkout whose top level holds this very package, tracked, is ours."""
+    root = _PACKAGE.parent
+    top = _git(root, "rev-parse", "--show-toplevel")
+    if not top or Path(top).resolve() != root:
+        return None
+    tracked = _git(root, "ls-files", "--error-unmatch", "bench/__init__.py", "bench/env.py")
+    return root if tracked else None
+
+
+@functools.cache
+def source_sha() -> str:
+    """sha256 of the bench package's own files (paths and bytes): which code ran, with or without git."""
+    h = hashlib.sha256()
+    for f in sorted(_PACKAGE.rglob("*")):
+        if f.is_file() and "__pycache__" not in f.parts and f.suffix not in (".pyc", ".pyo"):
+            h.update(f.relative_to(_PACKAGE).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def file_sha(path: str | os.PathLike) -> str | None:
+    """sha256 of a file's bytes (a matrix, a DeepSpeed config), None if it cannot be read."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _zerobench_version() -> str:
+    from . import __version__
+
+    return __version__
+
+
 @functools.cache
 def provenance() -> dict:
-    """Where a result came from: host, hardware, library versions, git commit and dirty flag."""
+    """Where a result came from: host, hardware, library versions, and the code by content (package
+    version and source hash); the git commit and dirty flag only from zerobench's own checkout."""
     p = probe()
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    root = _own_checkout()
+    status = _git(root, "status", "--porcelain", "--untracked-files=no") if root else None
     cpu = _platform.processor() or _platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -144,8 +246,11 @@ def provenance() -> dict:
         "gpu_name": p.gpus[0].name if p.gpus else None,
         "gpu_count": len(p.gpus),
         "driver": p.driver,
+        "nvml": p.nvml,
         "versions": p.versions,
-        # A copy of the tree without .git (a lent GPU host) names its commit in ZEROBENCH_GIT_COMMIT.
-        "git_commit": _git("rev-parse", "HEAD") or os.environ.get("ZEROBENCH_GIT_COMMIT"),
-        "git_dirty": bool(status) if status is not None else None,
+        # The package's own: also right where zerobench runs from a copy of the tree, not installed.
+        "zerobench_version": _zerobench_version(),
+        "source_sha256": source_sha(),
+        "git_commit": _git(root, "rev-parse", "HEAD") if root else None,
+        "git_dirty": (bool(status) if status is not None else None) if root else None,
     }

@@ -4,51 +4,35 @@ Every problem in a file is collected and reported together (file, line, key path
 how to fix it) before anything runs. pydantic does the type work in strict mode, so the string
 "false" is not taken for a boolean and "2" is not taken for a ZeRO stage.
 """
+
 from __future__ import annotations
 
+import dataclasses
 import difflib
-import re
 import itertools
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from . import presets
-from .cells import (COMPILE_MODES, ENGINES, KERNELS, OFFLOADS, OPTIMIZERS, PEFTS, PRECISIONS, ZERO_STAGES, Cell, Lora,
-                    Qlora)
+from . import dsconfig, env, presets
+from .axes import AXES as AXIS_TABLE
+from .axes import AXIS, Offload
+from .cells import Adaptive, Cell, Lora, Qlora
+from .problems import MAX_DEPTH, ConfigError, Problem, read_text
 
-__all__ = ["Matrix", "MatrixError", "Problem", "load", "loads", "expand", "PRESETS"]
+__all__ = ["Matrix", "MatrixError", "Problem", "CompareSettings", "load", "loads", "expand", "PRESETS"]
 
 # Model presets the worker knows how to build (their shapes: bench/presets.py).
 PRESETS = tuple(presets.PRESETS)
 
 
-@dataclass(frozen=True)
-class Problem:
-    file: str
-    where: str  # key path, e.g. axes.optimizer[2]
-    what: str
-    fix: str = ""
-    line: int | None = None
-
-    def __str__(self) -> str:
-        loc = f"{self.file}:{self.line}" if self.line else self.file
-        s = f"{loc}: {self.where or '(top level)'}: {self.what}"
-        return s + (f"\n    fix: {self.fix}" if self.fix else "")
-
-
-class MatrixError(Exception):
-    """All problems found in one matrix file."""
-
-    def __init__(self, problems: list[Problem]):
-        self.problems = problems
-        n = len(problems)
-        head = f"{n} problem{'s' if n != 1 else ''} in {problems[0].file}; nothing was run:" if problems else ""
-        super().__init__("\n".join([head, *(f"  {p}" for p in problems)]))
+# The error every problem of a file travels in; MatrixError is its name here (callers and tests use it).
+MatrixError = ConfigError
 
 
 def _suggest(value: str, choices) -> str:
@@ -56,38 +40,73 @@ def _suggest(value: str, choices) -> str:
     return f"did you mean {close[0]!r}? " if close else ""
 
 
-def _known_optimizer(v: str) -> str:
-    if v not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {v!r}; {_suggest(v, OPTIMIZERS)}known: {', '.join(OPTIMIZERS)}")
-    return v
-
-
-Optimizer = Annotated[str, AfterValidator(_known_optimizer)]
-# The allowed values are bench.cells' own lists (Literal[tuple] lists the tuple's items).
-Stage = Literal[ZERO_STAGES]
-Offload = Literal[OFFLOADS]
-Precision = Literal[PRECISIONS]
-Peft = Literal[PEFTS]
-Engine = Literal[ENGINES]
-MicroBatch = Annotated[int, Field(ge=1)]
-GradAccum = Annotated[int, Field(ge=1)]
-Kernels = Literal[KERNELS]
-# false | true (torch.compile's default mode) | a mode name
-CompileChoice = Union[bool, Literal[COMPILE_MODES]]
-
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+def _setting_field(axis: str):
+    """A fixed setting that an axis can replace: its default and description are the axis's."""
+    a = AXIS[axis]
+    return Field(a.default, description=a.doc)
+
+
 class Batch(_Strict):
-    micro: int = Field(1, ge=1, description="Sequences per GPU per forward pass: activation memory grows with it.")
-    grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step: bigger batch, no extra memory.")
+    micro: Annotated[int, Field(ge=AXIS["micro_batch"].minimum)] | Literal["auto"] = _setting_field("micro_batch")
+    grad_accum: Annotated[int, Field(ge=AXIS["grad_accum"].minimum)] = _setting_field("grad_accum")
+
+
+_A = {f.name: f.default for f in dataclasses.fields(Adaptive)}  # the adaptive rules' defaults, written once
 
 
 class Steps(_Strict):
-    warmup: int = Field(2, ge=0, description="Steps run but not measured (kernel autotune, allocator warm-up).")
-    measured: int = Field(8, ge=2, description="Steps timed; throughput is their median.")
+    """How many steps a cell runs: fixed counts, or `auto` (bench/adaptive.py has the rules). The keys
+    after `measured` tune the adaptive rules; each applies only to the phase it names."""
+
+    warmup: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        2,
+        description="Steps run but not measured (kernel autotune, allocator warm-up); auto: until step time "
+        "settles (settle_window, settle_within), at most max_warmup.",
+    )
+    measured: Annotated[int, Field(ge=2)] | Literal["auto"] = Field(
+        8,
+        description="Steps timed; throughput is their median. auto: until the median's interval is within "
+        "tolerance, at least min_steps, at most max_steps.",
+    )
+    max_warmup: int | None = Field(None, ge=1, description="warmup: auto: the most warmup steps (default 20).")
+    min_warmup: int | None = Field(None, ge=0, description=f"warmup: auto: the fewest (default {_A['min_warmup']}).")
+    settle_window: int | None = Field(
+        None, ge=2, description=f"warmup: auto: how many recent step times must agree (default {_A['settle_window']})."
+    )
+    settle_within: float | None = Field(
+        None, gt=0, lt=1, description=f"warmup: auto: ... within this fraction of their median ({_A['settle_within']})."
+    )
+    tolerance: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description=f"measured: auto: the median's interval half-width, as a fraction of it ({_A['tolerance']}).",
+    )
+    level: float | None = Field(
+        None, gt=0, lt=1, description=f"measured: auto: the interval's confidence (default {_A['level']})."
+    )
+    min_steps: int | None = Field(
+        None, ge=2, description=f"measured: auto: the fewest measured steps (default {_A['min_steps']})."
+    )
+    max_steps: int | None = Field(None, ge=2, description="measured: auto: the most measured steps (default 50).")
+    max_seconds: float | None = Field(
+        None,
+        gt=0,
+        description="auto: cap on the steps' own time, warmup and measured summed (warmup gets half); "
+        "slow cells (offload at 7B) stop there and their records say so. Default: no cap.",
+    )
+
+
+# Which phase's `auto` each tuning key of `steps` needs.
+_STEP_KEYS_FOR = {
+    "warmup": ("max_warmup", "min_warmup", "settle_window", "settle_within"),
+    "measured": ("tolerance", "level", "min_steps", "max_steps"),
+}
+DEFAULT_MAX_WARMUP, DEFAULT_MAX_STEPS = 20, 50
 
 
 class LoraSettings(_Strict):
@@ -103,6 +122,60 @@ class QloraSettings(_Strict):
     quant_storage: Literal["auto", "bf16", "fp16", "fp32", "uint8"] = "auto"
 
 
+class CompareSettings(_Strict):
+    """How `zerobench compare` judges this matrix's cells against a baseline (bench/compare.py; the
+    statistics and why these defaults: bench/stats.py). `--thresholds FILE` replaces what it names."""
+
+    alpha: float = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description="One-sided Mann-Whitney U p-value at or below which a noisy figure (tokens/s, step time) "
+        "has changed, repeats as samples. 3 repeats a side reach at best p = 0.05 (every current repeat worse "
+        "than every baseline one); fewer repeats a side cannot reach it, more can go lower.",
+    )
+    min_effect: float = Field(
+        0.05,
+        ge=0,
+        description="Relative change of a noisy figure's median that counts, with the test: a significant "
+        "change smaller than this is reported, not flagged (TorchBench gates at 7%, Megatron at 5%).",
+    )
+    single_run_min_effect: float = Field(
+        0.15,
+        ge=0,
+        description="With one repeat on either side the noise cannot be estimated and only the change "
+        "decides: this much or more. The committed H200 runs of one cell spread 12% between sessions "
+        "(results/1b.jsonl vs 1b-rerun.jsonl), so a bound inside that band would raise false alarms.",
+    )
+    memory_tolerance: float = Field(
+        0.01,
+        ge=0,
+        description="Allocator figures (peak allocated and reserved, allocated between steps) repeat to the "
+        "byte with the same code and libraries: a relative change beyond this counts.",
+    )
+    nvml_tolerance: float = Field(
+        0.02,
+        ge=0,
+        description="NVML's process and device peaks: sampled every 10 ms, so a short peak can be missed.",
+    )
+    host_rss_tolerance: float = Field(
+        0.10, ge=0, description="Host RSS peak of the worker's process tree: page cache and the fork server move it."
+    )
+    loss_first_tolerance: float = Field(
+        1e-3,
+        ge=0,
+        description="Absolute: the first step's loss is computed before any update, from the same seed, "
+        "so it changes only when the model, data or initialisation does (either direction counts).",
+    )
+    loss_final_tolerance: float = Field(
+        0.02,
+        ge=0,
+        description="Absolute: the last step's loss. The same cell ends within 0.0005 of itself across the "
+        "committed runs (at most; 0.0001-0.0002 typically), so this is 40 times that, and 3.5 times below the "
+        "0.07 by which ZeRO-0 ends above ZeRO-1/2 (docs/loss-parity.md). Also the loss-parity tolerance of reports.",
+    )
+
+
 def _nonempty(v: list) -> list:
     if not v:
         raise ValueError("an axis needs at least one value")
@@ -111,43 +184,43 @@ def _nonempty(v: list) -> list:
     return v
 
 
-class Axes(_Strict):
-    zero_stage: Annotated[list[Stage], AfterValidator(_nonempty)] = [0]
-    offload: Annotated[list[Offload], AfterValidator(_nonempty)] = ["none"]
-    precision: Annotated[list[Precision], AfterValidator(_nonempty)] = ["bf16"]
-    grad_ckpt: Annotated[list[bool], AfterValidator(_nonempty)] = [False]
-    optimizer: Annotated[list[Optimizer], AfterValidator(_nonempty)] = ["adamw"]
-    peft: Annotated[list[Peft], AfterValidator(_nonempty)] = ["none"]
-    engine: Annotated[list[Engine], AfterValidator(_nonempty)] = ["deepspeed"]
-    compile: Annotated[list[CompileChoice], AfterValidator(_nonempty)] = [False]
-    micro_batch: Annotated[list[MicroBatch], AfterValidator(_nonempty)] | None = Field(
-        None, description="Micro-batch sizes to compare; unset: batch.micro only.")
-    grad_accum: Annotated[list[GradAccum], AfterValidator(_nonempty)] | None = Field(
-        None, description="Gradient-accumulation steps to compare; unset: batch.grad_accum only.")
-    kernels: Annotated[list[Kernels], AfterValidator(_nonempty)] = ["hf"]
-    ds_config: Annotated[list[Union[str, None]], AfterValidator(_nonempty)] = [None]
+def _value_type(axis, pick: bool = False):
+    """The strict type of one value of an axis. Booleans stay `bool` (so a quoted "false" is reported
+    as such, with its fix), other listed values a Literal (the error names the allowed ones, and a
+    near miss gets a suggestion); open axes their type, with its minimum."""
+    if axis.values:
+        bools = any(isinstance(v, bool) for v in axis.values)
+        rest = tuple(v for v in axis.values if not isinstance(v, bool))
+        t = Union[bool, Literal[rest]] if bools and rest else bool if bools else Literal[rest]
+    else:
+        t = Annotated[axis.type, Field(ge=axis.minimum)] if axis.minimum is not None else axis.type
+        if axis.auto:
+            t = Union[t, Literal["auto"]]
+    # In include/exclude an absent key already means "not picked", so None is no value there.
+    return Union[t, None] if axis.none_allowed and not pick else t
+
+
+def _axes_field(axis):
+    listed = Annotated[list[_value_type(axis)], AfterValidator(_nonempty)]
+    if axis.setting:
+        return listed | None, Field(None, description=f"{axis.label} values to compare; unset: {axis.setting} only.")
+    return listed, [axis.default]
 
 
 def _one_or_many(t):
     return Union[t, list[t]]
 
 
-class Pick(_Strict):
-    """A partial assignment of axis values, used by include and exclude."""
+# Both models are built from bench.axes.AXES: one field per axis, in its order.
+Axes = create_model(
+    "Axes",
+    __base__=_Strict,
+    __doc__="The values each axis takes; the matrix crosses them.",
+    **{a.name: _axes_field(a) for a in AXIS_TABLE},
+)
 
-    zero_stage: _one_or_many(Stage) | None = None
-    offload: _one_or_many(Offload) | None = None
-    precision: _one_or_many(Precision) | None = None
-    grad_ckpt: _one_or_many(bool) | None = None
-    optimizer: _one_or_many(Optimizer) | None = None
-    peft: _one_or_many(Peft) | None = None
-    engine: _one_or_many(Engine) | None = None
-    compile: _one_or_many(CompileChoice) | None = None
-    micro_batch: _one_or_many(MicroBatch) | None = None
-    grad_accum: _one_or_many(GradAccum) | None = None
-    kernels: _one_or_many(Kernels) | None = None
-    ds_config: _one_or_many(str) | None = None
 
+class _PickBase(_Strict):
     def values(self) -> dict[str, list]:
         out = {}
         for k in AXES:
@@ -155,6 +228,14 @@ class Pick(_Strict):
             if v is not None:
                 out[k] = v if isinstance(v, list) else [v]
         return out
+
+
+Pick = create_model(
+    "Pick",
+    __base__=_PickBase,
+    __doc__="A partial assignment of axis values, used by include and exclude.",
+    **{a.name: (_one_or_many(_value_type(a, pick=True)) | None, None) for a in AXIS_TABLE},
+)
 
 
 class Matrix(_Strict):
@@ -168,6 +249,15 @@ class Matrix(_Strict):
     seq_len: int = Field(128, ge=8)
     batch: Batch = Batch()
     steps: Steps = Steps()
+    repeats: int = Field(
+        1,
+        ge=1,
+        description="Process-level repeats of every runnable cell, interleaved (each cell's first repeat, then "
+        "each one's second, ...): each its own record with its `repeat` index. Repeats are the samples "
+        "reports and `zerobench compare` estimate run-to-run noise from; one repeat cannot tell a change "
+        "from noise. `zerobench run --repeats N` overrides.",
+    )
+    compare: CompareSettings = CompareSettings()
     lr: float = Field(1e-3, gt=0)
     seed: int = 0
     gpus: int = Field(1, ge=1)
@@ -182,7 +272,7 @@ class Matrix(_Strict):
     exclude: list[Pick] = []
 
 
-AXES = tuple(Axes.model_fields)
+AXES = tuple(a.name for a in AXIS_TABLE)
 
 
 # -- loading ----------------------------------------------------------------------------------
@@ -190,8 +280,13 @@ def _lines(text: str) -> dict[tuple, int]:
     """Map each key path in the YAML to its 1-based line, for error messages."""
     out: dict[tuple, int] = {}
 
+    seen: set[int] = set()
+
     def walk(node, path):
         out.setdefault(path, node.start_mark.line + 1)
+        if id(node) in seen:  # an alias: its node was walked where it was defined (and may be used 10^9 times)
+            return
+        seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
             for k, v in node.value:
                 out[path + (k.value,)] = k.start_mark.line + 1
@@ -218,8 +313,13 @@ def _fmt_loc(loc) -> str:
 
 def _problem_from_pydantic(file: str, err: dict, lines: dict) -> Problem:
     # pydantic reports each branch of a Union/Literal; strip its type tags from the path.
-    loc = tuple(p for p in err["loc"] if isinstance(p, int) or not any(c in p for c in "[]()'\"") and p not in {
-        "str", "int", "bool", "float", "list", "none", "function-after", "literal"})
+    loc = tuple(
+        p
+        for p in err["loc"]
+        if isinstance(p, int)
+        or not any(c in p for c in "[]()'\"")
+        and p not in {"str", "int", "bool", "float", "list", "none", "function-after", "literal", "constrained-int"}
+    )
     where = _fmt_loc(loc)
     line = None
     for n in range(len(loc), -1, -1):
@@ -238,7 +338,11 @@ def _problem_from_pydantic(file: str, err: dict, lines: dict) -> Problem:
             fix = f"this belongs under {moved}"
     elif kind == "bool_type" and isinstance(inp, str):
         what = f"expected true or false, got the string {inp!r}"
-        fix = f"write {inp.strip().lower()} without quotes" if inp.strip().lower() in ("true", "false") else "use true or false"
+        fix = (
+            f"write {inp.strip().lower()} without quotes"
+            if inp.strip().lower() in ("true", "false")
+            else "use true or false"
+        )
     elif kind in ("int_type", "float_type") and isinstance(inp, str):
         what = f"expected a number, got the string {inp!r}"
         fix = "remove the quotes"
@@ -251,6 +355,12 @@ def _problem_from_pydantic(file: str, err: dict, lines: dict) -> Problem:
     elif kind == "greater_than_equal":
         what = f"{inp!r} is too small: {err['msg'].replace('Input should be', 'it must be')}"
         fix = f"use {err.get('ctx', {}).get('ge')} or more"
+    elif kind in ("less_than", "less_than_equal", "greater_than"):
+        bound = next(iter((err.get("ctx") or {}).values()), None)
+        what = f"{inp!r} is out of range: {err['msg'].replace('Input should be', 'it must be')}"
+        fix = {"less_than": f"use a value below {bound}", "less_than_equal": f"use {bound} or less"}.get(
+            kind, f"use a value above {bound}"
+        )
     elif kind == "list_type":
         what = f"expected a list, got {inp!r}"
         fix = f"write [{inp}]" if not isinstance(inp, (dict, list)) else ""
@@ -261,12 +371,19 @@ def _problem_from_pydantic(file: str, err: dict, lines: dict) -> Problem:
 _MOVED = {
     "offload_optimizer": "axes.offload (values: none, optimizer, optimizer+params)",
     "offload_param": "axes.offload (value: optimizer+params)",
-    "stage": "axes.zero_stage", "zero": "axes.zero_stage", "zero_optimization": "axes.zero_stage and axes.offload",
-    "gradient_checkpointing": "axes.grad_ckpt", "bf16": "axes.precision", "fp16": "axes.precision",
-    "micro_batch": "batch.micro (or axes.micro_batch to compare several)", "train_micro_batch_size_per_gpu": "batch.micro",
+    "stage": "axes.zero_stage",
+    "zero": "axes.zero_stage",
+    "zero_optimization": "axes.zero_stage and axes.offload",
+    "gradient_checkpointing": "axes.grad_ckpt",
+    "bf16": "axes.precision",
+    "fp16": "axes.precision",
+    "train_micro_batch_size_per_gpu": "batch.micro",
     "gradient_accumulation_steps": "batch.grad_accum (or axes.grad_accum to compare several)",
-    "grad_accum": "batch.grad_accum (or axes.grad_accum to compare several)",
-    "warmup": "steps.warmup", "measured": "steps.measured", "steps_per_print": None,
+    "warmup": "steps.warmup",
+    "measured": "steps.measured",
+    "steps_per_print": None,
+    # An axis with a fixed setting behind it, written at the top level: either place is meant.
+    **{a.name: f"{a.setting} (or axes.{a.name} to compare several)" for a in AXIS_TABLE if a.setting},
 }
 
 
@@ -299,31 +416,140 @@ def _dedupe(problems: list[Problem], prefer: list[bool] | None = None) -> list[P
     return [p for _, p in best.values()]
 
 
+# What a matrix may expand to: aliases count each time they are used (a ten-line "billion laughs"
+# expands to 10^9 values, which validation and the line-number pass would walk one by one).
+MAX_VALUES = 100_000
+
+
+@dataclass
+class _Open:
+    """A collection the YAML event stream is inside of, while _shape_problem reads it."""
+
+    mapping: bool
+    anchor: str | None
+    values: int = 0  # nodes inside it so far, aliases expanded
+    depth: int = 0  # deepest nesting inside it so far
+    items: int = 0  # nodes directly in it (a mapping's keys and values alternate)
+    part: Any = None  # the key path part of the node being read in it
+
+
+def _shape_problem(text: str, file: str) -> Problem | None:
+    """The first place where the YAML nests deeper than MAX_DEPTH, expands to more than MAX_VALUES values
+    (aliases counted each time they are used), or contains itself. Read from the event stream, which
+    needs no recursion and builds nothing, so a hostile file costs what its text costs."""
+    stack = [_Open(mapping=False, anchor=None)]  # the document itself
+    anchors: dict[str, tuple[int, int]] = {}  # anchor -> (values, depth) of what it names
+
+    def problem(what: str, fix: str, ev) -> Problem:
+        where = _fmt_loc(tuple(f.part for f in stack[1:] if f.part is not None))
+        return Problem(file, where, what, fix, ev.start_mark.line + 1)
+
+    for ev in yaml.parse(text, Loader=yaml.SafeLoader):
+        if not isinstance(ev, (yaml.NodeEvent, yaml.CollectionEndEvent)):
+            continue
+        if isinstance(ev, yaml.CollectionEndEvent):
+            done = stack.pop()
+            n, depth = done.values + 1, done.depth + 1
+            if done.anchor:
+                anchors[done.anchor] = (n, depth)
+        else:
+            top = stack[-1]
+            if top.mapping and top.items % 2 == 0:
+                top.part = ev.value if isinstance(ev, yaml.ScalarEvent) else "?"
+            elif not top.mapping:
+                top.part = top.items
+            top.items += 1
+            if isinstance(ev, yaml.CollectionStartEvent):
+                stack.append(_Open(mapping=isinstance(ev, yaml.MappingStartEvent), anchor=ev.anchor))
+                if len(stack) > MAX_DEPTH:
+                    return problem(
+                        f"nests deeper than {MAX_DEPTH} levels",
+                        "a matrix nests a few levels (axes: {zero_stage: [0, 1]}); check the brackets",
+                        ev,
+                    )
+                continue
+            if isinstance(ev, yaml.AliasEvent):
+                if any(f.anchor == ev.anchor for f in stack):
+                    return problem(
+                        f"the alias *{ev.anchor} is used inside the value it names",
+                        "remove the alias: a value cannot contain itself",
+                        ev,
+                    )
+                n, depth = anchors.get(ev.anchor, (1, 0))  # an unknown alias is the parser's error, next
+            else:
+                n, depth = 1, 0
+                if ev.anchor:
+                    anchors[ev.anchor] = (1, 0)
+        top = stack[-1]
+        top.values += n
+        top.depth = max(top.depth, depth)
+        if len(stack) - 1 + depth > MAX_DEPTH:
+            return problem(f"nests deeper than {MAX_DEPTH} levels (through aliases)", "check the aliases here", ev)
+        if sum(f.values for f in stack) > MAX_VALUES:
+            return problem(
+                f"expands to more than {MAX_VALUES:,} values (YAML aliases count each time they are used)",
+                "write the values out; a matrix needs a few hundred at most",
+                ev,
+            )
+    return None
+
+
 def loads(text: str, file: str = "<matrix>", ds_configs: list[str] | None = None) -> Matrix:
     """Parse and validate a matrix from YAML text; raise MatrixError listing every problem.
 
     ds_configs (from `zerobench run --ds-config`) replaces the ds_config axis."""
     try:
+        shape = _shape_problem(text, file)
+        if shape:
+            raise MatrixError([shape])
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark else None
-        raise MatrixError([Problem(file, "", f"not valid YAML: {getattr(e, 'problem', e)}",
-                                   "check indentation and quoting near that line", line)]) from None
-    if raw is None:
-        raw = {}
+        raise MatrixError(
+            [
+                Problem(
+                    file,
+                    "",
+                    f"not valid YAML: {getattr(e, 'problem', e)}",
+                    "check indentation and quoting near that line",
+                    line,
+                )
+            ]
+        ) from None
+    if raw is None:  # not the embedded default: an empty file is a mistake, and running 1 cell hides it
+        raise MatrixError(
+            [
+                Problem(
+                    file,
+                    "",
+                    "the file has no settings (it is empty or only comments)",
+                    "write the matrix (see bench/matrices/smoke.yaml), or give no MATRIX to run the embedded smoke one",
+                )
+            ]
+        )
     if ds_configs and isinstance(raw, dict):
         axes = raw.get("axes") if isinstance(raw.get("axes"), dict) else {}
         raw = {**raw, "axes": {**axes, "ds_config": list(ds_configs)}}
     if not isinstance(raw, dict):
-        raise MatrixError([Problem(file, "", f"expected a mapping of settings, got {type(raw).__name__}",
-                                   "see matrices/smoke.yaml for the layout")])
+        raise MatrixError(
+            [
+                Problem(
+                    file,
+                    "",
+                    f"expected a mapping of settings, got {type(raw).__name__}",
+                    "see matrices/smoke.yaml for the layout",
+                )
+            ]
+        )
     lines = _lines(text)
     try:
         m = Matrix.model_validate(raw)
     except ValidationError as e:
-        problems = _dedupe([_problem_from_pydantic(file, err, lines) for err in e.errors()],
-                           prefer=[err["type"] == "literal_error" for err in e.errors()])
+        problems = _dedupe(
+            [_problem_from_pydantic(file, err, lines) for err in e.errors()],
+            prefer=[err["type"] == "literal_error" for err in e.errors()],
+        )
         raise MatrixError(_dedupe(problems + _path_problems(raw, file, lines))) from None
     if m.name is None:
         m = m.model_copy(update={"name": Path(file).stem if file != "<matrix>" else "matrix"})
@@ -334,67 +560,189 @@ def loads(text: str, file: str = "<matrix>", ds_configs: list[str] | None = None
 
 
 def load(path: str | os.PathLike, ds_configs: list[str] | None = None) -> Matrix:
-    p = Path(path)
-    if not p.is_file():
-        raise MatrixError([Problem(str(path), "", "no such matrix file", "give a path such as matrices/smoke.yaml")])
-    return loads(p.read_text(), str(path), ds_configs)
+    return loads(read_text(path, "matrix", "matrices/smoke.yaml"), str(path), ds_configs)
+
+
+_SAFE_NAME = re.compile(r"[^\w.+=@,-]+")
+
+
+def _safe_name(name: str) -> bool:
+    """A matrix name is a file name under results/: no separators, no '..', nothing absolute or hidden."""
+    return bool(name) and len(name) <= 200 and not _SAFE_NAME.search(name) and not name.startswith(".")
 
 
 def _path_problems(raw: dict, file: str, lines: dict) -> list[Problem]:
     """Model and data references, checked on the raw mapping so they are reported with type errors too."""
     out = []
+    name = raw.get("name")
+    if isinstance(name, str) and not _safe_name(name):
+        out.append(
+            Problem(
+                file,
+                "name",
+                f"{name!r} cannot name files: results go to results/<name>.jsonl and logs to results/logs/<name>/",
+                "use letters, digits and . - _ + = @ , (not starting with '.'), "
+                f"e.g. {_SAFE_NAME.sub('-', name).strip('.-') or 'my-matrix'!r}",
+                lines.get(("name",)),
+            )
+        )
     model, data = raw.get("model", "llama-tiny"), raw.get("data", "builtin")
     if isinstance(model, str) and model not in PRESETS and not Path(model).is_dir():
-        out.append(Problem(file, "model", f"{model!r} is neither a preset nor a local directory",
-                           f"{_suggest(model, PRESETS)}presets: {', '.join(PRESETS)}; or a path to a Hugging Face"
-                           " model directory (config.json)", lines.get(("model",))))
+        out.append(
+            Problem(
+                file,
+                "model",
+                f"{model!r} is neither a preset nor a local directory",
+                f"{_suggest(model, PRESETS)}presets: {', '.join(PRESETS)}; or a path to a Hugging Face"
+                " model directory (config.json)",
+                lines.get(("model",)),
+            )
+        )
     if isinstance(data, str) and data != "builtin":
         if not Path(data).exists():
-            out.append(Problem(file, "data", f"no such data file {data!r}",
-                               "use builtin, or a local .txt/.jsonl file", lines.get(("data",))))
+            out.append(
+                Problem(
+                    file,
+                    "data",
+                    f"no such data file {data!r}",
+                    "use builtin, or a local .txt/.jsonl file",
+                    lines.get(("data",)),
+                )
+            )
         if not raw.get("tokenizer"):
-            out.append(Problem(file, "tokenizer", "a data file needs a local tokenizer directory",
-                               "set tokenizer: path/to/tokenizer", lines.get(("data",))))
+            out.append(
+                Problem(
+                    file,
+                    "tokenizer",
+                    "a data file needs a local tokenizer directory",
+                    "set tokenizer: path/to/tokenizer",
+                    lines.get(("data",)),
+                )
+            )
     return out
 
 
 def _semantic_problems(m: Matrix, file: str, lines: dict) -> list[Problem]:
     """Checks that need the whole file (cross-field) or the file system."""
-    from . import dscheck
-
     out = _path_problems(m.model_dump(), file, lines)
     for i, path in enumerate(m.axes.ds_config):
         if path is None:
             continue
         if not Path(path).is_file():
-            out.append(Problem(file, f"axes.ds_config[{i}]", f"no such file {path!r}",
-                               "paths are relative to the current directory", lines.get(("axes", "ds_config", i))))
+            out.append(
+                Problem(
+                    file,
+                    f"axes.ds_config[{i}]",
+                    f"{path!r} is a folder, not a DeepSpeed config file"
+                    if Path(path).is_dir()
+                    else f"no such file {path!r}",
+                    "paths are relative to the current directory",
+                    lines.get(("axes", "ds_config", i)),
+                )
+            )
             continue
         try:
-            dscheck.load(path)  # a user config is checked, not trusted: DeepSpeed ignores misplaced keys
+            dsconfig.load(path)  # a user config is checked, not trusted: DeepSpeed ignores misplaced keys
         except MatrixError as e:
             out += e.problems
-    if "nvme" in m.axes.offload or any("nvme" in (p.values().get("offload") or []) for p in m.include):
+    if Offload.NVME in m.axes.offload or any(Offload.NVME in (p.values().get("offload") or []) for p in m.include):
         if not m.nvme_path:
-            out.append(Problem(file, "nvme_path", "offload: nvme needs a folder on an NVMe drive",
-                               "set nvme_path: /path/on/nvme (it must exist)", lines.get(("axes", "offload"))))
+            out.append(
+                Problem(
+                    file,
+                    "nvme_path",
+                    "offload: nvme needs a folder on an NVMe drive",
+                    "set nvme_path: /path/on/nvme (it must exist)",
+                    lines.get(("axes", "offload")),
+                )
+            )
         elif not Path(m.nvme_path).is_dir():
-            out.append(Problem(file, "nvme_path", f"no such folder {m.nvme_path!r}", "create it, or fix the path",
-                               lines.get(("nvme_path",))))
+            out.append(
+                Problem(
+                    file,
+                    "nvme_path",
+                    f"no such folder {m.nvme_path!r}",
+                    "create it, or fix the path",
+                    lines.get(("nvme_path",)),
+                )
+            )
+    out += _steps_problems(m, file, lines)
     for i, pick in enumerate(m.exclude):
         if not any(_matches(c, pick) for c in _cross(m)):
-            out.append(Problem(file, f"exclude[{i}]", "matches no cell of the matrix",
-                               "check the values against axes, or remove the entry", lines.get(("exclude", i))))
+            out.append(
+                Problem(
+                    file,
+                    f"exclude[{i}]",
+                    "matches no cell of the matrix",
+                    "check the values against axes, or remove the entry",
+                    lines.get(("exclude", i)),
+                )
+            )
     if not out and not expand(m):
         out.append(Problem(file, "exclude", "every cell is excluded", "loosen exclude"))
     return out
 
 
+def _steps_problems(m: Matrix, file: str, lines: dict) -> list[Problem]:
+    """A tuning key of `steps` that its phase's fixed count would silently ignore, bounds that cross, and
+    a time cap the cell's timeout would cut short."""
+    st, out = m.steps, []
+
+    def problem(key: str, what: str, fix: str) -> None:
+        out.append(Problem(file, f"steps.{key}", what, fix, lines.get(("steps", key)) or lines.get(("steps",))))
+
+    for phase, keys in _STEP_KEYS_FOR.items():
+        if getattr(st, phase) == "auto":
+            continue
+        for key in keys:
+            if getattr(st, key) is not None:
+                problem(
+                    key,
+                    f"{key} tunes `{phase}: auto`, but {phase} is fixed at {getattr(st, phase)} steps",
+                    f"set `{phase}: auto`, or remove {key}",
+                )
+    if st.max_seconds is not None and "auto" not in (st.warmup, st.measured):
+        problem("max_seconds", "max_seconds caps adaptive steps, but both counts are fixed", "set `measured: auto`")
+    w, mst, a = _schedule(st)
+    if a is not None:
+        if a.warmup and a.min_warmup > w:
+            problem("min_warmup", f"min_warmup {a.min_warmup} is above max_warmup {w}", "lower min_warmup")
+        if a.warmup and a.settle_window > w:
+            problem(
+                "settle_window",
+                f"settle_window {a.settle_window} needs more warmup steps than max_warmup {w} allows",
+                f"raise max_warmup to {a.settle_window} or more, or lower settle_window",
+            )
+        if a.measured and a.min_steps > mst:
+            problem("min_steps", f"min_steps {a.min_steps} is above max_steps {mst}", "lower min_steps")
+        if a.max_seconds is not None and a.max_seconds >= m.timeout_s:
+            problem(
+                "max_seconds",
+                f"max_seconds {a.max_seconds:g} is not below timeout_s {m.timeout_s:g}: the timeout would end the "
+                "cell before the cap does, and record it as a timeout",
+                f"lower max_seconds below {m.timeout_s:g}, leaving room for setup (or raise timeout_s)",
+            )
+    return out
+
+
+def _schedule(st: Steps) -> tuple[int, int, Adaptive | None]:
+    """The cell's warmup_steps and measured_steps (caps where a phase is auto) and its Adaptive settings."""
+    if "auto" not in (st.warmup, st.measured):
+        return st.warmup, st.measured, None
+    tuning = {f: v for f in _A if f not in ("warmup", "measured") and (v := getattr(st, f)) is not None}
+    adaptive = Adaptive(warmup=st.warmup == "auto", measured=st.measured == "auto", **tuning)
+    warmup = (st.max_warmup or DEFAULT_MAX_WARMUP) if adaptive.warmup else st.warmup
+    measured = (st.max_steps or DEFAULT_MAX_STEPS) if adaptive.measured else st.measured
+    return warmup, measured, adaptive
+
+
 # -- expansion --------------------------------------------------------------------------------
 def _cross(m: Matrix) -> list[dict]:
-    axes = {k: getattr(m.axes, k) for k in AXES}
-    axes["micro_batch"] = axes["micro_batch"] or [m.batch.micro]
-    axes["grad_accum"] = axes["grad_accum"] or [m.batch.grad_accum]
+    # An axis left unset takes its one value from the fixed setting behind it (batch.micro, ...).
+    axes = {
+        a.name: getattr(m.axes, a.name) or [_setting(m, a.setting)] if a.setting else getattr(m.axes, a.name)
+        for a in AXIS_TABLE
+    }
     combos = [dict(zip(axes, vals)) for vals in itertools.product(*axes.values())]
     for pick in m.include:
         # An include entry is a partial assignment: axes it leaves out take every value from axes.
@@ -403,16 +751,38 @@ def _cross(m: Matrix) -> list[dict]:
     return combos
 
 
-def _described(path: str, optimizer: str) -> dict:
-    """A user config's own ZeRO stage, offload, precision and optimizer replace the crossed axes."""
-    import hashlib
+def _setting(m: Matrix, path: str):
+    value: Any = m
+    for key in path.split("."):
+        value = getattr(value, key)
+    return value
 
-    from . import dscheck
 
-    d = dscheck.describe(dscheck.load(path))
-    return {"zero_stage": d["zero_stage"], "offload": d["offload"], "precision": d["precision"],
-            "optimizer": d["optimizer"] or optimizer,
-            "ds_config_sha": hashlib.sha256(Path(path).read_bytes()).hexdigest()[:10]}
+def _described(path: str, combo: dict) -> dict:
+    """What a user config states replaces the crossed axes: its ZeRO stage and offload, and its precision,
+    optimizer, micro-batch, accumulation and learning rate where it states them ("auto", or no optimizer
+    section: the matrix's value)."""
+    cfg = dsconfig.load(path)
+    d = dsconfig.describe(cfg)
+    if d["optimizer"] is None and "optimizer" in cfg:
+        raise ConfigError(
+            [
+                Problem(
+                    path,
+                    "optimizer",
+                    f"DeepSpeed would build {cfg['optimizer'].get('type')!r} from "
+                    "this section, which is not one of zerobench's optimizers, so no cell can name it",
+                    "remove the optimizer section (the matrix's optimizer axis then applies), or use "
+                    "a type zerobench names (AdamW, Adam, Lamb, OneBitAdam, ZeroOneAdam, OneBitLamb)",
+                )
+            ]
+        )
+    out = {"zero_stage": d["zero_stage"], "offload": d["offload"], "ds_config_sha": env.file_sha(path)[:10]}
+    for key in ("precision", "optimizer", "micro_batch", "grad_accum"):
+        out[key] = combo[key] if d[key] is None else d[key]
+    if d["lr"] is not None:
+        out["lr"] = d["lr"]
+    return out
 
 
 def _matches(combo: dict, pick: Pick) -> bool:
@@ -421,27 +791,38 @@ def _matches(combo: dict, pick: Pick) -> bool:
 
 def expand(m: Matrix) -> list[Cell]:
     """The cells of a matrix: axes crossed, plus include, minus exclude; duplicates removed, order kept."""
-    lora = Lora(r=m.lora.r, alpha=m.lora.alpha, dropout=m.lora.dropout,
-                targets=(m.lora.targets,) if isinstance(m.lora.targets, str) else tuple(m.lora.targets))
-    qlora = Qlora(quant_type=m.qlora.quant_type, double_quant=m.qlora.double_quant,
-                  quant_storage=m.qlora.quant_storage)
-    fixed = dict(model=m.model, data=m.data, tokenizer=m.tokenizer, seq_len=m.seq_len,
-                 warmup_steps=m.steps.warmup, measured_steps=m.steps.measured,
-                 lr=m.lr, seed=m.seed, gpus=m.gpus, attn=m.attn, timeout_s=m.timeout_s, matrix=m.name or "",
-                 nvme_path=m.nvme_path)
+    lora = Lora(
+        r=m.lora.r,
+        alpha=m.lora.alpha,
+        dropout=m.lora.dropout,
+        targets=(m.lora.targets,) if isinstance(m.lora.targets, str) else tuple(m.lora.targets),
+    )
+    qlora = Qlora(quant_type=m.qlora.quant_type, double_quant=m.qlora.double_quant, quant_storage=m.qlora.quant_storage)
+    fixed = dict(
+        model=m.model,
+        data=m.data,
+        tokenizer=m.tokenizer,
+        seq_len=m.seq_len,
+        **dict(zip(("warmup_steps", "measured_steps", "adaptive"), _schedule(m.steps))),
+        lr=m.lr,
+        seed=m.seed,
+        gpus=m.gpus,
+        attn=m.attn,
+        timeout_s=m.timeout_s,
+        matrix=m.name or "",
+        nvme_path=m.nvme_path,
+    )
     cells, seen = [], set()
     for combo in _cross(m):
         if any(_matches(combo, pick) for pick in m.exclude):
             continue
         if combo["ds_config"] is not None:
-            combo = {**combo, **_described(combo["ds_config"], combo["optimizer"])}
+            combo = {**combo, **_described(combo["ds_config"], combo)}
         peft = combo["peft"]
-        cell = Cell(**combo, **fixed, lora=lora if peft != "none" else None, qlora=qlora if peft == "qlora" else None)
+        cell = Cell(
+            **{**fixed, **combo}, lora=lora if peft != "none" else None, qlora=qlora if peft == "qlora" else None
+        )
         if cell.hash not in seen:
             seen.add(cell.hash)
             cells.append(cell)
     return cells
-
-
-assert set(Axes.model_fields) == {"zero_stage", "offload", "precision", "grad_ckpt", "optimizer", "peft", "engine",
-                                  "compile", "micro_batch", "grad_accum", "kernels", "ds_config"}

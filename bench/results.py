@@ -1,126 +1,236 @@
 """Results files -> a tidy pandas DataFrame: one row per cell attempt, flat columns, units in names.
+Records of any schema version are read through bench.record (upgraded, then validated).
 
 `load()` is the public API for notebooks; the reports are pure functions of its output.
 """
+
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 from collections.abc import Iterable
 
+from .axes import SHOWN
 from .cells import Cell
-from .store import read
+from .record import STEP_PARTS, Provenance, Record, WorkerFacts, parse
+from .status import Status
+from .store import read_records
 
-__all__ = ["load", "latest", "records_to_frame", "fixed_cost_s", "AXIS_COLUMNS", "METRIC_COLUMNS", "MEMORY_COLUMNS",
-           "PEAK_MEMORY_SOURCES", "STEP_PARTS"]
+__all__ = [
+    "load",
+    "latest",
+    "records_to_frame",
+    "fixed_cost_s",
+    "AXIS_COLUMNS",
+    "METRIC_COLUMNS",
+    "MEMORY_COLUMNS",
+    "PEAK_MEMORY_SOURCES",
+    "PREDICTED_COLUMNS",
+    "STEP_PARTS",
+    "STEPS_COLUMNS",
+    "steps_schedule",
+]
 
-AXIS_COLUMNS = ["zero_stage", "offload", "precision", "grad_ckpt", "optimizer", "peft", "engine", "compile",
-                "kernels", "ds_config"]
-_CELL_COLUMNS = AXIS_COLUMNS + ["model", "seq_len", "micro_batch", "grad_accum", "gpus", "warmup_steps",
-                                "measured_steps", "seed", "data", "lr", "attn"]
+AXIS_COLUMNS = [a.name for a in SHOWN]
+_CELL_COLUMNS = AXIS_COLUMNS + [
+    "model",
+    "seq_len",
+    "gpus",
+    "warmup_steps",
+    "measured_steps",
+    "seed",
+    "data",
+    "lr",
+    "attn",
+]
 
 _CELL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Cell) if f.default is not dataclasses.MISSING}
 
 # Always present (NaN where a record lacks them: skipped cells, CPU runs without NVML or a CUDA
 # allocator), so notebooks and the reports can index them without checking first.
-METRIC_COLUMNS = ["tokens_per_s", "samples_per_s", "step_time_median_s", "step_time_p90_s", "tflops_per_gpu",
-                  "mfu", "hfu", "loss_first", "loss_final"]
-# The parts of a measured step whose allocator peaks the worker records (torch_max_allocated_<part>_bytes).
-STEP_PARTS = ("forward", "backward", "step")
-MEMORY_COLUMNS = ["nvml_proc_peak_bytes", "nvml_used_peak_bytes", "torch_max_reserved_bytes",
-                  "torch_max_allocated_bytes", "torch_allocated_between_steps_bytes", "host_rss_peak_bytes"] + [
-                  f"torch_max_allocated_{part}_bytes" for part in STEP_PARTS]
+METRIC_COLUMNS = [
+    "tokens_per_s",
+    "samples_per_s",
+    "step_time_median_s",
+    "step_time_p90_s",
+    "tflops_per_gpu",
+    "mfu",
+    "hfu",
+    "loss_first",
+    "loss_final",
+]
+MEMORY_COLUMNS = [
+    "nvml_proc_peak_bytes",
+    "nvml_used_peak_bytes",
+    "torch_max_reserved_bytes",
+    "torch_max_allocated_bytes",
+    "torch_allocated_between_steps_bytes",
+    "host_rss_peak_bytes",
+] + [f"torch_max_allocated_{part}_bytes" for part in STEP_PARTS]
+
+# The memory model's prediction the record carries (NaN where it has none).
+PREDICTED_COLUMNS = ["predicted_gpu_bytes", "predicted_host_bytes"]
 
 # `peak_memory_bytes` is the first of these a row has: the device figure that decides whether a cell
 # fits (NVML sees the CUDA context and NCCL buffers the allocator does not), else host RSS (CPU runs).
-PEAK_MEMORY_SOURCES = {"nvml_proc_peak_bytes": "nvml", "torch_max_reserved_bytes": "torch_reserved",
-                       "host_rss_peak_bytes": "host_rss"}
+PEAK_MEMORY_SOURCES = {
+    "nvml_proc_peak_bytes": "nvml",
+    "torch_max_reserved_bytes": "torch_reserved",
+    "host_rss_peak_bytes": "host_rss",
+}
 
 
-def fixed_cost_s(rec: dict) -> float | None:
+# The record's `steps` (bench.record.StepsTaken) as columns: why measuring ended and the interval.
+STEPS_COLUMNS = {
+    "steps_ended": "ended",
+    "warmup_ended": "warmup_ended",
+    "step_time_ci_low_s": "ci_low_s",
+    "step_time_ci_high_s": "ci_high_s",
+    "step_time_ci_level": "ci_level",
+    "step_time_half_width": "half_width",
+    "steps_tolerance": "tolerance",
+    "steps_max_seconds": "max_seconds",
+}
+
+
+def steps_schedule(cell: dict) -> str:
+    """The step schedule a cell asked for, as text: "2+8" (warmup + measured), or with adaptive phases
+    "auto≤20+auto≤50 ±2%" (caps, tolerance, and the time cap where there is one)."""
+    w = cell.get("warmup_steps", _CELL_DEFAULTS["warmup_steps"])
+    m = cell.get("measured_steps", _CELL_DEFAULTS["measured_steps"])
+    a = cell.get("adaptive")
+    if not a:
+        return f"{w}+{m}"
+    text = (f"auto≤{w}" if a.get("warmup") else str(w)) + "+"
+    text += f"auto≤{m} ±{a.get('tolerance'):.0%}" if a.get("measured") else str(m)
+    return text + (f" ≤{a['max_seconds']:g}s" if a.get("max_seconds") is not None else "")
+
+
+def fixed_cost_s(rec: Record | dict) -> float | None:
     """What a cell costs besides its steps and its model build: process start, imports, engine setup,
     teardown. From a result record; None when it has no steps."""
-    steps = rec.get("step_times_s")
-    if not steps or not rec.get("wall_s"):
+    if isinstance(rec, dict):
+        rec = parse(rec)
+    if not rec.step_times_s or not rec.wall_s:
         return None
-    return rec["wall_s"] - sum(steps) - ((rec.get("worker") or {}).get("model_build_s") or 0.0)
+    return rec.wall_s - sum(rec.step_times_s) - ((rec.worker.model_build_s if rec.worker else None) or 0.0)
 
 
-def _row(rec: dict) -> dict:
-    cell = rec.get("cell") or {}
-    prov = rec.get("provenance") or {}
-    worker = rec.get("worker") or {}
-    versions = (worker.get("versions") or {}) | {k: v for k, v in (prov.get("versions") or {}).items()
-                                                 if k not in (worker.get("versions") or {})}
+_NO_PROVENANCE = Provenance()
+_NO_WORKER = WorkerFacts()
+
+
+def _row(rec: Record) -> dict:
+    cell = rec.cell
+    prov = rec.provenance or _NO_PROVENANCE  # a v1 record written without one
+    worker = rec.worker or _NO_WORKER
+    versions = {**prov.versions, **(worker.versions or {})}  # the worker's own, where it reported them
     row = {
-        "run_id": rec.get("run_id"), "attempt": rec.get("attempt"), "matrix": rec.get("matrix"),
-        "cell_id": rec.get("cell_id"), "variant": rec.get("variant"), "cell_hash": rec.get("cell_hash"), "cell_name": rec.get("cell_name"),
-        "status": rec.get("status"), "reason": rec.get("reason") or "",
-        "started_at": rec.get("started_at"), "ended_at": rec.get("ended_at"), "wall_s": rec.get("wall_s"),
+        "run_id": rec.run_id,
+        "attempt": rec.attempt,
+        "repeat": rec.repeat,
+        "matrix": rec.matrix,
+        "cell_id": rec.cell_id,
+        "variant": rec.variant,
+        "cell_hash": rec.cell_hash,
+        "cell_name": rec.cell_name,
+        "status": rec.status.value,
+        "reason": rec.reason,
+        "started_at": rec.started_at,
+        "ended_at": rec.ended_at,
+        "wall_s": rec.wall_s,
     }
     for k in _CELL_COLUMNS:
         # A record written before a field existed ran at that field's default (compile off, hf kernels).
         row[k] = cell.get(k, _CELL_DEFAULTS.get(k))
+    # The schedule the cell asked for (what cells must share to be compared), then the steps it took:
+    # warmup_steps and measured_steps are what ran, so everything that splits step_times_s splits it right.
+    row["steps_schedule"] = steps_schedule(cell)
+    taken = rec.steps
+    if taken is not None:
+        row["warmup_steps"], row["measured_steps"] = taken.warmup, taken.measured
+    for col, field_ in STEPS_COLUMNS.items():
+        row[col] = getattr(taken, field_) if taken is not None else None
     lora = cell.get("lora") or {}
     row["lora_r"] = lora.get("r")
     row["lora_alpha"] = lora.get("alpha")
     row["qlora_quant_type"] = (cell.get("qlora") or {}).get("quant_type")
-    for k, v in (rec.get("metrics") or {}).items():
-        row[k] = v
-    for k, v in (rec.get("memory") or {}).items():
-        if not isinstance(v, (list, dict)):
-            row[k] = v
+    if rec.metrics:
+        row.update(rec.metrics.model_dump(exclude_unset=True))
+    if rec.memory:
+        row.update(
+            (k, v) for k, v in rec.memory.model_dump(exclude_unset=True).items() if not isinstance(v, (list, dict))
+        )
     row["fixed_cost_s"] = fixed_cost_s(rec)
-    row["started_by"] = (rec.get("started_by") or {}).get("mode")
-    row["optimizer_class"] = worker.get("optimizer_class")
-    row["params_total"] = worker.get("params_total")
-    row["params_trainable"] = worker.get("params_trainable")
-    row["fp16_skipped_steps"] = worker.get("fp16_skipped_steps")
-    row["gpu_name"] = worker.get("gpu_name") or prov.get("gpu_name")
-    row["gpu_count"] = prov.get("gpu_count")
-    row["host"] = prov.get("host")
-    row["git_commit"] = prov.get("git_commit")
-    row["git_dirty"] = prov.get("git_dirty")
+    row["started_by"] = rec.started_by.mode if rec.started_by else None
+    for k in (
+        "optimizer_class",
+        "params_total",
+        "params_trainable",
+        "fp16_skipped_steps",
+        "fp16_skipped_warmup_steps",
+        "loss_scale_final",
+    ):
+        row[k] = getattr(worker, k)
+    row["gpu_name"] = worker.gpu_name or prov.gpu_name
+    row["gpu_count"] = prov.gpu_count
+    row["host"] = prov.host
+    row["git_commit"] = prov.git_commit
+    row["git_dirty"] = prov.git_dirty
     for lib in ("torch", "deepspeed", "transformers", "peft", "bitsandbytes"):
         row[f"{lib}_version"] = versions.get(lib)
-    skip = rec.get("skip") or {}
-    row["skip_rule"] = skip.get("rule")
-    row["skip_fix"] = skip.get("fix")
-    row["skip_source"] = skip.get("source")
-    row["exit_code"] = rec.get("exit_code")
-    row["phase_at_end"] = rec.get("phase_at_end")
-    gpus = prov.get("gpus") or []
-    row["gpu_memory_bytes"] = gpus[0].get("memory_bytes") if gpus and isinstance(gpus[0], dict) else None
-    row["gpu_driver"] = prov.get("driver")
+    row["skip_rule"] = rec.skip.rule if rec.skip else None
+    row["skip_fix"] = rec.skip.fix if rec.skip else None
+    row["skip_source"] = rec.skip.source if rec.skip else None
+    row["exit_code"] = rec.exit_code
+    row["phase_at_end"] = rec.phase_at_end
+    row["warnings"] = list(rec.warnings) if rec.warnings else None
+    row["gpu_memory_bytes"] = prov.gpus[0].memory_bytes if prov.gpus else None
+    row["gpu_driver"] = prov.driver
     row["cuda_version"] = versions.get("cuda")
-    row["os"] = prov.get("os")
-    row["python_version"] = prov.get("python")
-    row["cpu"] = prov.get("cpu")
-    row["host_memory_bytes"] = prov.get("host_memory_bytes")
+    row["os"] = prov.os
+    row["python_version"] = prov.python
+    row["cpu"] = prov.cpu
+    row["host_memory_bytes"] = prov.host_memory_bytes
     # A model, not a measurement: computed when loading, so a better estimator needs no re-run.
     row["estimate_model_states_bytes"] = row["estimate_model_states_host_bytes"] = None
-    if worker.get("params_total") and cell:
+    if worker.params_total and cell:
         from .estimate import model_states
 
-        est = model_states(params=worker["params_total"], trainable=worker["params_trainable"],
-                           zero_stage=cell["zero_stage"], gpus=cell.get("gpus", 1), precision=cell["precision"],
-                           optimizer=cell["optimizer"], offload=cell["offload"], quantized_4bit=cell["peft"] == "qlora")
+        est = model_states(
+            params=worker.params_total,
+            trainable=worker.params_trainable,
+            zero_stage=cell["zero_stage"],
+            gpus=cell.get("gpus", 1),
+            precision=cell["precision"],
+            optimizer=cell["optimizer"],
+            offload=cell["offload"],
+            quantized_4bit=cell["peft"] == "qlora",
+        )
         row["estimate_model_states_bytes"] = est["gpu_bytes"]
         row["estimate_model_states_host_bytes"] = est["host_bytes"]
-    row["losses"] = rec.get("losses")
-    row["step_times_s"] = rec.get("step_times_s")
+    # What the memory model predicted when the cell ran (records from a GPU run since 2026-12).
+    row["predicted_gpu_bytes"] = rec.predicted.gpu_bytes if rec.predicted else None
+    row["predicted_host_bytes"] = rec.predicted.host_bytes if rec.predicted else None
+    row["search_largest_ok"] = rec.search.largest_ok if rec.search else None
+    row["losses"] = rec.losses
+    row["step_times_s"] = rec.step_times_s
     return row
 
 
-def records_to_frame(records: Iterable[dict]):
+def records_to_frame(records: Iterable[dict | Record]):
+    """Records (of any schema version, upgraded here, or already read as Record values) -> one row per
+    attempt; started records left out."""
     import pandas as pd
 
-    rows = [_row(r) for r in records if r.get("status") != "started"]
+    parsed = (r if isinstance(r, Record) else parse(r) for r in records)
+    rows = [_row(r) for r in parsed if r.status is not Status.STARTED]
     df = pd.DataFrame(rows)
     for col in ("started_at", "ended_at"):
         if col in df:
             df[col] = pd.to_datetime(df[col], utc=True, format="ISO8601")
-    for col in METRIC_COLUMNS + MEMORY_COLUMNS + ["gpu_memory_bytes", "host_memory_bytes"]:
+    for col in METRIC_COLUMNS + MEMORY_COLUMNS + ["gpu_memory_bytes", "host_memory_bytes", *PREDICTED_COLUMNS]:
         df[col] = pd.to_numeric(df[col], errors="coerce") if col in df else float("nan")
     peak = pd.Series(float("nan"), index=df.index)
     source = pd.Series(None, index=df.index, dtype=object)
@@ -135,16 +245,14 @@ def records_to_frame(records: Iterable[dict]):
 
 def load(*paths: str | os.PathLike, include_all_attempts: bool = True):
     """Load one or more results files (or folders of *.jsonl) into one DataFrame."""
-    recs: list[dict] = []
+    files = []
     for p in paths:
         p = os.fspath(p)
         if os.path.isdir(p):
-            for name in sorted(os.listdir(p)):
-                if name.endswith(".jsonl"):
-                    recs += read(os.path.join(p, name))
+            files += [os.path.join(p, name) for name in sorted(os.listdir(p)) if name.endswith(".jsonl")]
         else:
-            recs += read(p)
-    df = records_to_frame(recs)
+            files.append(p)
+    df = records_to_frame(itertools.chain.from_iterable(map(read_records, files)))
     return df if include_all_attempts else latest(df)
 
 

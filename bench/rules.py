@@ -4,18 +4,29 @@ A table, not `if`s in the runner. Each rule names the combination, the reason, t
 source that makes it true (a DeepSpeed version, an error seen on a real run, an issue). Rules that
 depend on this machine read the Platform (GPUs, installed versions).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
+from .axes import OPTIMIZERS, Offload, OptimizerSpec, UnderOffload
 from .cells import Cell
 from .env import Platform, version_tuple
 
-__all__ = ["Rule", "RULES", "check", "Skip"]
+__all__ = ["Rule", "RULES", "check", "Skip", "PRUNED"]
 
-ONEBIT = ("onebitadam", "zerooneadam", "onebitlamb")
-BNB = ("paged_adamw", "paged_adamw_8bit", "adamw_8bit")
+PRUNED = "predicted-oom"
+"""The rule id of a cell the memory model predicts not to fit (bench.run.prune_skip): pruned, not ruled out."""
+
+# Optimizer facts come from bench.axes.OPTIMIZERS; the rules say what they stop, why, and the source.
+ONEBIT = tuple(name for name, spec in OPTIMIZERS.items() if spec.onebit)
+BNB = tuple(name for name, spec in OPTIMIZERS.items() if spec.package == "bitsandbytes")
+_PLAIN = OptimizerSpec(cls="", under_offload=UnderOffload.RUNS)  # a name outside the table: no limits known
+
+
+def _opt(c: Cell) -> OptimizerSpec:
+    return OPTIMIZERS.get(c.optimizer, _PLAIN)
 
 
 @dataclass(frozen=True)
@@ -40,109 +51,154 @@ class Skip:
 
 RULES: tuple[Rule, ...] = (
     # -- the machine ---------------------------------------------------------------------------
-    Rule("gpus-available",
-         lambda c, p: p.cuda and c.gpus > len(p.gpus),
-         "the cell needs more GPUs than this machine has",
-         "lower gpus, or run it on a larger host",
-         "NVML device count"),
-    Rule("fp16-needs-cuda",
-         lambda c, p: not p.cuda and c.precision == "fp16" and c.ds_config is None,
-         "DeepSpeed's CPU accelerator has no fp16 ('Type fp16 is not supported on your device')",
-         "use bf16 or fp32 on CPU",
-         "deepspeed 0.19.6 engine._do_sanity_check; seen on a CPU run (tests/test_rules_evidence.py)"),
-    Rule("lamb-needs-cuda",
-         lambda c, p: not p.cuda and c.optimizer == "fusedlamb",
-         "FusedLamb is a CUDA kernel; DeepSpeed's CPU backend raises 'This op had not been implemented on CPU backend'",
-         "run it on a GPU",
-         "deepspeed 0.19.6 engine._configure_basic_optimizer; seen on a CPU run (tests/test_rules_evidence.py)"),
-    Rule("fusedlamb-no-bf16",
-         lambda c, p: c.optimizer == "fusedlamb" and c.precision == "bf16",
-         "DeepSpeed's FusedLamb kernel has no bf16 path (\"lamb_cuda_kernel\" not implemented for 'BFloat16')",
-         "use precision: fp16 or fp32 with fusedlamb",
-         "seen on the H200 with deepspeed 0.19.6 (results/1b-axes.jsonl)"),
-    Rule("bnb-needs-cuda",
-         lambda c, p: (c.optimizer in BNB or c.peft == "qlora") and not p.cuda,
-         "bitsandbytes optimizers and 4-bit quantization need a CUDA GPU",
-         "run it on a GPU",
-         "bitsandbytes kernels are CUDA-only in this harness"),
-    Rule("bnb-installed",
-         lambda c, p: (c.optimizer in BNB or c.peft == "qlora") and p.cuda and not p.has("bitsandbytes"),
-         "bitsandbytes is not installed",
-         "pip install 'zerobench[gpu]'",
-         "import bitsandbytes"),
-    Rule("liger-needs-cuda",
-         lambda c, p: c.kernels == "liger" and not p.cuda,
-         "Liger-Kernel's kernels are Triton GPU kernels",
-         "use kernels: hf on CPU, or run it on a GPU",
-         "liger-kernel requires triton, which has no CPU backend"),
-    Rule("liger-installed",
-         lambda c, p: c.kernels == "liger" and p.cuda and not p.has("liger-kernel"),
-         "Liger-Kernel is not installed",
-         "pip install 'zerobench[gpu]'",
-         "import liger_kernel"),
-    Rule("liger-no-compile",
-         lambda c, p: c.kernels == "liger" and bool(c.compile) and p.has("liger-kernel")
-         and version_tuple(p.versions.get("liger-kernel")) <= (0, 8, 5),
-         "torch.compile of Liger-Kernel's Triton kernels is unreliable: dynamo cannot analyse the kernels' "
-         "mutations (\"'float' object has no attribute 'to'\"), and at the 1.1B shape the first step ends in "
-         "'CUDA error: an illegal memory access'",
-         "use kernels: liger without compile (it was the faster of the two), or compile with kernels: hf",
-         "liger-kernel 0.8.5, torch 2.11 on the H200: 3 of 3 compiled 1.1B liger cells crashed "
-         "(results/1b-mfu-2.jsonl), and a 1.1B cell at seq 512 in tests/test_gpu_rules.py; the tiny preset "
-         "ran (results/gpu-evidence/session3_gpu_rules_liger.log)"),
+    Rule(
+        "gpus-available",
+        lambda c, p: p.cuda and c.gpus > len(p.gpus),
+        "the cell needs more GPUs than this machine has",
+        "lower gpus, or run it on a larger host",
+        "NVML device count",
+    ),
+    Rule(
+        "fp16-needs-cuda",
+        lambda c, p: not p.cuda and c.precision == "fp16",
+        "DeepSpeed's CPU accelerator has no fp16 ('Type fp16 is not supported on your device')",
+        "use bf16 or fp32 on CPU",
+        "deepspeed 0.19.6 engine._do_sanity_check; seen on a CPU run (tests/test_rules_evidence.py)",
+    ),
+    Rule(
+        "lamb-needs-cuda",
+        lambda c, p: not p.cuda and c.optimizer == "fusedlamb",
+        "FusedLamb is a CUDA kernel; DeepSpeed's CPU backend raises 'This op had not been implemented on CPU backend'",
+        "run it on a GPU",
+        "deepspeed 0.19.6 engine._configure_basic_optimizer; seen on a CPU run (tests/test_rules_evidence.py)",
+    ),
+    # Named for the one optimizer with a precision limit (OptimizerSpec.precisions); the name is in records.
+    Rule(
+        "fusedlamb-no-bf16",
+        lambda c, p: c.precision not in _opt(c).precisions,
+        "DeepSpeed's FusedLamb kernel has no bf16 path (\"lamb_cuda_kernel\" not implemented for 'BFloat16')",
+        "use precision: fp16 or fp32 with fusedlamb",
+        "seen on the H200 with deepspeed 0.19.6 (results/1b-axes.jsonl)",
+    ),
+    Rule(
+        "bnb-needs-cuda",
+        lambda c, p: (c.optimizer in BNB or c.peft == "qlora") and not p.cuda,
+        "bitsandbytes optimizers and 4-bit quantization need a CUDA GPU",
+        "run it on a GPU",
+        "bitsandbytes kernels are CUDA-only in this harness",
+    ),
+    Rule(
+        "bnb-installed",
+        lambda c, p: (c.optimizer in BNB or c.peft == "qlora") and p.cuda and not p.has("bitsandbytes"),
+        "bitsandbytes is not installed",
+        "pip install 'zerobench[gpu]'",
+        "import bitsandbytes",
+    ),
+    Rule(
+        "liger-needs-cuda",
+        lambda c, p: c.kernels == "liger" and not p.cuda,
+        "Liger-Kernel's kernels are Triton GPU kernels",
+        "use kernels: hf on CPU, or run it on a GPU",
+        "liger-kernel requires triton, which has no CPU backend",
+    ),
+    Rule(
+        "liger-installed",
+        lambda c, p: c.kernels == "liger" and p.cuda and not p.has("liger-kernel"),
+        "Liger-Kernel is not installed",
+        "pip install 'zerobench[gpu]'",
+        "import liger_kernel",
+    ),
+    Rule(
+        "liger-no-compile",
+        lambda c, p: (
+            c.kernels == "liger"
+            and bool(c.compile)
+            and p.has("liger-kernel")
+            and version_tuple(p.versions.get("liger-kernel")) <= (0, 8, 5)
+        ),
+        "torch.compile of Liger-Kernel's Triton kernels is unreliable: dynamo cannot analyse the kernels' "
+        "mutations (\"'float' object has no attribute 'to'\"), and at the 1.1B shape the first step ends in "
+        "'CUDA error: an illegal memory access'",
+        "use kernels: liger without compile (it was the faster of the two), or compile with kernels: hf",
+        "liger-kernel 0.8.5, torch 2.11 on the H200: 3 of 3 compiled 1.1B liger cells crashed "
+        "(results/1b-mfu-2.jsonl), and a 1.1B cell at seq 512 in tests/test_gpu_rules.py; the tiny preset "
+        "ran (results/gpu-evidence/session3_gpu_rules_liger.log)",
+    ),
     # -- DeepSpeed ZeRO ------------------------------------------------------------------------
-    Rule("offload-needs-zero",
-         lambda c, p: c.offload != "none" and c.zero_stage == 0,
-         "optimizer offload needs ZeRO stage 1, 2 or 3 (stage 0 keeps no partitioned optimizer to move)",
-         "set zero_stage >= 1 or offload: none",
-         "DeepSpeed ZeRO-Offload docs (offload_optimizer: stages 1-3)"),
-    Rule("nvme-needs-zero3",
-         lambda c, p: c.offload == "nvme" and c.zero_stage != 3,
-         "NVMe offload swaps parameters too, which only ZeRO stage 3 partitions",
-         "set zero_stage: 3, or offload: optimizer",
-         "DeepSpeed ZeRO-Infinity docs (offload_param device nvme: stage 3)"),
-    Rule("nvme-needs-libaio",
-         lambda c, p: c.offload == "nvme" and not p.libaio,
-         "DeepSpeed's async-I/O op, which NVMe offload uses, builds against libaio, and its headers are missing",
-         "apt-get install libaio-dev",
-         "deepspeed 0.19.6 op_builder AsyncIOBuilder (-laio)"),
-    Rule("param-offload-needs-zero3",
-         lambda c, p: c.offload == "optimizer+params" and c.zero_stage != 3,
-         "parameter offload exists only at ZeRO stage 3 (only stage 3 partitions parameters)",
-         "set zero_stage: 3 or offload: optimizer",
-         "DeepSpeed config docs (offload_param: stage 3 only)"),
-    Rule("offload-runs-cpuadam",
-         lambda c, p: c.offload != "none" and c.optimizer == "fusedadam" and c.ds_config is None,
-         "with offload DeepSpeed silently replaces FusedAdam by DeepSpeedCPUAdam, so this cell would not run fusedadam",
-         "use optimizer: cpuadam (or adamw: torch AdamW stepping on the CPU) for offload cells",
-         "deepspeed 0.19.6 engine._configure_basic_optimizer; seen on a CPU run (tests/test_rules_evidence.py)"),
-    Rule("cpuadam-needs-offload",
-         lambda c, p: c.optimizer == "cpuadam" and c.offload == "none" and c.ds_config is None,
-         "DeepSpeed builds DeepSpeedCPUAdam only for ZeRO-Offload; without offload it builds FusedAdam",
-         "use optimizer: fusedadam, or offload: optimizer",
-         "deepspeed 0.19.6 engine._configure_basic_optimizer; seen on a CPU run"),
-    Rule("offload-optimizer-kind",
-         lambda c, p: c.offload != "none" and c.optimizer in ("fusedlamb", *ONEBIT, *BNB),
-         "ZeRO-Offload runs the optimizer step on the CPU with DeepSpeedCPUAdam; {opt} has no CPU step",
-         "use optimizer: cpuadam with offload",
-         "DeepSpeed ZeRO-Offload docs"),
+    Rule(
+        "offload-needs-zero",
+        lambda c, p: c.offload != Offload.NONE and c.zero_stage == 0,
+        "optimizer offload needs ZeRO stage 1, 2 or 3 (stage 0 keeps no partitioned optimizer to move)",
+        "set zero_stage >= 1 or offload: none",
+        "DeepSpeed ZeRO-Offload docs (offload_optimizer: stages 1-3)",
+    ),
+    Rule(
+        "nvme-needs-zero3",
+        lambda c, p: c.offload == Offload.NVME and c.zero_stage != 3,
+        "NVMe offload swaps parameters too, which only ZeRO stage 3 partitions",
+        "set zero_stage: 3, or offload: optimizer",
+        "DeepSpeed ZeRO-Infinity docs (offload_param device nvme: stage 3)",
+    ),
+    Rule(
+        "nvme-needs-libaio",
+        lambda c, p: c.offload == Offload.NVME and not p.libaio,
+        "DeepSpeed's async-I/O op, which NVMe offload uses, builds against libaio, and its headers are missing",
+        "apt-get install libaio-dev",
+        "deepspeed 0.19.6 op_builder AsyncIOBuilder (-laio)",
+    ),
+    Rule(
+        "param-offload-needs-zero3",
+        lambda c, p: c.offload == Offload.OPTIMIZER_PARAMS and c.zero_stage != 3,
+        "parameter offload exists only at ZeRO stage 3 (only stage 3 partitions parameters)",
+        "set zero_stage: 3 or offload: optimizer",
+        "DeepSpeed config docs (offload_param: stage 3 only)",
+    ),
+    Rule(
+        "offload-runs-cpuadam",
+        lambda c, p: c.offload != Offload.NONE and _opt(c).under_offload == UnderOffload.REPLACED,
+        "with offload DeepSpeed silently replaces FusedAdam by DeepSpeedCPUAdam, so this cell would not run fusedadam",
+        "use optimizer: cpuadam (or adamw: torch AdamW stepping on the CPU) for offload cells",
+        "deepspeed 0.19.6 engine._configure_basic_optimizer; seen on a CPU run (tests/test_rules_evidence.py)",
+    ),
+    Rule(
+        "cpuadam-needs-offload",
+        lambda c, p: _opt(c).under_offload == UnderOffload.REQUIRED and c.offload == Offload.NONE,
+        "DeepSpeed builds DeepSpeedCPUAdam only for ZeRO-Offload; without offload it builds FusedAdam",
+        "use optimizer: fusedadam, or offload: optimizer",
+        "deepspeed 0.19.6 engine._configure_basic_optimizer; seen on a CPU run",
+    ),
+    Rule(
+        "offload-optimizer-kind",
+        lambda c, p: c.offload != Offload.NONE and _opt(c).under_offload == UnderOffload.NO_CPU_STEP,
+        "ZeRO-Offload runs the optimizer step on the CPU with DeepSpeedCPUAdam; {opt} has no CPU step",
+        "use optimizer: cpuadam with offload",
+        "DeepSpeed ZeRO-Offload docs",
+    ),
     # -- 1-bit optimizers ----------------------------------------------------------------------
-    Rule("onebit-removed",
-         lambda c, p: c.optimizer in ONEBIT and version_tuple(p.versions.get("deepspeed")) >= (0, 19, 7),
-         "DeepSpeed {ds} removed OneBitAdam, ZeroOneAdam and OneBitLamb",
-         "pip install deepspeed==0.19.6",
-         "deepspeed 0.19.7 release ('OneBitAdam is not a supported DeepSpeed Optimizer')"),
-    Rule("onebit-needs-zero0",
-         lambda c, p: c.optimizer in ONEBIT and c.zero_stage != 0,
-         "the 1-bit optimizers run only at ZeRO stage 0",
-         "set zero_stage: 0",
-         "DeepSpeed 1-bit Adam tutorial; fails at ZeRO-1 on the H200 (results/gpu-evidence/gpu_rules_h200.log). "
-         "bf16 was ruled out too until that run showed OneBitAdam in bf16 at ZeRO-0 working"),
-    Rule("onebit-needs-cuda",
-         lambda c, p: c.optimizer in ONEBIT and not p.cuda,
-         "the 1-bit optimizers compress with cupy over NCCL (CPU run: 'No module named cupy')",
-         "run them on a GPU host with cupy",
-         "seen on a CPU run (tests/test_rules_evidence.py)"),
+    Rule(
+        "onebit-removed",
+        lambda c, p: (
+            c.optimizer in ONEBIT and version_tuple(p.versions.get("deepspeed")) >= _opt(c).removed_in_deepspeed
+        ),
+        "DeepSpeed {ds} removed OneBitAdam, ZeroOneAdam and OneBitLamb",
+        "pip install deepspeed==0.19.6",
+        "deepspeed 0.19.7 release ('OneBitAdam is not a supported DeepSpeed Optimizer')",
+    ),
+    Rule(
+        "onebit-needs-zero0",
+        lambda c, p: c.optimizer in ONEBIT and c.zero_stage not in _opt(c).zero_stages,
+        "the 1-bit optimizers run only at ZeRO stage 0",
+        "set zero_stage: 0",
+        "DeepSpeed 1-bit Adam tutorial; fails at ZeRO-1 on the H200 (results/gpu-evidence/gpu_rules_h200.log). "
+        "bf16 was ruled out too until that run showed OneBitAdam in bf16 at ZeRO-0 working",
+    ),
+    Rule(
+        "onebit-needs-cuda",
+        lambda c, p: c.optimizer in ONEBIT and not p.cuda,
+        "the 1-bit optimizers compress with cupy over NCCL (CPU run: 'No module named cupy')",
+        "run them on a GPU host with cupy",
+        "seen on a CPU run (tests/test_rules_evidence.py)",
+    ),
     # Removed after the H200 ran them (results/gpu-evidence/gpu_rules_h200.log, now GPU tests that they
     # run: tests/test_gpu_rules.py): 1-bit with LoRA, 1-bit under the HF Trainer, QLoRA in fp32, QLoRA
     # with ZeRO-3 parameter offload.

@@ -1,7 +1,7 @@
 """`zerobench selfcheck`: does the harness measure what a plain script would, and what does it cost?
 
 Each runnable cell is run three ways through the same child protocol, back to back:
-  reference     a minimal hand-written DeepSpeed loop (bench/reference.py), no telemetry
+  reference     a minimal hand-written DeepSpeed loop (bench/worker/reference.py), no telemetry
   zerobench     the worker as in any run, telemetry sampled as a run on this host samples it
   no-telemetry  the worker without the sampler
 and recorded like any cell (with a `variant` field) in results/selfcheck-<matrix>.jsonl. The
@@ -9,13 +9,16 @@ comparison printed at the end is computed from those records alone:
   step time vs reference, tokens/s with vs without telemetry, and the fixed per-cell cost
   (wall time minus the steps and the model build).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
-from . import env, launch, run as run_mod, telemetry
+from . import env, launch, telemetry
+from . import run as run_mod
+from .record import Record
 from .results import fixed_cost_s
-from .store import Store
+from .store import Store, check_writable
 
 __all__ = ["selfcheck", "compare", "BARS"]
 
@@ -27,25 +30,31 @@ BARS = {"step_time_vs_reference": 0.03, "telemetry_cost": 0.01, "fixed_cost_s": 
 def _verdict(value: float, bar: float) -> str:
     return "within the bar" if abs(value) <= bar else "OVER the bar"
 
-VARIANTS = (("reference", {"module": "bench.reference", "sample_interval_s": None}),
-            ("zerobench", {}),  # sampled as in a real run on this host (telemetry.interval_for)
-            ("no-telemetry", {"sample_interval_s": None}))
+
+VARIANTS = (
+    ("reference", {"module": "bench.worker.reference", "sample_interval_s": None}),
+    ("zerobench", {}),  # sampled as in a real run on this host (telemetry.interval_for)
+    ("no-telemetry", {"sample_interval_s": None}),
+)
 
 
-def selfcheck(matrix_path: str, *, filters: list[str] | None = None, results: str | None = None,
-              printer=print) -> tuple[Path, list[dict]]:
+def selfcheck(
+    matrix_path: str, *, filters: list[str] | None = None, results: str | None = None, printer=print
+) -> tuple[Path, list[dict]]:
     p = run_mod.plan(matrix_path, filters)
     path = Path(results) if results else Path("results") / f"selfcheck-{p.matrix.name}.jsonl"
+    check_writable(path)
     store = Store(path)
     logs = path.parent / "logs" / path.stem
     run_id = run_mod.new_run_id()
     platform = env.probe()
     written = []
-    try:
-        run_mod.prepare(p.runnable, logs, None, platform, printer)
-        written = _variants(p, matrix_path, store, logs, run_id, platform, printer)
-    finally:
-        launch.stop_forkserver()
+    with store.hold("zerobench selfcheck"):  # as a run: one writer per results file
+        try:
+            run_mod.prepare(p.runnable, logs, None, platform, printer)
+            written = _variants(p, matrix_path, store, logs, run_id, platform, printer)
+        finally:
+            launch.stop_forkserver()
     for line in compare(written):
         printer(line)
     return path, written
@@ -56,13 +65,28 @@ def _variants(p, matrix_path, store, logs, run_id, platform, printer) -> list[di
     for it in p.runnable:
         gpus = list(range(it.cell.gpus)) if platform.cuda else None
         for name, kw in VARIANTS:
-            started = run_mod.now()
+            # No started record is stored: a selfcheck is not resumed.
+            started = Record.started(
+                it.cell, run_id=run_id, attempt=1, matrix_file=str(matrix_path), started_at=run_mod.now()
+            )
             log = logs / f"{it.cell.hash}.{name}.log"
             kw = {"sample_interval_s": telemetry.interval_for(platform.cuda), **kw}
-            out = launch.run_cell(it.cell, it.ds_config, log_path=log, gpus=gpus, **kw)
-            rec = run_mod.record_outcome(it.cell, it, out, run_id, 1, str(matrix_path), log, started)
-            rec["variant"] = name
-            store.append(rec)
+            try:  # as in run: a failure of ours around one cell is an error record, not the end
+                out = launch.run_cell(it.cell, it.ds_config, log_path=log, gpus=gpus, **kw)
+                rec = Record.from_outcome(
+                    started, out, ds_config=it.ds_config, log=str(log), ended_at=run_mod.now(), variant=name
+                )
+            except Exception as e:  # noqa: BLE001
+                import traceback
+
+                rec = Record.error(
+                    started,
+                    f"zerobench failed around this cell: {type(e).__name__}: {e}",
+                    ended_at=run_mod.now(),
+                    traceback=traceback.format_exc()[-6000:],
+                    log=str(log),
+                )
+            rec = store.append(rec)
             written.append(rec)
             printer(f"{name:<13} {rec['status']:<8} {it.cell.name}  {_median(rec) or 0:.4f} s/step")
     return written
@@ -84,19 +108,25 @@ def compare(records: list[dict]) -> list[str]:
         parts = [cid]
         if zb and ref and _median(zb) and _median(ref):
             d = _median(zb) / _median(ref) - 1
-            parts.append(f"step time vs hand-written loop: {d * 100:+.1f}% "
-                         f"({_verdict(d, BARS['step_time_vs_reference'])} of ±{BARS['step_time_vs_reference']:.0%})")
+            parts.append(
+                f"step time vs hand-written loop: {d * 100:+.1f}% "
+                f"({_verdict(d, BARS['step_time_vs_reference'])} of ±{BARS['step_time_vs_reference']:.0%})"
+            )
         if zb and nt and _median(zb) and _median(nt):
             tz, tn = zb["metrics"]["tokens_per_s"], nt["metrics"]["tokens_per_s"]
             d = 1 - tz / tn
-            parts.append(f"telemetry cost: {d * 100:+.1f}% tokens/s "
-                         f"({_verdict(d, BARS['telemetry_cost'])} of ±{BARS['telemetry_cost']:.0%})")
+            parts.append(
+                f"telemetry cost: {d * 100:+.1f}% tokens/s "
+                f"({_verdict(d, BARS['telemetry_cost'])} of ±{BARS['telemetry_cost']:.0%})"
+            )
         fixed = fixed_cost_s(zb) if zb else None
         if fixed is not None:
             build = (zb.get("worker") or {}).get("model_build_s") or 0.0
             how = (zb.get("started_by") or {}).get("mode", "spawn")
-            parts.append(f"fixed per-cell cost beyond model build: {fixed:.1f} s ({_verdict(fixed, BARS['fixed_cost_s'])} "
-                         f"of {BARS['fixed_cost_s']:g} s; model build {build:.2f} s, worker "
-                         f"{'forked from the pre-imported server' if how == 'fork' else 'started from scratch'})")
+            parts.append(
+                f"fixed per-cell cost beyond model build: {fixed:.1f} s ({_verdict(fixed, BARS['fixed_cost_s'])} "
+                f"of {BARS['fixed_cost_s']:g} s; model build {build:.2f} s, worker "
+                f"{'forked from the pre-imported server' if how == 'fork' else 'started from scratch'})"
+            )
         lines.append("  ".join(parts))
     return lines

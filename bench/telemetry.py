@@ -1,10 +1,13 @@
 """Parent-side sampling of the worker's process tree: host RSS and, where NVML exists, GPU memory
-(device and per process), utilisation, power and energy.
+(device and per process), utilisation, power and energy, and the GPU's state: SM and memory clocks,
+temperature and clock-throttle reasons (a cell that ran hot or power-capped is not comparable with
+one that did not; bench.compare reads them).
 
 It runs in the orchestrator, not in the worker, so it costs the measured step nothing (no GIL
 contention, no CUDA context). The worker's events file gives the phase boundaries; samples are
 split by phase afterwards, so each phase has its own peaks.
 """
+
 from __future__ import annotations
 
 import threading
@@ -13,7 +16,27 @@ from dataclasses import dataclass, field
 
 import psutil
 
-__all__ = ["Sampler", "gpu_snapshot", "nvml_available", "interval_for"]
+__all__ = ["Sampler", "gpu_snapshot", "nvml_available", "interval_for", "THROTTLE_REASONS", "throttle_names"]
+
+# NVML's clock event ("throttle") reason bits (nvml.h, nvmlClocksEventReason*; stable since NVML 10).
+THROTTLE_REASONS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+# Idle between steps, and clocks an administrator pinned, are states rather than slowdowns of a cell.
+_NOT_THROTTLING = 0x1 | 0x2
+
+
+def throttle_names(mask: int) -> list[str]:
+    """The slowdown reasons set in an NVML reason bitmask, in bit order (idle and pinned clocks left out)."""
+    return [name for bit, name in THROTTLE_REASONS.items() if mask & bit and not bit & _NOT_THROTTLING]
 
 
 def interval_for(cuda: bool) -> float:
@@ -42,10 +65,13 @@ def gpu_snapshot(indices: list[int]) -> dict:
     if nv is None:
         return {}
     out = {}
-    for i in indices:
-        h = nv.nvmlDeviceGetHandleByIndex(i)
-        procs = [(p.pid, int(p.usedGpuMemory or 0)) for p in nv.nvmlDeviceGetComputeRunningProcesses(h)]
-        out[i] = {"used_bytes": int(nv.nvmlDeviceGetMemoryInfo(h).used), "procs": procs}
+    try:
+        for i in indices:
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            procs = [(p.pid, int(p.usedGpuMemory or 0)) for p in nv.nvmlDeviceGetComputeRunningProcesses(h)]
+            out[i] = {"used_bytes": int(nv.nvmlDeviceGetMemoryInfo(h).used), "procs": procs}
+    except Exception:  # noqa: BLE001 - NVML started but cannot read a GPU: no snapshot, the cell still runs
+        return {}
     return out
 
 
@@ -59,6 +85,19 @@ class Series:
     util: list[list[int]] = field(default_factory=list)
     power_w: list[list[float]] = field(default_factory=list)
     energy_j: list[list[float]] = field(default_factory=list)
+    # Per slow sample, per GPU; None where the driver does not answer that query.
+    sm_clock: list[list[int | None]] = field(default_factory=list)
+    mem_clock: list[list[int | None]] = field(default_factory=list)
+    temperature: list[list[int | None]] = field(default_factory=list)
+    throttle: list[list[int | None]] = field(default_factory=list)
+
+
+def _ask(fn, *args):
+    """One NVML query that a driver or GPU may not support: None instead of an exception."""
+    try:
+        return int(fn(*args))
+    except Exception:  # noqa: BLE001 - NVMLError_NotSupported and friends: the figure is simply absent
+        return None
 
 
 class Sampler(threading.Thread):
@@ -69,7 +108,10 @@ class Sampler(threading.Thread):
         self.root_pid = root_pid
         self.interval = interval_s
         self.nv = _nvml() if gpu_indices else None
-        self.handles = [self.nv.nvmlDeviceGetHandleByIndex(i) for i in gpu_indices] if self.nv else []
+        try:
+            self.handles = [self.nv.nvmlDeviceGetHandleByIndex(i) for i in gpu_indices] if self.nv else []
+        except Exception:  # noqa: BLE001 - a GPU NVML cannot read: host memory only, as without NVML
+            self.nv, self.handles = None, []
         self.series = Series()
         self._halt = threading.Event()
         self._procs: dict[int, psutil.Process] = {}
@@ -103,15 +145,33 @@ class Sampler(threading.Thread):
                 s.gpu_used.append([int(nv.nvmlDeviceGetMemoryInfo(h).used) for h in self.handles])
                 if tick % 10 == 0:
                     pids = set(self._procs)
-                    self._proc_gpu = [sum(int(p.usedGpuMemory or 0) for p in nv.nvmlDeviceGetComputeRunningProcesses(h)
-                                          if p.pid in pids) for h in self.handles]
+                    self._proc_gpu = [
+                        sum(
+                            int(p.usedGpuMemory or 0)
+                            for p in nv.nvmlDeviceGetComputeRunningProcesses(h)
+                            if p.pid in pids
+                        )
+                        for h in self.handles
+                    ]
                     s.slow_t.append(now)
                     s.util.append([int(nv.nvmlDeviceGetUtilizationRates(h).gpu) for h in self.handles])
                     s.power_w.append([nv.nvmlDeviceGetPowerUsage(h) / 1000.0 for h in self.handles])
                     s.energy_j.append([nv.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0 for h in self.handles])
+                    self._gpu_state(nv)
                 s.gpu_proc.append(list(self._proc_gpu))
             tick += 1
             self._halt.wait(self.interval)
+
+    def _gpu_state(self, nv) -> None:
+        """Clocks, temperature and throttle reasons (NVML constants by value: nvml.h's, stable)."""
+        reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+            nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None
+        )
+        s = self.series
+        s.sm_clock.append([_ask(nv.nvmlDeviceGetClockInfo, h, 1) for h in self.handles])  # NVML_CLOCK_SM
+        s.mem_clock.append([_ask(nv.nvmlDeviceGetClockInfo, h, 2) for h in self.handles])  # NVML_CLOCK_MEM
+        s.temperature.append([_ask(nv.nvmlDeviceGetTemperature, h, 0) for h in self.handles])  # NVML_TEMPERATURE_GPU
+        s.throttle.append([_ask(reasons, h) if reasons else None for h in self.handles])
 
     def stop(self) -> Series:
         self._halt.set()
@@ -122,7 +182,9 @@ class Sampler(threading.Thread):
 
 def summarize(series: Series, phases: list[tuple[str, float]], end_t: float) -> dict:
     """Peaks per phase and for the whole cell. phases: (name, start time) in order."""
-    bounds = [(name, start, phases[i + 1][1] if i + 1 < len(phases) else end_t) for i, (name, start) in enumerate(phases)]
+    bounds = [
+        (name, start, phases[i + 1][1] if i + 1 < len(phases) else end_t) for i, (name, start) in enumerate(phases)
+    ]
     out: dict = {"samples": len(series.t), "nvml": bool(series.gpu_used)}
     out["all"] = _window(series, 0.0, float("inf"))
     out["phases"] = {name: _window(series, a, b) for name, a, b in bounds if name not in ("exit",)}
@@ -137,13 +199,42 @@ def _window(s: Series, a: float, b: float) -> dict:
     if s.gpu_used and idx:
         per_gpu_used = [max(s.gpu_used[i][g] for i in idx) for g in range(len(s.gpu_used[0]))]
         per_gpu_proc = [max(s.gpu_proc[i][g] for i in idx) for g in range(len(s.gpu_proc[0]))]
-        w.update(nvml_used_peak_bytes=max(per_gpu_used), nvml_used_peak_per_gpu=per_gpu_used,
-                 nvml_proc_peak_bytes=max(per_gpu_proc), nvml_proc_peak_per_gpu=per_gpu_proc,
-                 nvml_proc_peak_total_bytes=sum(per_gpu_proc))
+        w.update(
+            nvml_used_peak_bytes=max(per_gpu_used),
+            nvml_used_peak_per_gpu=per_gpu_used,
+            nvml_proc_peak_bytes=max(per_gpu_proc),
+            nvml_proc_peak_per_gpu=per_gpu_proc,
+            nvml_proc_peak_total_bytes=sum(per_gpu_proc),
+        )
         sl = [i for i, t in enumerate(s.slow_t) if a <= t < b]
         if sl:
             w["gpu_util_mean_pct"] = sum(sum(s.util[i]) / len(s.util[i]) for i in sl) / len(sl)
             w["power_mean_w"] = sum(sum(s.power_w[i]) for i in sl) / len(sl)
             if len(sl) >= 2:
                 w["energy_j"] = sum(s.energy_j[sl[-1]]) - sum(s.energy_j[sl[0]])
+            w["power_max_w"] = max(max(s.power_w[i]) for i in sl)
+            w.update(_gpu_state(s, sl))
     return w
+
+
+def _gpu_state(s: Series, sl: list[int]) -> dict:
+    """Clock, temperature and throttle figures over the slow samples `sl` (all GPUs together)."""
+
+    def values(series):
+        return [v for i in sl if i < len(series) for v in series[i] if v is not None]
+
+    out: dict = {}
+    sm, mem, temp = values(s.sm_clock), values(s.mem_clock), values(s.temperature)
+    if sm:
+        out.update(sm_clock_mean_mhz=sum(sm) / len(sm), sm_clock_min_mhz=min(sm))
+    if mem:
+        out["mem_clock_mean_mhz"] = sum(mem) / len(mem)
+    if temp:
+        out["temperature_max_c"] = max(temp)
+    masks = values(s.throttle)
+    if masks:
+        seen = 0
+        for m in masks:
+            seen |= m
+        out["throttle_reasons"] = throttle_names(seen)
+    return out

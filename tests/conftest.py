@@ -4,6 +4,7 @@
 - Every other test runs with CUDA hidden (CUDA_VISIBLE_DEVICES=""), inherited by the workers it
   starts, so an unmarked test cannot quietly use a GPU: on a GPU host it would fail instead.
 """
+
 from __future__ import annotations
 
 import functools
@@ -20,8 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 @functools.cache
 def cuda_available() -> bool:
     # In a subprocess: importing torch here would slow every test session and hold a CUDA context.
-    r = subprocess.run([sys.executable, "-c", "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
-                       capture_output=True)
+    r = subprocess.run(
+        [sys.executable, "-c", "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"], capture_output=True
+    )
     return r.returncode == 0
 
 
@@ -45,8 +47,9 @@ def zerobench(*args: str, cwd: Path, env: dict | None = None, timeout: float = 1
     """Run the CLI as a user would, in a fresh process."""
     e = {**os.environ, **(env or {})}
     e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=cwd, env=e, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args], cwd=cwd, env=e, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def write_matrix(path: Path, body: str) -> Path:

@@ -1,4 +1,5 @@
 """A cell is a value: readable id, stable hash, round-trips through JSON."""
+
 from __future__ import annotations
 
 import json
@@ -16,15 +17,31 @@ def test_hash_is_stable_and_ignores_timeout():
 
 def test_hash_changes_with_anything_measured():
     base = Cell()
-    for change in ({"seq_len": 256}, {"micro_batch": 4}, {"seed": 1}, {"model": "llama-1b"}, {"grad_ckpt": True},
-                   {"lr": 2e-3}, {"measured_steps": 9}, {"compile": True}, {"kernels": "liger"},
-                   {"grad_accum": 4}):
+    for change in (
+        {"seq_len": 256},
+        {"micro_batch": 4},
+        {"seed": 1},
+        {"model": "llama-1b"},
+        {"grad_ckpt": True},
+        {"lr": 2e-3},
+        {"measured_steps": 9},
+        {"compile": True},
+        {"kernels": "liger"},
+        {"grad_accum": 4},
+    ):
         assert Cell(**change).hash != base.hash, change
 
 
 def test_readable_id():
-    c = Cell(zero_stage=3, offload="optimizer+params", precision="bf16", grad_ckpt=True, optimizer="cpuadam",
-             peft="lora", lora=Lora(r=8))
+    c = Cell(
+        zero_stage=3,
+        offload="optimizer+params",
+        precision="bf16",
+        grad_ckpt=True,
+        optimizer="cpuadam",
+        peft="lora",
+        lora=Lora(r=8),
+    )
     assert c.name == "zero=3,offload=optimizer+params,prec=bf16,gc=on,opt=cpuadam,peft=lora-r8,mb=1"
     assert c.id == f"{c.name}#{c.hash}"
     assert Cell(compile=True, micro_batch=16).name.endswith(",compile=on,mb=16")

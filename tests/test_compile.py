@@ -1,5 +1,8 @@
 """The compile axis: a cell with compile=on really runs a torch.compile'd module, and learns the same."""
+
 from __future__ import annotations
+
+import statistics
 
 import pytest
 
@@ -12,8 +15,18 @@ pytestmark = pytest.mark.slow
 def test_compiled_cell_runs_compiled_and_matches_eager(tmp_path):
     outs = {}
     for comp in (False, True, "default"):
-        c = Cell(model="llama-tiny", seq_len=64, micro_batch=2, warmup_steps=2, measured_steps=3, zero_stage=1,
-                 precision="fp32", lr=3e-3, timeout_s=600, compile=comp)
+        c = Cell(
+            model="llama-tiny",
+            seq_len=64,
+            micro_batch=2,
+            warmup_steps=2,
+            measured_steps=3,
+            zero_stage=1,
+            precision="fp32",
+            lr=3e-3,
+            timeout_s=600,
+            compile=comp,
+        )
         o = launch.run_cell(c, dsconfig.build(c), log_path=tmp_path / f"{comp}.log", gpus=None, sample_interval_s=0.05)
         assert o.status.value == "ok", o.reason
         outs[comp] = o.ranks[0]
@@ -23,5 +36,7 @@ def test_compiled_cell_runs_compiled_and_matches_eager(tmp_path):
     # Inductor reorders float arithmetic: close, not bit-equal.
     assert outs[True]["losses"] == pytest.approx(outs[False]["losses"], rel=1e-4)
     # The compile happens in the first (warmup) step, not in the measured ones.
+    # Against the median, and no measured step as long as the compiling one: beside a CPU-heavy job one
+    # measured step once took 8x the others (2.8 s, the compile 11.2 s), which a bound on max() failed.
     first, rest = outs[True]["step_times_s"][0], outs[True]["step_times_s"][2:]
-    assert first > 5 * max(rest)
+    assert first > 5 * statistics.median(rest) and first > 2 * max(rest), (first, rest)

@@ -1,5 +1,7 @@
 """Generated DeepSpeed configs: every axis value lands in the right section, and every config a cell
-would run passes bench.dscheck and reads back (describe) as the cell's own axis values."""
+would run passes the checker for users' files (dsconfig.check) and reads back (describe) as the cell's
+own axis values."""
+
 from __future__ import annotations
 
 import itertools
@@ -7,31 +9,48 @@ import json
 
 import pytest
 
-from bench import dscheck, dsconfig, rules
-from bench.cells import OFFLOADS, OPTIMIZERS, PEFTS, PRECISIONS, ZERO_STAGES, Cell, Lora, Qlora
+from bench import dsconfig, rules
+from bench.axes import OFFLOADS, OPTIMIZERS, PEFTS, PRECISIONS, ZERO_STAGES
+from bench.cells import Cell, Lora, Qlora
 from bench.env import Gpu, Platform
 
 # A GPU host with everything installed: only the combination rules can stop a cell there.
-GPU_HOST = Platform(gpus=(Gpu(0, "NVIDIA H200", 141 << 30, "GPU-0"),), driver="580",
-                    versions={"torch": "2.11.0+cu130", "deepspeed": "0.19.6", "bitsandbytes": "0.45.0"})
+GPU_HOST = Platform(
+    gpus=(Gpu(0, "NVIDIA H200", 141 << 30, "GPU-0"),),
+    driver="580",
+    versions={"torch": "2.11.0+cu130", "deepspeed": "0.19.6", "bitsandbytes": "0.45.0"},
+)
 
 
 def cell(**axes) -> Cell:
     peft = axes.get("peft", "none")
-    return Cell(**axes, micro_batch=2, grad_accum=4, lr=3e-4,
-                lora=Lora() if peft != "none" else None, qlora=Qlora() if peft == "qlora" else None)
+    return Cell(
+        **axes,
+        micro_batch=2,
+        grad_accum=4,
+        lr=3e-4,
+        lora=Lora() if peft != "none" else None,
+        qlora=Qlora() if peft == "qlora" else None,
+    )
 
 
 def round_trip(c: Cell, tmp_path) -> dict:
-    """build -> JSON file -> dscheck.load (raises on any problem) -> the config as read back."""
+    """build -> JSON file -> dsconfig.load (raises on any problem) -> the config as read back."""
     f = tmp_path / f"{c.hash}.json"
     f.write_text(json.dumps(dsconfig.build(c), indent=2))
-    return dscheck.load(f)
+    return dsconfig.load(f)
 
 
 def axes_of(c: Cell) -> dict:
-    return {"zero_stage": c.zero_stage, "offload": c.offload, "precision": c.precision,
-            "optimizer": c.optimizer if c.optimizer in dsconfig.OPTIMIZER_SECTIONS else None}
+    return {
+        "zero_stage": c.zero_stage,
+        "offload": c.offload,
+        "precision": c.precision,
+        "optimizer": c.optimizer if c.optimizer in dsconfig.OPTIMIZER_SECTIONS else None,
+        "micro_batch": c.micro_batch,
+        "grad_accum": c.grad_accum,
+        "lr": c.lr if c.optimizer in dsconfig.OPTIMIZER_SECTIONS else None,
+    }
 
 
 # -- each axis value ---------------------------------------------------------------------------
@@ -48,7 +67,7 @@ def test_zero_stage(stage, tmp_path):
         assert z["overlap_comm"] is z["contiguous_gradients"] is (stage >= 2)
     assert ("stage3_gather_16bit_weights_on_model_save" in z) is (stage == 3)
     assert "offload_optimizer" not in z and "offload_param" not in z
-    assert dscheck.describe(round_trip(c, tmp_path)) == axes_of(c)
+    assert dsconfig.describe(round_trip(c, tmp_path)) == axes_of(c)
 
 
 @pytest.mark.parametrize("offload", OFFLOADS)
@@ -62,13 +81,13 @@ def test_offload(offload, tmp_path):
             assert z[key] == {"device": "cpu", "pin_memory": True}
         elif key in z:
             assert z[key]["device"] == "nvme" and z[key]["nvme_path"]
-    assert dscheck.describe(round_trip(c, tmp_path)) == axes_of(c)
+    assert dsconfig.describe(round_trip(c, tmp_path)) == axes_of(c)
 
 
 def test_optimizer_offload_at_stages_1_and_2(tmp_path):
     for stage in (1, 2):
         c = cell(zero_stage=stage, offload="optimizer", optimizer="cpuadam")
-        assert dscheck.describe(round_trip(c, tmp_path)) == axes_of(c)
+        assert dsconfig.describe(round_trip(c, tmp_path)) == axes_of(c)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -80,7 +99,7 @@ def test_precision(precision, tmp_path):
         assert cfg["fp16"]["enabled"] is True and cfg["fp16"]["loss_scale"] == 0  # dynamic loss scaling
     if precision == "bf16":
         assert cfg["bf16"] == {"enabled": True}
-    assert dscheck.describe(round_trip(c, tmp_path)) == axes_of(c)
+    assert dsconfig.describe(round_trip(c, tmp_path)) == axes_of(c)
 
 
 @pytest.mark.parametrize("grad_ckpt", [False, True])
@@ -127,40 +146,41 @@ def test_optimizer(name, tmp_path):
     else:  # built by the worker and handed to deepspeed.initialize
         assert "optimizer" not in cfg and cfg["zero_allow_untested_optimizer"] is True
     assert ("zero_force_ds_cpu_optimizer" in cfg) is (name == "cpuadam")
-    assert dscheck.describe(round_trip(c, tmp_path)) == axes_of(c)
+    assert dsconfig.describe(round_trip(c, tmp_path)) == axes_of(c)
 
 
 @pytest.mark.parametrize("peft", PEFTS)
 def test_peft_does_not_change_the_deepspeed_config(peft, tmp_path):
     c = cell(zero_stage=2, peft=peft, precision="bf16")
     assert dsconfig.build(c) == dsconfig.build(cell(zero_stage=2, precision="bf16"))
-    assert dscheck.describe(round_trip(c, tmp_path)) == axes_of(c)
+    assert dsconfig.describe(round_trip(c, tmp_path)) == axes_of(c)
 
 
 # -- the whole cross product ---------------------------------------------------------------------
 def all_cells():
-    for stage, off, prec, gc, name, peft in itertools.product(ZERO_STAGES, OFFLOADS, PRECISIONS, (False, True),
-                                                              OPTIMIZERS, PEFTS):
+    for stage, off, prec, gc, name, peft in itertools.product(
+        ZERO_STAGES, OFFLOADS, PRECISIONS, (False, True), OPTIMIZERS, PEFTS
+    ):
         yield cell(zero_stage=stage, offload=off, precision=prec, grad_ckpt=gc, optimizer=name, peft=peft)
 
 
-def test_every_runnable_cell_passes_dscheck_and_reads_back_as_itself():
+def test_every_runnable_cell_passes_the_check_and_reads_back_as_itself():
     runnable = 0
     for c in all_cells():
         cfg = dsconfig.build(c)
-        found = dscheck.check(json.loads(json.dumps(cfg)), c.id)
+        found = dsconfig.check(json.loads(json.dumps(cfg)), c.id)
         if rules.check(c, GPU_HOST) is not None:
             continue  # the rules stop it before a config is ever built for it
         runnable += 1
         assert found == [], f"{c.id}: " + "; ".join(map(str, found))
-        assert dscheck.describe(cfg) == axes_of(c), c.id
+        assert dsconfig.describe(cfg) == axes_of(c), c.id
     assert runnable > 100
 
 
-def test_what_dscheck_rejects_the_rules_stop():
-    # The generated configs dscheck objects to are exactly combinations the rules table already stops
+def test_what_the_check_rejects_the_rules_stop():
+    # The generated configs the check objects to are exactly combinations the rules table already stops
     # (offload at stage 0, parameter offload below stage 3, 1-bit optimizers under ZeRO).
-    rejected = [c for c in all_cells() if dscheck.check(dsconfig.build(c))]
+    rejected = [c for c in all_cells() if dsconfig.check(dsconfig.build(c))]
     assert rejected
     assert all(rules.check(c, GPU_HOST) is not None for c in rejected)
 
@@ -169,17 +189,17 @@ def test_generated_config_describes_what_deepspeed_would_build():
     # DeepSpeed swaps optimizers by its own logic; describe() mirrors it, and the rules skip the
     # cells whose axis value would then be untrue.
     fused_offload = cell(zero_stage=2, offload="optimizer", optimizer="fusedadam")
-    assert dscheck.describe(dsconfig.build(fused_offload))["optimizer"] == "cpuadam"
+    assert dsconfig.describe(dsconfig.build(fused_offload))["optimizer"] == "cpuadam"
     assert rules.check(fused_offload, GPU_HOST).rule == "offload-runs-cpuadam"
     cpuadam_alone = cell(zero_stage=2, optimizer="cpuadam")
-    assert dscheck.describe(dsconfig.build(cpuadam_alone))["optimizer"] == "fusedadam"
+    assert dsconfig.describe(dsconfig.build(cpuadam_alone))["optimizer"] == "fusedadam"
     assert rules.check(cpuadam_alone, GPU_HOST).rule == "cpuadam-needs-offload"
 
 
 def test_resolve_leaves_generated_configs_alone():
     for c in (cell(zero_stage=0), cell(zero_stage=3, offload="optimizer+params", optimizer="cpuadam")):
         cfg = dsconfig.build(c)
-        assert dscheck.resolve(cfg, micro_batch=c.micro_batch, grad_accum=c.grad_accum) == cfg
+        assert dsconfig.resolve(cfg, c) == cfg
 
 
 @pytest.mark.parametrize("compile_", [False, True, "max-autotune"])

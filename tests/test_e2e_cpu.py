@@ -1,11 +1,12 @@
 """The whole pipeline on CPU with real DeepSpeed engines: the embedded smoke matrix as a user runs it."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import pytest
 
 from bench import results as results_mod
 from bench.cli import DEFAULT_MATRIX
+from bench.record import SCHEMA_VERSION, Record
 from bench.store import read
 
 from .conftest import zerobench
@@ -37,10 +38,20 @@ def test_every_cell_has_one_outcome(smoke):
     assert sorted(started) == sorted(x["cell_hash"] for x in by_status["ok"])
 
 
+def test_every_record_is_current_and_carries_provenance(smoke):
+    d, _, _ = smoke
+    for line in (d / "smoke.jsonl").read_text().splitlines():  # as written, not as read (read upgrades)
+        x = Record.model_validate_json(line)
+        assert x.schema_version == SCHEMA_VERSION and x.provenance and x.provenance.host, x.status
+
+
 def test_skip_reasons(smoke):
     _, _, recs = smoke
-    skips = {x["cell"]["optimizer"] + "/" + x["cell"]["precision"] + "/" + x["cell"]["peft"]: x
-             for x in recs if x["status"] == "skipped"}
+    skips = {
+        x["cell"]["optimizer"] + "/" + x["cell"]["precision"] + "/" + x["cell"]["peft"]: x
+        for x in recs
+        if x["status"] == "skipped"
+    }
     assert skips["adamw/fp16/none"]["skip"]["rule"] == "fp16-needs-cuda"
     assert skips["fusedlamb/bf16/none"]["skip"]["rule"] == "lamb-needs-cuda"
     assert skips["paged_adamw_8bit/bf16/none"]["skip"]["rule"] == "bnb-needs-cuda"
@@ -58,7 +69,7 @@ def test_real_training(smoke):
         assert len(losses) == x["cell"]["warmup_steps"] + x["cell"]["measured_steps"]
         # The built-in data is learnable: the loss falls over the measured steps (compared by thirds,
         # since one step's loss is noisy).
-        measured = losses[x["cell"]["warmup_steps"]:]
+        measured = losses[x["cell"]["warmup_steps"] :]
         third = max(1, len(measured) // 3)
         assert sum(measured[-third:]) < sum(measured[:third]), (x["cell_name"], losses)
         assert x["metrics"]["tokens_per_s"] > 0 and x["metrics"]["step_time_median_s"] > 0
@@ -67,7 +78,7 @@ def test_real_training(smoke):
         # The optimizer that ran is the one the cell is named after.
         assert x["worker"]["optimizer_class"].endswith("." + EXPECTED_OPTIMIZER[x["cell"]["optimizer"]])
         assert x["provenance"]["versions"]["deepspeed"] == "0.19.6"
-        assert x["schema_version"] == 1
+        assert x["schema_version"] == SCHEMA_VERSION
     offload = [x for x in ok if x["cell"]["offload"] == "optimizer+params"]
     assert offload and offload[0]["ds_config"]["zero_optimization"]["offload_param"]["device"] == "cpu"
     lora = [x for x in ok if x["cell"]["peft"] == "lora"]
@@ -78,9 +89,15 @@ def test_every_stage_starts_from_the_same_init(smoke):
     # ZeRO-3 builds under zero.Init; its weights must still get the same init as the other stages,
     # or its loss curve is not comparable (on the H200 it once started at 10.55 against 10.78).
     _, _, recs = smoke
-    first = {x["cell"]["zero_stage"]: x["losses"][0] for x in recs
-             if x["status"] == "ok" and x["cell"]["peft"] == "none" and x["cell"]["precision"] == "bf16"
-             and not x["cell"]["grad_ckpt"] and x["cell"]["optimizer"] == "adamw"}
+    first = {
+        x["cell"]["zero_stage"]: x["losses"][0]
+        for x in recs
+        if x["status"] == "ok"
+        and x["cell"]["peft"] == "none"
+        and x["cell"]["precision"] == "bf16"
+        and not x["cell"]["grad_ckpt"]
+        and x["cell"]["optimizer"] == "adamw"
+    }
     assert set(first) == {0, 1, 2, 3}
     assert abs(first[3] - first[0]) / first[0] < 0.01, first
 

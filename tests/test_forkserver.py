@@ -1,5 +1,6 @@
 """The fork server: single-rank workers forked from a pre-imported parent must measure the same thing
 as workers started from scratch, only without paying the imports each time."""
+
 from __future__ import annotations
 
 import os
@@ -11,13 +12,33 @@ from bench import dsconfig, launch
 from bench.cells import Cell
 from bench.worker import forkserver
 
-CELL = Cell(model="llama-tiny", seq_len=64, micro_batch=2, warmup_steps=1, measured_steps=3, zero_stage=1,
-            lr=3e-3, timeout_s=300)
+CELL = Cell(
+    model="llama-tiny",
+    seq_len=64,
+    micro_batch=2,
+    warmup_steps=1,
+    measured_steps=3,
+    zero_stage=1,
+    lr=3e-3,
+    timeout_s=300,
+)
 
 
 def _run(tmp_path, name: str, **kw) -> launch.Outcome:
-    return launch.run_cell(CELL, dsconfig.build(CELL), log_path=tmp_path / f"{name}.log", gpus=None,
-                           sample_interval_s=0.05, **kw)
+    return launch.run_cell(
+        CELL, dsconfig.build(CELL), log_path=tmp_path / f"{name}.log", gpus=None, sample_interval_s=0.05, **kw
+    )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ops_built(tmp_path_factory):
+    """The ops a CPU cell compiles on first use (DeepSpeed's shared-memory comm), built first as
+    `zerobench run` does: in a fresh extensions folder the first cell would otherwise time a compile
+    (268 s against 24 s in a fresh checkout's suite), not the fork."""
+    from bench import env
+    from bench.run import Planned, _prebuild
+
+    _prebuild([Planned(CELL, None, None)], tmp_path_factory.mktemp("prebuild"), None, env.probe(), print)
 
 
 @pytest.fixture(autouse=True)
@@ -45,12 +66,12 @@ def test_forked_worker_matches_spawned_and_skips_the_imports(tmp_path, monkeypat
 def test_a_dead_server_is_replaced(tmp_path):
     first = _run(tmp_path, "a")
     assert first.started_by["mode"] == "fork"
-    old = launch._server
+    old = launch._servers[None]  # a CPU host's one server (no GPU set)
     old.proc.kill()
     old.proc.wait()
     second = _run(tmp_path, "b")
     assert second.status.value == "ok" and second.started_by["mode"] == "fork"
-    assert launch._server is not old and launch._server.proc.pid != old.proc.pid
+    assert launch._servers[None] is not old and launch._servers[None].proc.pid != old.proc.pid
 
 
 def test_an_environment_read_at_import_gets_a_fresh_interpreter(tmp_path):
@@ -83,3 +104,20 @@ def test_server_refuses_to_fork_with_a_foreign_thread_running():
     finally:
         stop.set()
         t.join()
+
+
+@pytest.mark.slow
+def test_a_forked_workers_exit_message_reaches_its_log(tmp_path):
+    # A worker that cannot read its spec stops with SystemExit(message) before it has anywhere to write
+    # a result; a fresh interpreter prints that message, and a forked worker must too (it once left an
+    # empty log and exit code 1).
+    env = launch.child_env(dict(os.environ), port=launch.free_port(), gpus=None)
+    server = launch.ForkServer(env, tmp_path / "server.log")
+    try:
+        assert server.wait_ready(), server.why_not
+        log = tmp_path / "worker.log"
+        proc = server.start(["--spec", str(tmp_path / "missing.json")], env, log)
+        assert proc.wait(timeout=60) == 1
+        assert "cannot read the spec" in log.read_text() and "missing.json" in log.read_text()
+    finally:
+        server.close()

@@ -2,6 +2,7 @@
 
 Telemetry figures are taken side by side and must agree the way the memory hierarchy says they
 must; failures are provoked for real and must be classified as what they are."""
+
 from __future__ import annotations
 
 import pytest
@@ -47,6 +48,9 @@ def test_telemetry_side_by_side(tmp_path):
         assert mem["host_rss_peak_bytes"] > 1 * 2**30
         assert 0.02 < met["mfu"] < 1.0 and met["hfu"] >= met["mfu"]
         assert met["energy_j_per_token"] > 0 and met["gpu_util_mean_pct"] > 10
+        # The GPU's state over the measured steps (a hot or power-capped GPU is not comparable).
+        assert met["sm_clock_mean_mhz"] > 100 and met["mem_clock_mean_mhz"] > 100 and met["temperature_max_c"] > 0
+        assert isinstance(met["throttle_reasons"], list) and met["power_max_w"] >= met["power_mean_w"]
         assert set(tel["phases"]) >= {"setup", "warmup", "measured"}
         # What persists between steps (model states, no activations) sits under the peak, and a
         # worker forked from the pre-imported server measures the same way as a fresh one.
@@ -71,14 +75,17 @@ def test_telemetry_side_by_side(tmp_path):
 
 
 def test_cuda_oom_is_classified_and_the_next_run_is_clean(tmp_path):
-    m = write_matrix(tmp_path / "oom.yaml", """\
+    m = write_matrix(
+        tmp_path / "oom.yaml",
+        """\
 model: llama-13b
 seq_len: 512
 batch: {micro: 1, grad_accum: 1}
 steps: {warmup: 1, measured: 2}
 timeout_s: 300
 axes: {zero_stage: [0], optimizer: [fusedadam], precision: [bf16]}
-""")
+""",
+    )
     r = zerobench("run", str(m), "--results", str(tmp_path / "oom.jsonl"), "--no-report", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     (rec,) = _outcomes(tmp_path / "oom.jsonl")
@@ -99,8 +106,16 @@ def test_wrong_optimizer_name_is_refused_on_gpu(tmp_path):
     from bench import dsconfig, launch
     from bench.cells import Cell
 
-    cell = Cell(model="llama-tiny", zero_stage=2, offload="optimizer", optimizer="fusedadam", seq_len=64,
-                micro_batch=1, warmup_steps=1, measured_steps=2)
+    cell = Cell(
+        model="llama-tiny",
+        zero_stage=2,
+        offload="optimizer",
+        optimizer="fusedadam",
+        seq_len=64,
+        micro_batch=1,
+        warmup_steps=1,
+        measured_steps=2,
+    )
     out = launch.run_cell(cell, dsconfig.build(cell), log_path=tmp_path / "log", gpus=[0])
     assert out.status.value == "error" and "but DeepSpeed built DeepSpeedCPUAdam" in out.reason
 
@@ -108,7 +123,9 @@ def test_wrong_optimizer_name_is_refused_on_gpu(tmp_path):
 def test_liger_kernels_run_and_learn_like_hf(tmp_path):
     """kernels: liger patches the model with Liger's Triton modules (at ZeRO-3 without the fused linear
     cross-entropy, which would read the sharded head): same init and data, so the same first loss."""
-    m = write_matrix(tmp_path / "k.yaml", """\
+    m = write_matrix(
+        tmp_path / "k.yaml",
+        """\
 model: llama-tiny
 seq_len: 256
 batch: {micro: 4, grad_accum: 1}
@@ -116,12 +133,14 @@ steps: {warmup: 1, measured: 6}
 lr: 1.0e-3
 timeout_s: 300
 axes: {zero_stage: [0, 3], optimizer: [fusedadam], precision: [bf16], kernels: [hf, liger]}
-""")
+""",
+    )
     r = zerobench("run", str(m), "--results", str(tmp_path / "k.jsonl"), "--no-report", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     recs = {(x["cell"]["zero_stage"], x["cell"]["kernels"]): x for x in _outcomes(tmp_path / "k.jsonl")}
-    assert {k: x["status"] for k, x in recs.items()} == {k: "ok" for k in recs} and len(recs) == 4, \
-        {k: x["reason"] for k, x in recs.items()}
+    assert {k: x["status"] for k, x in recs.items()} == {k: "ok" for k in recs} and len(recs) == 4, {
+        k: x["reason"] for k, x in recs.items()
+    }
     for zero in (0, 3):
         hf, lg = recs[(zero, "hf")], recs[(zero, "liger")]
         k = lg["worker"]["kernels"]
@@ -136,7 +155,9 @@ axes: {zero_stage: [0, 3], optimizer: [fusedadam], precision: [bf16], kernels: [
 def test_liger_kernels_on_the_trainer_path(tmp_path):
     """The HF Trainer path asks the Trainer for Liger (TrainingArguments(use_liger_kernel=...)), as its
     users do; the Trainer patches the built model, and the record must show Liger's modules in it."""
-    m = write_matrix(tmp_path / "k.yaml", """\
+    m = write_matrix(
+        tmp_path / "k.yaml",
+        """\
 model: llama-tiny
 seq_len: 256
 batch: {micro: 4, grad_accum: 1}
@@ -144,11 +165,17 @@ steps: {warmup: 1, measured: 4}
 lr: 1.0e-3
 timeout_s: 300
 axes: {zero_stage: [2], optimizer: [fusedadam], precision: [bf16], engine: [hf_trainer], kernels: [hf, liger]}
-""")
+""",
+    )
     r = zerobench("run", str(m), "--results", str(tmp_path / "k.jsonl"), "--no-report", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     recs = {x["cell"]["kernels"]: x for x in _outcomes(tmp_path / "k.jsonl")}
-    assert {k: x["status"] for k, x in recs.items()} == {"hf": "ok", "liger": "ok"}, {k: x["reason"] for k, x in recs.items()}
+    assert {k: x["status"] for k, x in recs.items()} == {"hf": "ok", "liger": "ok"}, {
+        k: x["reason"] for k, x in recs.items()
+    }
     print(recs["liger"]["worker"]["kernels"], recs["hf"]["losses"], recs["liger"]["losses"])
-    assert recs["hf"]["worker"]["kernels"]["liger_modules"] == 0 and recs["liger"]["worker"]["kernels"]["liger_modules"] > 0
+    assert (
+        recs["hf"]["worker"]["kernels"]["liger_modules"] == 0
+        and recs["liger"]["worker"]["kernels"]["liger_modules"] > 0
+    )
     assert abs(recs["liger"]["losses"][0] - recs["hf"]["losses"][0]) < 0.02 * recs["hf"]["losses"][0]

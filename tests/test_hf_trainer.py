@@ -1,4 +1,5 @@
 """The HF Trainer engine (TrainingArguments(deepspeed=...)), measured the same way as the DeepSpeed loop."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,9 +12,11 @@ pytestmark = pytest.mark.slow
 
 
 def test_trainer_cells_run_and_are_comparable(tmp_path):
-    body = (TINY.replace("batch: {micro: 2, grad_accum: 1}", "batch: {micro: 8, grad_accum: 2}")
-            .replace("steps: {warmup: 1, measured: 4}", "steps: {warmup: 2, measured: 6}")
-            .replace("lr: 3.0e-3", "lr: 1.0e-2"))
+    body = (
+        TINY.replace("batch: {micro: 2, grad_accum: 1}", "batch: {micro: 8, grad_accum: 2}")
+        .replace("steps: {warmup: 1, measured: 4}", "steps: {warmup: 2, measured: 6}")
+        .replace("lr: 3.0e-3", "lr: 1.0e-2")
+    )
     m = write_matrix(tmp_path / "m.yaml", body + "axes: {zero_stage: [0, 3], engine: [hf_trainer, deepspeed]}\n")
     res = tmp_path / "r.jsonl"
     r = zerobench("run", str(m), "--results", str(res), "--no-report", cwd=tmp_path)

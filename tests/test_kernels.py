@@ -1,13 +1,14 @@
 """kernels: liger, the parts that run without a GPU: which of Liger's kernels a cell uses, and the
 refusal to report a cell as kernels=liger when the built model runs none of Liger's modules.
 (That Liger's kernels run and learn like transformers' own is tests/test_gpu.py, on the GPU.)"""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
 from bench.cells import Cell
-from bench.worker import models, train
+from bench.worker import models, setup
 
 
 def test_zero3_trades_the_fused_head_for_plain_cross_entropy():
@@ -22,7 +23,7 @@ def test_zero3_trades_the_fused_head_for_plain_cross_entropy():
 def test_a_liger_cell_without_liger_modules_is_refused():
     plain = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
     doc: dict = {}
-    train._record_kernels(Cell(kernels="hf"), plain, doc)
+    setup.record_kernels(Cell(kernels="hf"), plain, doc)
     assert doc["kernels"] == {"asked": "hf", "liger_modules": 0, "liger_settings": None}
     with pytest.raises(RuntimeError, match="refusing to report this cell"):
-        train._record_kernels(Cell(kernels="liger"), plain, {})
+        setup.record_kernels(Cell(kernels="liger"), plain, {})

@@ -1,5 +1,6 @@
 """A model from a local Hugging Face directory (the QLoRA path loads one too): it trains in training
 mode, and under ZeRO-3 its weights are loaded into the partitioned parameters."""
+
 from __future__ import annotations
 
 import pytest
@@ -37,8 +38,10 @@ def test_local_checkpoint_trains_in_train_mode(tmp_path, monkeypatch):
 def test_local_checkpoint_loads_its_weights_under_zero3(tmp_path, monkeypatch):
     # Inside zero.Init every weight met an already-partitioned (empty) parameter and the cell failed
     # on the size mismatch: the same checkpoint must give the same first loss at ZeRO-0 and ZeRO-3.
-    recs = {x["cell"]["zero_stage"]: x for x in _run_local(tmp_path, monkeypatch,
-                                                           "{zero_stage: [0, 3], optimizer: [adamw]}")}
+    recs = {
+        x["cell"]["zero_stage"]: x
+        for x in _run_local(tmp_path, monkeypatch, "{zero_stage: [0, 3], optimizer: [adamw]}")
+    }
     assert {z: x["status"] for z, x in recs.items()} == {0: "ok", 3: "ok"}, {z: x["reason"] for z, x in recs.items()}
     assert recs[3]["worker"]["params_total"] == recs[0]["worker"]["params_total"]
     assert recs[3]["losses"][0] == pytest.approx(recs[0]["losses"][0], rel=1e-3)

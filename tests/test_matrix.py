@@ -1,4 +1,5 @@
 """Matrix files: validation reports every problem at once, and expansion is predictable."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,8 +28,16 @@ def test_all_problems_in_one_message(tmp_path):
     with pytest.raises(MatrixError) as ei:
         matrix.load(f)
     probs = {p.where: p for p in ei.value.problems}
-    assert set(probs) == {"model", "seq_len", "batch.grad_acum", "axes.zero_stage[1]", "axes.grad_ckpt[0]",
-                          "axes.optimizer[0]", "axes.peft", "offload_optimizer"}
+    assert set(probs) == {
+        "model",
+        "seq_len",
+        "batch.grad_acum",
+        "axes.zero_stage[1]",
+        "axes.grad_ckpt[0]",
+        "axes.optimizer[0]",
+        "axes.peft",
+        "offload_optimizer",
+    }
     assert "llama-7b" in probs["model"].fix
     assert "grad_accum" in probs["batch.grad_acum"].fix
     assert "without quotes" in probs["axes.grad_ckpt[0]"].fix
@@ -62,7 +71,10 @@ def test_exclude_matching_nothing_is_a_problem(tmp_path):
 
 
 def test_expand_cross_include_exclude(tmp_path):
-    f = write_matrix(tmp_path / "m.yaml", TINY + """\
+    f = write_matrix(
+        tmp_path / "m.yaml",
+        TINY
+        + """\
 axes:
   zero_stage: [0, 1, 2]
   precision: [fp32, bf16]
@@ -70,12 +82,20 @@ include:
   - {zero_stage: 3, offload: optimizer+params, optimizer: cpuadam}
 exclude:
   - {zero_stage: 1, precision: fp32}
-""")
+""",
+    )
     cells = matrix.expand(matrix.load(f))
     combos = [(c.zero_stage, c.precision, c.offload) for c in cells]
     # 3x2 crossed, minus one excluded, plus the include crossed with the precision axis it left out.
-    assert combos == [(0, "fp32", "none"), (0, "bf16", "none"), (1, "bf16", "none"), (2, "fp32", "none"),
-                      (2, "bf16", "none"), (3, "fp32", "optimizer+params"), (3, "bf16", "optimizer+params")]
+    assert combos == [
+        (0, "fp32", "none"),
+        (0, "bf16", "none"),
+        (1, "bf16", "none"),
+        (2, "fp32", "none"),
+        (2, "bf16", "none"),
+        (3, "fp32", "optimizer+params"),
+        (3, "bf16", "optimizer+params"),
+    ]
     assert all(c.matrix == "m" and c.seq_len == 32 for c in cells)
 
 
@@ -97,16 +117,25 @@ def test_embedded_smoke_matrix_is_valid():
 
 def test_micro_batch_and_compile_axes(tmp_path):
     # batch.micro is the default; axes.micro_batch crosses several, and include can pick one for a cell.
-    f = write_matrix(tmp_path / "m.yaml", TINY + """\
+    f = write_matrix(
+        tmp_path / "m.yaml",
+        TINY
+        + """\
 axes:
   micro_batch: [2, 8]
   compile: [false, true]
 include:
   - {micro_batch: 16, compile: true, zero_stage: 1}
-""")
+""",
+    )
     cells = matrix.expand(matrix.load(f))
     assert [(c.micro_batch, c.compile, c.zero_stage) for c in cells] == [
-        (2, False, 0), (8, False, 0), (2, True, 0), (8, True, 0), (16, True, 1)]
+        (2, False, 0),
+        (8, False, 0),
+        (2, True, 0),
+        (8, True, 0),
+        (16, True, 1),
+    ]
     assert len({c.name for c in cells}) == 5 and cells[-1].name.endswith("compile=on,mb=16")
     plain = matrix.expand(matrix.load(write_matrix(tmp_path / "p.yaml", TINY)))
     assert {c.micro_batch for c in plain} == {matrix.load(tmp_path / "p.yaml").batch.micro}
@@ -114,18 +143,29 @@ include:
 
 def test_grad_accum_and_kernels_axes(tmp_path):
     # batch.grad_accum is the default; axes.grad_accum crosses several; kernels crosses hf and liger.
-    f = write_matrix(tmp_path / "m.yaml", TINY + """\
+    f = write_matrix(
+        tmp_path / "m.yaml",
+        TINY
+        + """\
 axes:
   grad_accum: [1, 4]
   kernels: [hf, liger]
 include:
   - {grad_accum: 8, kernels: liger, micro_batch: 16}
-""")
+""",
+    )
     cells = matrix.expand(matrix.load(f))
     assert [(c.grad_accum, c.kernels, c.micro_batch) for c in cells] == [
-        (1, "hf", 2), (1, "liger", 2), (4, "hf", 2), (4, "liger", 2), (8, "liger", 16)]
+        (1, "hf", 2),
+        (1, "liger", 2),
+        (4, "hf", 2),
+        (4, "liger", 2),
+        (8, "liger", 16),
+    ]
     assert cells[-1].name.endswith("kernels=liger,mb=16,ga=8") and len({c.hash for c in cells}) == 5
-    plain = matrix.expand(matrix.load(write_matrix(tmp_path / "p.yaml", TINY.replace("grad_accum: 1", "grad_accum: 2"))))
+    plain = matrix.expand(
+        matrix.load(write_matrix(tmp_path / "p.yaml", TINY.replace("grad_accum: 1", "grad_accum: 2")))
+    )
     assert {c.grad_accum for c in plain} == {2} and {c.kernels for c in plain} == {"hf"}
     bad = write_matrix(tmp_path / "b.yaml", TINY + "axes: {kernels: [ligr], grad_accum: [0]}\n")
     with pytest.raises(MatrixError) as e:

@@ -1,5 +1,6 @@
 """NVMe offload (ZeRO-Infinity) as a value of the offload axis, run for real through DeepSpeed's
 async-I/O op on CPU (any folder stands in for the drive)."""
+
 from __future__ import annotations
 
 import json
@@ -28,12 +29,69 @@ def test_nvme_needs_a_path(tmp_path):
         matrix.load(f)
 
 
+@pytest.mark.parametrize(
+    "zero",
+    [
+        # ZeRO-Infinity as the offload axis generates it: both sections on the drive.
+        {
+            "stage": 3,
+            "offload_optimizer": {"device": "nvme", "nvme_path": "D"},
+            "offload_param": {"device": "nvme", "nvme_path": "D"},
+        },
+        # A user's: optimizer state on the drive, parameters in CPU memory (no nvme_path of their own).
+        {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "D"}, "offload_param": {"device": "cpu"}},
+        # A user's: only the optimizer state on the drive, no offload_param at all (the worker used to die
+        # on KeyError: 'offload_param').
+        {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "D"}},
+        {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "nvme", "nvme_path": "D"}},
+    ],
+)
+def test_swap_folder_follows_the_sections_on_nvme(zero, tmp_path):
+    from bench.worker.train import _nvme_swap_dirs
+
+    for sec in zero.values():
+        if isinstance(sec, dict) and "nvme_path" in sec:
+            sec["nvme_path"] = str(tmp_path)
+    before = json.loads(json.dumps(zero))
+    swaps = _nvme_swap_dirs({"zero_optimization": zero}, {"attempt_id": "a1"})
+    assert swaps == [str(tmp_path / "zerobench-a1")] and os.path.isdir(swaps[0])
+    for key, sec in before.items():
+        if isinstance(sec, dict):
+            # The sections on the drive swap into the attempt's own folder; the others are left alone.
+            assert zero[key] == (sec | {"nvme_path": swaps[0]} if sec["device"] == "nvme" else sec)
+
+
+def test_each_drive_gets_its_own_swap_folder(tmp_path):
+    from bench.worker.train import _nvme_swap_dirs
+
+    zero = {
+        "stage": 3,
+        "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path / "a")},
+        "offload_param": {"device": "nvme", "nvme_path": str(tmp_path / "b")},
+    }
+    swaps = _nvme_swap_dirs({"zero_optimization": zero}, {"attempt_id": "a1"})
+    assert swaps == [str(tmp_path / "a" / "zerobench-a1"), str(tmp_path / "b" / "zerobench-a1")]
+    assert [zero["offload_optimizer"]["nvme_path"], zero["offload_param"]["nvme_path"]] == swaps
+
+
+def test_no_swap_folder_without_nvme():
+    from bench.worker.train import _nvme_swap_dirs
+
+    zero = {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}
+    assert _nvme_swap_dirs({"zero_optimization": zero}, {}) == []
+    assert _nvme_swap_dirs({"zero_optimization": {"stage": 0}}, {}) == []
+    assert _nvme_swap_dirs({}, {}) == []
+
+
 @pytest.mark.slow
 def test_nvme_offload_swaps_and_matches_cpu_offload(tmp_path):
     drive = tmp_path / "nvme"
     drive.mkdir()
-    m = write_matrix(tmp_path / "m.yaml", SMALL + f"nvme_path: {drive}\n"
-                     "axes: {zero_stage: [3], offload: [nvme, optimizer+params], optimizer: [cpuadam]}\n")
+    m = write_matrix(
+        tmp_path / "m.yaml",
+        SMALL + f"nvme_path: {drive}\n"
+        "axes: {zero_stage: [3], offload: [nvme, optimizer+params], optimizer: [cpuadam]}\n",
+    )
     res = tmp_path / "r.jsonl"
     r = zerobench("run", str(m), "--results", str(res), "--no-report", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -55,8 +113,10 @@ def test_failed_nvme_cell_leaves_no_swap_files(tmp_path):
     # A 7B's swap files can fill a drive; a cell that crashes mid-training must not leave them behind.
     drive = tmp_path / "nvme"
     drive.mkdir()
-    m = write_matrix(tmp_path / "m.yaml", TINY + f"nvme_path: {drive}\n"
-                     "axes: {zero_stage: [3], offload: [nvme], optimizer: [cpuadam]}\n")
+    m = write_matrix(
+        tmp_path / "m.yaml",
+        TINY + f"nvme_path: {drive}\naxes: {{zero_stage: [3], offload: [nvme], optimizer: [cpuadam]}}\n",
+    )
     res = tmp_path / "r.jsonl"
     r = zerobench("run", str(m), "--results", str(res), "--no-report", cwd=tmp_path, env={"ZEROBENCH_FAULT": "raise@2"})
     assert r.returncode == 0, r.stderr[-2000:]
@@ -75,7 +135,8 @@ from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
 from bench import dsconfig
 from bench.cells import Cell
 from bench.worker import models
-cell = Cell(model="llama-small", zero_stage=3, offload="nvme", optimizer="cpuadam", micro_batch=2, nvme_path=sys.argv[1])
+cell = Cell(model="llama-small", zero_stage=3, offload="nvme", optimizer="cpuadam", micro_batch=2,
+            nvme_path=sys.argv[1])
 cfg = dsconfig.build(cell)
 deepspeed.init_distributed(dist_backend="gloo")
 model = models.build(cell.model, cell.attn, torch.bfloat16, torch.device("cpu"), cfg)
@@ -92,10 +153,23 @@ def test_nvme_cell_keeps_weights_on_the_drive(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    r = subprocess.run([sys.executable, "-c", _PLACEMENT, str(tmp_path)], env=env, capture_output=True, text=True,
-                       check=False, timeout=600)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+    r = subprocess.run(
+        [sys.executable, "-c", _PLACEMENT, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     placed = json.loads(r.stdout.strip().splitlines()[-1])
     on_drive = {n for n, (numel, nvme) in placed.items() if nvme}

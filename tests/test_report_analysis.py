@@ -1,4 +1,5 @@
 """Report headlines computed from results alone."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,12 @@ def test_best_mfu_headline_is_not_an_fp32_cell(tmp_path):
     # headline over a 40% bf16 one (it did on the first H200 report).
     recs = [json.loads(line) for line in DATA.read_text().splitlines()[:2]]
     fp32, bf16 = recs
-    fp32 = {**fp32, "cell_hash": "fp32cell01", "cell": {**fp32["cell"], "precision": "fp32"},
-            "metrics": {**fp32["metrics"], "mfu": 0.424}}
+    fp32 = {
+        **fp32,
+        "cell_hash": "fp32cell01",
+        "cell": {**fp32["cell"], "precision": "fp32"},
+        "metrics": {**fp32["metrics"], "mfu": 0.424},
+    }
     bf16 = {**bf16, "metrics": {**bf16["metrics"], "mfu": 0.406}}
     path = tmp_path / "r.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in (fp32, bf16)))
@@ -55,8 +60,14 @@ def test_user_configs_are_compared_with_the_generated_zero0():
     df = results.load(root / "1b-2gpu-b.jsonl", root / "1b-2gpu-buckets.jsonl")
     rows = analysis.analyse(df).zero_scaling
     assert [(r["zero_stage"], r["ds_config"]) for r in rows] == [
-        (0, None), (1, None), (1, "zero1-buckets-5e7.json"), (2, None), (2, "zero2-buckets-5e7.json"),
-        (3, None), (3, "zero3-buckets-5e7.json")]
+        (0, None),
+        (1, None),
+        (1, "zero1-buckets-5e7.json"),
+        (2, None),
+        (2, "zero2-buckets-5e7.json"),
+        (3, None),
+        (3, "zero3-buckets-5e7.json"),
+    ]
     z0 = df[(df["zero_stage"] == 0) & (df["status"] == "ok") & (df["peft"] == "none")]
     assert len(z0) == 2 and rows[0]["nvml_proc_peak_bytes"] == z0.iloc[-1]["nvml_proc_peak_bytes"]
     # Smaller buckets lower ZeRO-2's and ZeRO-3's peaks, not ZeRO-1's (which has no reduce buckets here).
@@ -80,11 +91,43 @@ def test_zero_paper_ordering_at_the_end_of_backward():
     root = Path(__file__).resolve().parent.parent / "results"
     df = results.load(root / "1b-2gpu-mb1.jsonl", root / "1b-2gpu-z3live.jsonl")
     by = {(r["zero_stage"], r["ds_config"]): r for r in analysis.analyse(df).zero_scaling}
-    tuned = [by[(0, None)], by[(1, "zero1-buckets-5e7.json")], by[(2, "zero2-buckets-5e7.json")],
-             by[(3, "zero3-live-1e8.json")]]
+    tuned = [
+        by[(0, None)],
+        by[(1, "zero1-buckets-5e7.json")],
+        by[(2, "zero2-buckets-5e7.json")],
+        by[(3, "zero3-live-1e8.json")],
+    ]
     for col in ("torch_max_allocated_backward_bytes", "nvml_proc_peak_bytes"):
         ratios = [r[f"{col}_ratio"] for r in tuned]
         assert ratios == sorted(ratios, reverse=True) and len(set(ratios)) == 4, (col, ratios)
     for r in tuned:  # activations and buffers sit on top of the model states: near the formula, not on it
         assert r["torch_max_allocated_backward_bytes_ratio"] == pytest.approx(r["predicted_ratio"], abs=0.05)
     assert by[(2, None)]["torch_max_allocated_backward_bytes"] > by[(1, None)]["torch_max_allocated_backward_bytes"]
+
+
+def test_the_headline_says_how_many_skipped_cells_were_pruned(tmp_path):
+    # Issue 16: the report says how many cells were pruned by the memory model, apart from rule skips.
+    from bench import rules
+    from bench.cells import Cell
+    from bench.record import Record
+    from bench.report import html, markdown
+
+    GiB = 2**30
+    pred = {"gpu_bytes": 200 * GiB, "gpu_memory_bytes": 140 * GiB, "gpu_verdict": "won't fit", "margin": 0.1}
+    pred |= {"host_bytes": GiB, "host_memory_bytes": 100 * GiB, "host_verdict": "fits"}
+    from bench.run import prune_skip
+
+    pruned = prune_skip(pred)
+    assert pruned is not None and pruned.rule == rules.PRUNED
+    ruled = rules.Skip("no-gpu", "needs a GPU", "run it on a GPU", "a test")
+    cells = [Cell(model="llama-tiny", seq_len=32, micro_batch=mb) for mb in (1, 2, 4)]
+    ident = {"run_id": "r", "attempt": 1, "matrix_file": "m.yaml", "at": "2026-12-01T00:00:00Z"}
+    recs = [Record.skipped(cells[0], pruned, **ident), Record.skipped(cells[1], pruned, **ident)]
+    recs.append(Record.skipped(cells[2], ruled, **ident))
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in recs))
+    a = analysis.analyse(results.load(path))
+    assert (a.counts, a.pruned) == ({"skipped": 3}, 2)
+    md = markdown.render_analysis(a)
+    assert "Of the 3 skipped, 2 were pruned by the memory model (predicted not to fit) and 1 ruled out by a rule." in md
+    assert "2 pruned by the memory model, 1 by a rule" in html.render_analysis(a)

@@ -8,19 +8,21 @@ fixture with its throughput and memory scaled, so the deltas section renders too
 Without /usr/bin/chromium the browser tests FAIL (CI installs it); set ZEROBENCH_ALLOW_NO_BROWSER=1
 to skip them instead on a machine that cannot have one.
 """
+
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
 
 from bench.cli import main as cli
 from bench.report import write_reports
-from bench.report.browser import BrowserMissing, chromium_path, launch
 from bench.report.markdown import escape
 from bench.results import latest, load
+from tools.browser import BrowserMissing, chromium_path, launch
 
 DATA = Path(__file__).parent / "data"
 XSS = "<script>alert(1)</script>"
@@ -52,8 +54,10 @@ def inputs(tmp_path_factory) -> dict[str, list[Path]]:
         for k, v in (r.get("memory") or {}).items():
             if isinstance(v, (int, float)):
                 r["memory"][k] = int(v * 0.95)
-    return {"results": [_write(d / "smoke_cpu_xss.jsonl", cpu), DATA / "synthetic_gpu.jsonl"],
-            "baseline": [_write(d / "baseline.jsonl", base)]}
+    return {
+        "results": [_write(d / "smoke_cpu_xss.jsonl", cpu), DATA / "synthetic_gpu.jsonl"],
+        "baseline": [_write(d / "baseline.jsonl", base)],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +74,14 @@ def expected_cells(inputs):
 
 # -- in the browser ---------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def browser():
     if chromium_path() is None:
-        msg = ("headless Chromium not found at /usr/bin/chromium: install Debian's package "
-               "(apt-get install -y chromium), or set ZEROBENCH_ALLOW_NO_BROWSER=1 to skip the browser tests")
+        msg = (
+            "headless Chromium not found at /usr/bin/chromium: install Debian's package "
+            "(apt-get install -y chromium), or set ZEROBENCH_ALLOW_NO_BROWSER=1 to skip the browser tests"
+        )
         if os.environ.get("ZEROBENCH_ALLOW_NO_BROWSER") == "1":
             pytest.skip(msg)
         pytest.fail(msg)
@@ -127,8 +134,18 @@ def test_all_cells_and_sections_present(page, expected_cells):
     text = page.locator("#cells-table").inner_text()
     for h in expected_cells["cell_hash"]:
         assert f"#{h}" in text
-    for section in ("summary", "tradeoff", "cells", "ablations", "memory", "loss", "compute", "failures", "baseline",
-                    "environment"):
+    for section in (
+        "summary",
+        "tradeoff",
+        "cells",
+        "ablations",
+        "memory",
+        "loss",
+        "compute",
+        "failures",
+        "baseline",
+        "environment",
+    ):
         assert page.locator(f"section#{section}").count() == 1, section
     # Failed and skipped cells, each with its reason.
     failed = expected_cells[expected_cells["status"] != "ok"]
@@ -139,10 +156,16 @@ def test_all_cells_and_sections_present(page, expected_cells):
 def test_charts_present(page, expected_cells):
     assert page.locator("svg.chart").count() == 2  # throughput-vs-memory scatter, loss curves
     ok = expected_cells[expected_cells["status"] == "ok"]
-    assert page.locator("#tradeoff circle.pt:not(.frontier)").count() + page.locator(
-        "#tradeoff circle.pt.frontier").count() == len(ok) + 2  # + the two legend markers
-    assert page.locator("#tradeoff circle.frontier").count() >= 2
-    assert page.locator("#loss svg .series").count() >= 2
+    # One point per ok cell, its cell as the tooltip; the frontier's numbered as in the table beside.
+    tips = page.locator("#tradeoff svg g.pt > title").all_text_contents()
+    assert len(tips) == page.locator("#tradeoff svg g.pt").count() == len(ok)
+    for name in ok["cell_name"]:
+        assert any(name in t for t in tips), name
+    frontier = page.locator("#tradeoff svg g.pt.frontier > title").all_text_contents()
+    assert len(frontier) >= 2 and all(t.startswith(f"frontier #{i}: ") for i, t in enumerate(frontier, start=1))
+    assert page.locator("#tradeoff tbody tr").count() == len(frontier)
+    curves = page.locator("#loss svg g.series > title").all_text_contents()
+    assert len(curves) >= 2 and len(curves) == page.locator("#loss ul.legend li").count()
     # GPU memory side by side: NVML, allocator reserved, allocator allocated, and the estimate column.
     head = page.locator("#memory thead").inner_text()
     for col in ("NVML process", "allocator reserved", "allocator allocated", "model states"):
@@ -174,11 +197,43 @@ def test_baseline_deltas(page):
 
 # -- without a browser -------------------------------------------------------------------------------
 
+
 def test_html_source_has_no_raw_result_markup(report):
     page = report.with_name(report.name + ".html").read_text()
     assert XSS not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert XSS_REASON_PART not in page
     assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "") and "https://" not in page
+
+
+def test_inline_charts_fit_the_page(report):
+    # Two matplotlib SVGs in one page: their ids must not collide, and nothing but the page's own
+    # markup may name a URL (no XML prolog, DOCTYPE or RDF metadata; links only to ids in the page).
+    page = report.with_name(report.name + ".html").read_text()
+    ids = re.findall(r' id="([^"]+)"', page)
+    assert len(ids) == len(set(ids))
+    assert set(re.findall(r'(?:href="#|url\(#)([^")]+)', page)) <= set(ids)
+    assert "<?xml" not in page and "<!DOCTYPE svg" not in page and "<metadata" not in page
+    assert page.count("<svg") == 2 and page.count("<style") == 1 and "xlink:" not in page
+    assert page.count('<g class="pt') == len(re.findall(r'<g class="pt[^"]*"><title>', page)) > 0
+
+
+def test_one_chart_description_for_both_reports(inputs):
+    # The PNG and the inline SVG draw the same Chart: the frontier numbered as the Markdown table numbers
+    # it, a tooltip per point, and the HTML loss list coloured as the curves are.
+    from bench.report import charts, figures, html
+    from bench.report.analysis import analyse
+
+    a = analyse(load(*inputs["results"]))
+    built = charts.build(a)
+    assert list(built) == ["tradeoff", "loss"]
+    frontier = next(s for s in built["tradeoff"].series if s.css == "pt frontier")
+    assert frontier.numbers == tuple(range(1, len(a.frontier) + 1))
+    svg = figures.svg(built["tradeoff"])
+    assert svg.count('<g class="pt frontier"><title>frontier #') == len(a.frontier)
+    assert svg.count('<g class="pt"><title>') == sum(len(s.tips) for s in built["tradeoff"].series) - len(a.frontier)
+    page = html.render_analysis(a, built)
+    for s in built["loss"].series:
+        assert f'style="background:{s.color}"' in page
 
 
 def test_reports_are_deterministic(inputs, tmp_path):
@@ -222,8 +277,21 @@ def test_empty_results_render(tmp_path):
 
 def test_cli_report_exports(inputs, tmp_path, capsys):
     out, csv = tmp_path / "r", tmp_path / "t.csv"
-    assert cli(["report", *map(str, inputs["results"]), "-o", str(out), "--csv", str(csv),
-                "--baseline", str(inputs["baseline"][0])]) == 0
+    assert (
+        cli(
+            [
+                "report",
+                *map(str, inputs["results"]),
+                "-o",
+                str(out),
+                "--csv",
+                str(csv),
+                "--baseline",
+                str(inputs["baseline"][0]),
+            ]
+        )
+        == 0
+    )
     header = csv.read_text().splitlines()[0].split(",")
     for col in ("cell_hash", "status", "tokens_per_s", "peak_memory_bytes", "nvml_proc_peak_bytes", "started_at"):
         assert col in header

@@ -1,6 +1,7 @@
 """Every rule that says a combination fails on CPU is backed by a real run that shows it fail.
 
 The cells are run directly through the child protocol, past the rules, on real DeepSpeed."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,16 +14,39 @@ pytestmark = pytest.mark.slow
 CPU = env.Platform(gpus=(), versions={"deepspeed": "0.19.6", "torch": "2.13.0+cpu"})
 
 
-@pytest.mark.parametrize("rule,cell,expect", [
-    ("fp16-needs-cuda", Cell(precision="fp16", seq_len=32, micro_batch=1, warmup_steps=1, measured_steps=2),
-     "Type fp16 is not supported on your device"),
-    ("lamb-needs-cuda", Cell(optimizer="fusedlamb", seq_len=32, micro_batch=1, warmup_steps=1, measured_steps=2),
-     "This op had not been implemented on CPU backend"),
-    ("cpuadam-needs-offload", Cell(optimizer="cpuadam", seq_len=32, micro_batch=1, warmup_steps=1, measured_steps=2),
-     "but DeepSpeed built FusedAdam"),
-    ("offload-runs-cpuadam", Cell(zero_stage=2, offload="optimizer", optimizer="fusedadam", seq_len=32,
-                                  micro_batch=1, warmup_steps=1, measured_steps=2), "but DeepSpeed built DeepSpeedCPUAdam"),
-])
+@pytest.mark.parametrize(
+    "rule,cell,expect",
+    [
+        (
+            "fp16-needs-cuda",
+            Cell(precision="fp16", seq_len=32, micro_batch=1, warmup_steps=1, measured_steps=2),
+            "Type fp16 is not supported on your device",
+        ),
+        (
+            "lamb-needs-cuda",
+            Cell(optimizer="fusedlamb", seq_len=32, micro_batch=1, warmup_steps=1, measured_steps=2),
+            "This op had not been implemented on CPU backend",
+        ),
+        (
+            "cpuadam-needs-offload",
+            Cell(optimizer="cpuadam", seq_len=32, micro_batch=1, warmup_steps=1, measured_steps=2),
+            "but DeepSpeed built FusedAdam",
+        ),
+        (
+            "offload-runs-cpuadam",
+            Cell(
+                zero_stage=2,
+                offload="optimizer",
+                optimizer="fusedadam",
+                seq_len=32,
+                micro_batch=1,
+                warmup_steps=1,
+                measured_steps=2,
+            ),
+            "but DeepSpeed built DeepSpeedCPUAdam",
+        ),
+    ],
+)
 def test_rule_is_true_on_cpu(tmp_path, rule, cell, expect):
     skip = rules.check(cell, CPU)
     assert skip is not None and skip.rule == rule
@@ -32,8 +56,10 @@ def test_rule_is_true_on_cpu(tmp_path, rule, cell, expect):
 
 
 def test_onebit_without_cupy_on_cpu(tmp_path):
-    assert rules.check(Cell(optimizer="onebitadam", precision="fp16"), CPU).rule in ("fp16-needs-cuda",
-                                                                                   "onebit-needs-cuda")
+    assert rules.check(Cell(optimizer="onebitadam", precision="fp16"), CPU).rule in (
+        "fp16-needs-cuda",
+        "onebit-needs-cuda",
+    )
     # With fp32 (past the fp16 check), the 1-bit optimizer itself fails: it needs cupy/NCCL.
     cell = Cell(optimizer="onebitadam", precision="fp32", seq_len=32, micro_batch=1, warmup_steps=1, measured_steps=2)
     out = launch.run_cell(cell, dsconfig.build(cell), log_path=tmp_path / "log", gpus=None)
@@ -42,8 +68,15 @@ def test_onebit_without_cupy_on_cpu(tmp_path):
 
 def test_torch_adamw_with_offload_really_runs(tmp_path):
     # The other side of offload-runs-cpuadam: torch AdamW is kept (its step runs on the CPU copy).
-    cell = Cell(zero_stage=2, offload="optimizer", optimizer="adamw", seq_len=32, micro_batch=1, warmup_steps=1,
-                measured_steps=2)
+    cell = Cell(
+        zero_stage=2,
+        offload="optimizer",
+        optimizer="adamw",
+        seq_len=32,
+        micro_batch=1,
+        warmup_steps=1,
+        measured_steps=2,
+    )
     assert rules.check(cell, CPU) is None
     out = launch.run_cell(cell, dsconfig.build(cell), log_path=tmp_path / "log", gpus=None)
     assert out.status.value == "ok", out.reason
@@ -53,10 +86,15 @@ def test_torch_adamw_with_offload_really_runs(tmp_path):
 def test_param_offload_below_zero3_is_ignored(tmp_path):
     # param-offload-needs-zero3: stage 2 runs, but the parameters stay put: the DeepSpeed config
     # check says so before anything runs, and DeepSpeed's engine reports no parameter offload.
-    from bench import dscheck
-
-    cell = Cell(zero_stage=2, offload="optimizer+params", optimizer="cpuadam", seq_len=32, micro_batch=1,
-                warmup_steps=1, measured_steps=2)
+    cell = Cell(
+        zero_stage=2,
+        offload="optimizer+params",
+        optimizer="cpuadam",
+        seq_len=32,
+        micro_batch=1,
+        warmup_steps=1,
+        measured_steps=2,
+    )
     assert rules.check(cell, CPU).rule == "param-offload-needs-zero3"
-    probs = dscheck.check(dsconfig.build(cell))
+    probs = dsconfig.check(dsconfig.build(cell))
     assert any("offload_param" in p.where for p in probs), probs

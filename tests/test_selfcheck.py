@@ -1,4 +1,5 @@
 """`zerobench selfcheck`: each cell beside a hand-written DeepSpeed loop and without telemetry."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,7 +18,9 @@ def test_three_variants_recorded_and_compared(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     recs = read(res)
     assert [x["variant"] for x in recs] == ["reference", "zerobench", "no-telemetry"]
-    assert all(x["status"] == "ok" and x["metrics"]["step_time_median_s"] > 0 for x in recs), [x["reason"] for x in recs]
+    assert all(x["status"] == "ok" and x["metrics"]["step_time_median_s"] > 0 for x in recs), [
+        x["reason"] for x in recs
+    ]
     # Same cell, same steps: the yardstick timed as many steps as the worker.
     assert len(recs[0]["step_times_s"]) == len(recs[1]["step_times_s"]) == 5
     assert recs[1]["telemetry"]["samples"] > 0 and recs[2]["telemetry"]["samples"] == 0

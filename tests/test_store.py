@@ -1,26 +1,107 @@
-"""Append-only results: torn last lines are tolerated and sealed; resume state is derived from records."""
+"""Append-only results: torn last lines are tolerated and sealed; lines that are not records are skipped
+and named; resume state is derived from records; one run holds a results file at a time."""
+
 from __future__ import annotations
 
-from bench.store import Store, read
+import json
+
+import pytest
+
+from bench.cells import Cell
+from bench.record import Record
+from bench.store import ResultsInUse, Store, read
+
+AT = "2026-01-01T00:00:00.000+00:00"
+
+
+def cell(n: int) -> Cell:
+    return Cell(model="llama-tiny", seq_len=32 + 8 * n, micro_batch=2, warmup_steps=1, measured_steps=2, matrix="t")
+
+
+def started(n: int, run_id: str = "r1") -> Record:
+    return Record.started(cell(n), run_id=run_id, attempt=1, matrix_file="", started_at=AT)
 
 
 def test_torn_last_line(tmp_path):
     p = tmp_path / "r.jsonl"
     s = Store(p)
-    s.append({"cell_hash": "a", "status": "ok"})
+    s.append(started(0))
     with open(p, "a") as f:
         f.write('{"cell_hash": "b", "sta')  # a run killed mid-write
-    assert [r["cell_hash"] for r in read(p)] == ["a"]
-    s.append({"cell_hash": "c", "status": "ok"})
-    assert [r["cell_hash"] for r in read(p)] == ["a", "c"]
+    assert [r["cell_hash"] for r in read(p)] == [cell(0).hash]
+    s.append(started(2))
+    assert [r["cell_hash"] for r in read(p)] == [cell(0).hash, cell(2).hash]
     assert p.read_text().count("\n") == 3
+
+
+def test_foreign_lines_are_skipped_and_named(tmp_path, capsys):
+    p = tmp_path / "r.jsonl"
+    Store(p).append(started(0))
+    odd = started(1).to_dict() | {"status": "passed"}
+    with open(p, "a") as f:
+        f.write('{"hello": "world"}\n[1, 2]\n' + json.dumps(odd) + "\n")
+    Store(p).append(started(2))
+    assert [r["cell_hash"] for r in read(p)] == [cell(0).hash, cell(2).hash]
+    err = capsys.readouterr().err
+    assert "3 lines not zerobench records" in err
+    assert "line 2 (" in err and "line 3 (a JSON list" in err and "line 4 (status" in err
+
+
+def test_fields_are_read_as_typed(tmp_path, capsys):
+    """A field a hand edit wrote as "2" is 2 once read; a cell field that is no value of its type is foreign."""
+    p = tmp_path / "r.jsonl"
+    bad_cell = started(1).to_dict()
+    bad_cell["cell"]["lora"] = 5
+    p.write_text(json.dumps(started(0).to_dict() | {"attempt": "2"}) + "\n" + json.dumps(bad_cell) + "\n")
+    recs = read(p)
+    assert len(recs) == 1 and recs[0]["attempt"] == 2
+    assert "line 2 (cell.lora" in capsys.readouterr().err
 
 
 def test_resume_state(tmp_path):
     s = Store(tmp_path / "r.jsonl")
-    for rec in [("a", "started"), ("a", "ok"), ("b", "started"), ("c", "skipped"), ("d", "started"),
-                ("d", "interrupted")]:
-        s.append({"cell_hash": rec[0], "status": rec[1], "run_id": "r1"})
+    a, b, c, d = (started(n) for n in range(4))
+    for rec in [
+        a,
+        a._end("ok", "", ended_at=AT),
+        b,
+        c._end("skipped", "", ended_at=AT),
+        d,
+        Record.interrupted(d, "stopped", ended_at=AT),
+    ]:
+        s.append(rec)
     done, stale = s.resume_state()
-    assert done == {"a", "c"}
-    assert [r["cell_hash"] for r in stale] == ["b"]
+    assert done == {(cell(0).hash, 1), (cell(2).hash, 1)}
+    assert [r["cell_hash"] for r in stale] == [cell(1).hash]
+
+
+def test_resume_state_counts_repeats(tmp_path):
+    """Each repeat of a cell is its own unit of work: two of three done leaves the third to run."""
+    s = Store(tmp_path / "r.jsonl")
+    for n, rep, st in [
+        (0, 1, "started"),
+        (0, 1, "ok"),
+        (0, 2, "started"),
+        (0, 2, "ok"),
+        (0, 3, "started"),  # killed here
+        (1, 1, "started"),
+        (1, 1, "cuda_oom"),
+    ]:
+        start = Record.started(cell(n), run_id="r1", attempt=rep, matrix_file="", started_at=AT, repeat=rep)
+        s.append(start if st == "started" else start._end(st, "", ended_at=AT))
+    done, stale = s.resume_state()
+    assert done == {(cell(0).hash, 1), (cell(0).hash, 2), (cell(1).hash, 1)}
+    assert [(r["cell_hash"], r["repeat"]) for r in stale] == [(cell(0).hash, 3)]
+
+
+def test_one_holder_at_a_time(tmp_path):
+    s = Store(tmp_path / "r.jsonl")
+    with s.hold("first"):
+        lock = tmp_path / "r.jsonl.lock"
+        assert json.loads(lock.read_text())["what"] == "first"
+        with pytest.raises(ResultsInUse, match=r"r.jsonl is in use by pid \d+ \(first, started at "):
+            with Store(tmp_path / "r.jsonl").hold("second"):
+                pass
+    assert not lock.exists(), "the lock file is removed with the lock"
+    with s.hold("third"):
+        pass

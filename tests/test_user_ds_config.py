@@ -1,4 +1,5 @@
 """User DeepSpeed configs as cells: checked before anything runs, labeled by what they configure."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,11 +14,29 @@ MISPLACED = str(ROOT / "matrices/ds_configs/misplaced_offload.json")
 
 def test_misplaced_key_stops_the_run(tmp_path):
     m = write_matrix(tmp_path / "m.yaml", TINY)
-    r = zerobench("run", str(m), "--ds-config", GOOD, MISPLACED, "--results", str(tmp_path / "r.jsonl"), cwd=tmp_path,
-                  timeout=120)
+    r = zerobench(
+        "run", str(m), "--ds-config", GOOD, MISPLACED, "--results", str(tmp_path / "r.jsonl"), cwd=tmp_path, timeout=120
+    )
     assert r.returncode == 2
     assert "misplaced_offload.json:11: offload_optimizer" in r.stderr
     assert "zero_optimization.offload_optimizer" in r.stderr
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_offload_no_axis_value_describes_stops_the_run(tmp_path):
+    # ZeRO-3 with only the optimizer state on NVMe: DeepSpeed would run it, but no offload axis value
+    # says it (the worker used to die on it with KeyError: 'offload_param').
+    m = write_matrix(tmp_path / "m.yaml", TINY)
+    f = tmp_path / "opt_nvme.json"
+    f.write_text(
+        '{\n  "train_micro_batch_size_per_gpu": "auto",\n  "zero_optimization": {\n    "stage": 3,\n'
+        f'    "offload_optimizer": {{"device": "nvme", "nvme_path": "{tmp_path}"}}\n  }}\n}}\n'
+    )
+    r = zerobench(
+        "run", str(m), "--ds-config", str(f), "--results", str(tmp_path / "r.jsonl"), cwd=tmp_path, timeout=120
+    )
+    assert r.returncode == 2
+    assert f"{f}:5: zero_optimization.offload_optimizer" in r.stderr and "offload axis" in r.stderr
     assert not (tmp_path / "r.jsonl").exists()
 
 

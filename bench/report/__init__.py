@@ -1,9 +1,12 @@
 """Reports are pure functions of results: the same results give the same files.
 
-    results (JSONL) -> results.load() -> analysis.analyse() -> markdown / html (+ png charts)
+results (JSONL) -> results.load() -> analysis.analyse() -> charts.build() -> markdown (+ PNG charts) / html
+                                                                 (figures draws each chart as PNG or SVG)
 """
+
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 __all__ = ["write_reports"]
@@ -15,32 +18,47 @@ def _path(out: Path, suffix: str) -> Path:
     return stem.with_name(stem.name + suffix)
 
 
-def write_reports(results: list[Path], out: Path, formats: list[str] | None = None, *,
-                  baseline: list[Path] | None = None) -> list[Path]:
+def _write(path: Path, text: str) -> None:
+    """Whole or not at all (a full disk must not leave an empty report where a good one was)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8", newline="\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(path)) from None
+
+
+def write_reports(
+    results: list[Path], out: Path, formats: list[str] | None = None, *, baseline: list[Path] | None = None
+) -> list[Path]:
     """Write out.md (with its PNG charts beside it) and out.html from results files.
 
     baseline: results files to compare with, cell by cell (matched by cell hash). Returns the paths written.
     """
     from ..results import load
-    from . import html, markdown, png
+    from . import charts as charts_
+    from . import figures, html, markdown
     from .analysis import analyse
 
     formats = formats or ["md", "html"]
     out = Path(out)
     title = f"zerobench: {', '.join(Path(p).stem for p in results)}"
     a = analyse(load(*results), title=title, baseline=load(*baseline) if baseline else None)
+    charts = charts_.build(a)
+    # Both rendered before anything is written: a failure leaves no report half written.
+    md, page = _path(out, ".md"), _path(out, ".html")
+    pngs = {name: md.with_name(f"{md.stem}.{name}.png") for name in charts}
+    # Relative to the .md, which sits in the same folder: the links survive moving the folder.
+    md_text = markdown.render_analysis(a, {k: p.name for k, p in pngs.items()}) if "md" in formats else None
+    page_text = html.render_analysis(a, charts) if "html" in formats else None
     out.parent.mkdir(parents=True, exist_ok=True)
     written = []
-    if "md" in formats:
-        md = _path(out, ".md")
-        charts = png.write_charts(a, md.with_suffix(""))
-        written += charts.values()
-        # Relative to the .md, which sits in the same folder: the links survive moving the folder.
-        md.write_text(markdown.render_analysis(a, {k: p.name for k, p in charts.items()}), encoding="utf-8",
-                      newline="\n")
+    if md_text is not None:
+        written += [figures.write_png(charts[name], path) for name, path in pngs.items()]
+        _write(md, md_text)
         written.append(md)
-    if "html" in formats:
-        page = _path(out, ".html")
-        page.write_text(html.render_analysis(a), encoding="utf-8", newline="\n")
+    if page_text is not None:
+        _write(page, page_text)
         written.append(page)
     return written

@@ -4,6 +4,7 @@ Markdown (pull requests) and HTML (reading) both render one `Analysis`, so they 
 from the same numbers. Everything here is ordered by the input or by explicit keys, never by hash
 or set order, because a report must be a pure function of its results.
 """
+
 from __future__ import annotations
 
 import math
@@ -12,44 +13,63 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ..cells import ENGINES, KERNELS, OFFLOADS, OPTIMIZERS, PRECISIONS, ZERO_STAGES
+from .. import compare, rules, stats
+from ..axes import SHOWN, peft_variant
+from ..matrix import CompareSettings
 from ..results import latest
 from ..status import Status
 
-__all__ = ["Analysis", "Ablation", "analyse", "AXES", "MEMORY_VIEW", "MEMORY_PHASES", "STATUS_ORDER"]
+__all__ = ["Analysis", "Ablation", "analyse", "AXES", "MEMORY_VIEW", "MEMORY_PHASES", "STATUS_ORDER", "NOT_RUN"]
 
 STATUS_ORDER = [s.value for s in Status if s is not Status.STARTED]
+NOT_RUN = [s.value for s in Status if not s.ran]
+"""Statuses of cells that never ran: skipped (a rule, or pruned by the memory model) and implied_oom."""
 
-# The knobs an ablation view varies one at a time: (column, title, short name used in labels).
 # PEFT is compared as its full variant (lora-r8, qlora-nf4-r8) since rank and quantization travel with it.
-AXES = [("zero_stage", "ZeRO stage", "zero"), ("offload", "Offload", "offload"), ("precision", "Precision", "prec"),
-        ("grad_ckpt", "Gradient checkpointing", "gc"), ("optimizer", "Optimizer", "opt"),
-        ("peft_variant", "PEFT", "peft"), ("engine", "Engine", "engine"), ("compile", "torch.compile", "compile"),
-        ("kernels", "Kernels", "kernels"), ("micro_batch", "Micro batch", "mb"), ("grad_accum", "Gradient accumulation", "ga"),
-        ("seq_len", "Sequence length", "seq")]
-# Settings that must also match for two cells to count as "differing only in one axis".
-_FIXED = [("model", "model"), ("gpus", "gpus"), ("warmup_steps", "warmup"),
-          ("measured_steps", "steps"), ("seed", "seed"), ("data", "data"), ("ds_config", "ds_config"),
-          ("lr", "lr"), ("attn", "attn"), ("lora_alpha", "lora_alpha")]
+_COLUMN = {"peft": "peft_variant"}
+# The knobs an ablation view varies one at a time: (column, title, short name used in labels), from the
+# axis table (bench.axes), plus the sequence length, a fixed setting worth comparing across matrices.
+AXES = [(_COLUMN.get(a.name, a.name), a.label, a.short) for a in SHOWN if a.ablate] + [
+    ("seq_len", "Sequence length", "seq")
+]
+# Settings that must also match for two cells to count as "differing only in one axis" (with the axes
+# reports hold equal rather than compare: a user's DeepSpeed config).
+_FIXED = [
+    ("model", "model"),
+    ("gpus", "gpus"),
+    # The schedule asked for, not the steps taken: adaptive cells that took different counts still pair.
+    ("steps_schedule", "steps"),
+    ("seed", "seed"),
+    ("data", "data"),
+    *[(a.name, a.short) for a in SHOWN if not a.ablate],
+    ("lr", "lr"),
+    ("attn", "attn"),
+    ("lora_alpha", "lora_alpha"),
+]
 _SHORT = {c: s for c, _, s in AXES} | dict(_FIXED)
-_KNOWN_ORDER = {"zero_stage": ZERO_STAGES, "offload": OFFLOADS, "precision": PRECISIONS, "grad_ckpt": (False, True), "compile": (False, True),
-                "kernels": KERNELS, "optimizer": tuple(OPTIMIZERS), "engine": ENGINES, "peft_variant": ("none",)}
+# Values in the table's order (ZeRO 0..3, none before offloads, ...); others after, by value.
+_KNOWN_ORDER = {_COLUMN.get(a.name, a.name): a.values for a in SHOWN if a.values}
 
 # Memory figures per cell, in display order: (column, header, drawn as a bar). The allocator figures
 # sit beside NVML because the gap between them (CUDA context, NCCL buffers, fragmentation) is the point.
-# The estimate is the ZeRO paper's model-state accounting (bench/estimate.py): a floor under the peak.
+# The ZeRO formula is the paper's model-state accounting (bench/estimate/paper.py): a floor under the peak;
+# "predicted" is the memory model's prediction of the NVML peak the record carries (bench/estimate/model.py).
 MEMORY_VIEW = [
     ("nvml_proc_peak_bytes", "NVML process", True),
+    ("predicted_gpu_bytes", "predicted (memory model)", True),
     ("torch_max_reserved_bytes", "allocator reserved", True),
     ("torch_max_allocated_bytes", "allocator allocated", True),
     ("torch_allocated_between_steps_bytes", "allocated between steps", True),
     ("estimate_model_states_bytes", "model states (ZeRO formula)", True),
     ("outside_allocator_bytes", "outside the allocator", False),
     ("host_rss_peak_bytes", "host RSS", False),
+    ("predicted_host_bytes", "host RSS predicted", False),
 ]
 # Where the peak happened: model build and engine init, or the timed steps. The first pair with data is shown.
-MEMORY_PHASES = [("nvml_proc_peak_setup_bytes", "nvml_proc_peak_measured_bytes", "NVML process"),
-                 ("host_rss_peak_setup_bytes", "host_rss_peak_measured_bytes", "host RSS")]
+MEMORY_PHASES = [
+    ("nvml_proc_peak_setup_bytes", "nvml_proc_peak_measured_bytes", "NVML process"),
+    ("host_rss_peak_setup_bytes", "host_rss_peak_measured_bytes", "host RSS"),
+]
 _GPU_SOURCES = ("nvml", "torch_reserved")
 
 MAX_LOSS_CURVES = 12  # more overlaid lines stop being readable
@@ -69,7 +89,8 @@ class Ablation:
     n_groups: int
     effects: list[dict]
     """Per non-reference value: median tokens/s and peak-memory ratios vs the reference value, over the
-    groups where both ran ok."""
+    groups where both ran ok, and `verdict` (faster, slower, or "no significant difference": the rule of
+    `zerobench compare`, bench.stats.judge_noisy, per group) with `basis` saying on what grounds."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +102,8 @@ class Analysis:
     """Latest attempt per cell in input order, plus `peft_variant`, `pareto` (bool), `capacity_bytes`
     (the memory its peak counts against) and `outside_allocator_bytes` (NVML minus allocator reserved)."""
     counts: dict[str, int]
+    pruned: int
+    """Of the skipped cells, those the memory model predicted not to fit (the rest a rule ruled out)."""
     ok: pd.DataFrame
     fastest: dict | None
     smallest: dict | None
@@ -92,6 +115,9 @@ class Analysis:
     """What the cells' peaks are measured against: the GPU (name, memory), or host memory for CPU runs.
     Each cell's own figure is the `capacity_bytes` column of `cells`."""
     did_not_fit: pd.DataFrame
+    """Cells that ran out of memory (measured: cuda_oom, host_oom)."""
+    implied: pd.DataFrame
+    """Cells recorded as implied_oom, not run: a cell needing no more memory ran out (its reason names it)."""
     memory_columns: list[tuple[str, str, bool]]
     """The MEMORY_VIEW entries some cell has a figure for."""
     memory_phases: tuple[str, str, str] | None
@@ -112,19 +138,30 @@ class Analysis:
     model-state prediction (bench/estimate.py)."""
     zero_figures: list[tuple[str, str]] = field(default_factory=list)
     """The ZERO_SCALING_FIGURES (column, label) that some row of zero_scaling has."""
+    notes: list[tuple[str, str]] = field(default_factory=list)
+    """(cell name, warning) for each cell whose last attempt's record warns that its measurement is less
+    clean than its status says (an op compiled inside the cell, a relaunch after a taken port)."""
+    loss_parity: list[dict] = field(default_factory=list)
+    """Pairs of ok cells that differ only in the ZeRO stage (or the engine): first loss and the loss at
+    the last step both ran (`step`; the final loss when they ran the same steps) side by side, the
+    tolerance (the larger of CompareSettings.loss_final_tolerance and three times the spread of either
+    cell's repeats at that step) and whether the losses there differ beyond it (`flag`)."""
 
 
 # Per-GPU memory figures compared across ZeRO stages: (column, label).
-ZERO_SCALING_FIGURES = [("nvml_proc_peak_bytes", "NVML process peak"),
-                        ("torch_max_allocated_bytes", "allocator peak"),
-                        ("torch_max_allocated_backward_bytes", "allocator peak in backward"),
-                        ("torch_allocated_between_steps_bytes", "allocated between steps")]
+ZERO_SCALING_FIGURES = [
+    ("nvml_proc_peak_bytes", "NVML process peak"),
+    ("torch_max_allocated_bytes", "allocator peak"),
+    ("torch_max_allocated_backward_bytes", "allocator peak in backward"),
+    ("torch_allocated_between_steps_bytes", "allocated between steps"),
+]
 ZERO_SCALING_NOTE = (
     "Per-GPU memory in GiB and its ratio to ZeRO-0, all else equal. The paper's prediction covers model states "
     "only (parameters, gradients, optimizer state). They all exist at once only at the end of the backward pass, "
     "so the allocator's peak in backward is the figure to hold against it; the cell's peak may come elsewhere "
     "(the loss's logits in the forward pass, the fp32 gradient copy in the optimizer step), and peaks add "
-    "activations and DeepSpeed's communication buffers, which do not shrink with the stage.")
+    "activations and DeepSpeed's communication buffers, which do not shrink with the stage."
+)
 
 
 def _zero_scaling(cells: pd.DataFrame) -> list[dict]:
@@ -134,14 +171,19 @@ def _zero_scaling(cells: pd.DataFrame) -> list[dict]:
     need = {"zero_stage", "gpus", "peft", "offload", "estimate_model_states_bytes"}
     if not need <= set(cells):
         return []
-    ok = cells[(cells["status"] == Status.OK.value) & (cells["gpus"].fillna(1) > 1) & (cells["peft"] == "none")
-               & (cells["offload"] == "none")]
+    ok = cells[
+        (cells["status"] == Status.OK.value)
+        & (cells["gpus"].fillna(1) > 1)
+        & (cells["peft"] == "none")
+        & (cells["offload"] == "none")
+    ]
     if ok.empty:
         return []
     # A user ds_config sets the stage itself (and may tune ZeRO's buckets), so it is not held equal:
     # such cells are compared with the generated ZeRO-0 cell of the same settings, one row per config.
-    others = [c for c, _, _ in AXES if c in ok and c != "zero_stage"] + [c for c, _ in _FIXED if c in ok
-                                                                          and c != "ds_config"]
+    others = [c for c, _, _ in AXES if c in ok and c != "zero_stage"] + [
+        c for c, _ in _FIXED if c in ok and c != "ds_config"
+    ]
     out = []
     gid = ok[others].astype(str).groupby(others, sort=False, dropna=False).ngroup()
     for _, g in ok.groupby(gid, sort=False):
@@ -153,11 +195,15 @@ def _zero_scaling(cells: pd.DataFrame) -> list[dict]:
             continue
         z0 = z0.iloc[0]
         for _, r in g.assign(_config=config).sort_values(["zero_stage", "_config"], kind="stable").iterrows():
-            row = {"cell_name": r["cell_name"], "zero_stage": int(r["zero_stage"]), "gpus": int(r["gpus"]),
-                   "micro_batch": int(r["micro_batch"]),
-                   "ds_config": r["_config"] or None,
-                   "predicted_ratio": r["estimate_model_states_bytes"] / z0["estimate_model_states_bytes"],
-                   "estimate_bytes": r["estimate_model_states_bytes"]}
+            row = {
+                "cell_name": r["cell_name"],
+                "zero_stage": int(r["zero_stage"]),
+                "gpus": int(r["gpus"]),
+                "micro_batch": int(r["micro_batch"]),
+                "ds_config": r["_config"] or None,
+                "predicted_ratio": r["estimate_model_states_bytes"] / z0["estimate_model_states_bytes"],
+                "estimate_bytes": r["estimate_model_states_bytes"],
+            }
             for col, _ in ZERO_SCALING_FIGURES:
                 v, v0 = r.get(col), z0.get(col)
                 ok_v = v is not None and v0 is not None and not pd.isna(v) and not pd.isna(v0) and v0 > 0
@@ -167,13 +213,118 @@ def _zero_scaling(cells: pd.DataFrame) -> list[dict]:
     return out
 
 
+# Axes whose values should train the same model to the same loss: ZeRO partitions state, it does not
+# change the math; the HF Trainer drives the same engine.
+LOSS_PARITY_AXES = [("zero_stage", "ZeRO stage"), ("engine", "engine")]
+LOSS_PARITY_NOTE = (
+    "Cells that differ only in the ZeRO stage (or the engine) run the same math and should end at the same loss. "
+    "Tolerance: {tol:g} (40x the largest spread of one cell across the committed runs, 0.0005), or three times "
+    "the spread of a cell's own repeats if larger. ZeRO-0 in bf16/fp16 runs DeepSpeed's FP16_Optimizer wrapper, "
+    "which takes one extra Adam step on zero gradients at start (bf16: every early update smaller) and, in fp16, "
+    "divides gradients by a loss scale it never applied: see docs/loss-parity.md. Cells that ran different numbers "
+    "of steps (adaptive steps) are compared at the last step both ran, named beside their losses."
+)
+
+
+def _loss_parity(cells: pd.DataFrame, samples: dict) -> list[dict]:
+    ok = cells[(cells["status"] == Status.OK.value) & cells["loss_final"].notna() & cells["loss_first"].notna()]
+    if ok.empty:
+        return []
+    out = []
+    for axis, title in LOSS_PARITY_AXES:
+        if axis not in ok or ok[axis].nunique() < 2:
+            continue
+        others = [c for c, _, _ in AXES if c in ok and c != axis] + [c for c, _ in _FIXED if c in ok and c != axis]
+        g = ok.drop_duplicates(["cell_hash", axis], keep="last")
+        gid = g[others].astype(str).groupby(others, sort=False, dropna=False).ngroup()
+        rank = {v: i for i, v in enumerate(_ordered(axis, pd.unique(g[axis]).tolist()))}
+        g = g.assign(_g=gid, _o=g[axis].map(rank))
+        g = g[g.groupby("_g")[axis].transform("nunique") >= 2]
+        if g.empty:
+            continue
+        ref = g.sort_values(["_g", "_o"], kind="stable").drop_duplicates("_g", keep="first")
+        cols = ["_g", "cell_hash", "cell_name", "variant", axis, "loss_first", "loss_final", "losses"]
+        pairs = g[cols + ["precision"]].merge(ref[cols], on="_g", suffixes=("", "_ref"))
+        pairs = pairs[pairs["cell_hash"] != pairs["cell_hash_ref"]]
+        for p in pairs.to_dict("records"):
+            step, at, at_ref, spread = _common_loss(p, samples)
+            tol = max(COMPARE_RULE.loss_final_tolerance, 3 * spread)
+            d_first, d_final = p["loss_first"] - p["loss_first_ref"], at - at_ref
+            same_start = abs(d_first) <= COMPARE_RULE.loss_first_tolerance
+            flag = same_start and abs(d_final) > tol
+            zero0 = axis == "zero_stage" and 0 in (p[axis], p[axis + "_ref"]) and p["precision"] in ("bf16", "fp16")
+            note = ""
+            if not same_start:
+                note = "different first loss: not the same start (initialisation)"
+            elif flag and zero0:
+                note = "ZeRO-0's FP16_Optimizer (docs/loss-parity.md)"
+            out.append(
+                {
+                    "axis": title,
+                    "reference": p["cell_name_ref"],
+                    "cell": p["cell_name"],
+                    "values": (str(p[axis + "_ref"]), str(p[axis])),
+                    "loss_first": (p["loss_first_ref"], p["loss_first"]),
+                    "loss_final": (at_ref, at),
+                    "step": step,
+                    "difference": d_final,
+                    "tolerance": tol,
+                    "flag": bool(flag),
+                    "note": note,
+                }
+            )
+    return out
+
+
+def _common_loss(p: dict, samples: dict) -> tuple[int | None, float, float, float]:
+    """A pair's losses at the last step both cells (and all their repeats) ran: (that step, 1-based, or
+    None where every curve has the same length and the final losses are that step's; the cell's loss
+    there, the reference's, and the larger spread of either cell's repeats there)."""
+    sides = [
+        samples.get(compare.cell_key({"cell_hash": p["cell_hash" + k], "variant": p["variant" + k]}))
+        for k in ("", "_ref")
+    ]
+    step = compare.common_step(*sides) if all(sides) else None
+    curves = [p["losses"], p["losses_ref"]]
+    if step is None and all(isinstance(c, list) and c for c in curves) and len(curves[0]) != len(curves[1]):
+        step = min(len(c) for c in curves)  # no repeats to consult: the two records' own curves
+    if step is None:
+        reps = [_repeat_values(samples, p["cell_hash" + k], p["variant" + k], "loss_final") for k in ("", "_ref")]
+        return (
+            None,
+            p["loss_final"],
+            p["loss_final_ref"],
+            max((max(v) - min(v) for v in reps if len(v) > 1), default=0.0),
+        )
+    reps = [compare.loss_at(s, step) for s in sides if s is not None]
+    return (
+        step,
+        curves[0][step - 1],
+        curves[1][step - 1],
+        max((max(v) - min(v) for v in reps if len(v) > 1), default=0.0),
+    )
+
+
+def _repeat_values(samples: dict, cell_hash, variant, col: str) -> list[float]:
+    s = samples.get(compare.cell_key({"cell_hash": cell_hash, "variant": variant})) if samples else None
+    return s.values[col] if s else []
+
+
 def _peft_variant(cells: pd.DataFrame) -> pd.Series:
-    """none | lora-r8 | qlora-nf4-r8: the PEFT axis value with the settings that change its cost."""
+    """none | lora-r8 | qlora-nf4-r8 per row (bench.axes.peft_variant, as in cell names)."""
+
+    def rank(v):
+        return None if v is None or (isinstance(v, float) and math.isnan(v)) else int(v)
+
     peft = cells["peft"].astype(object).where(cells["peft"].notna(), "none").astype(str)
-    r = cells["lora_r"].map(lambda v: "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"-r{int(v)}")
-    q = cells["qlora_quant_type"].map(lambda v: f"-{v}" if isinstance(v, str) and v else "")
-    out = peft + q.where(peft == "qlora", "") + r
-    return out.where(peft != "none", "none")
+    return pd.Series(
+        [
+            peft_variant(p, rank(r), q if isinstance(q, str) and q else None)
+            for p, r, q in zip(peft, cells["lora_r"], cells["qlora_quant_type"])
+        ],
+        index=cells.index,
+        dtype=object,
+    )
 
 
 def _pareto(ok: pd.DataFrame) -> pd.Series:
@@ -202,8 +353,14 @@ def _best_mfu(ok: pd.DataFrame) -> dict | None:
 
 def _ordered(axis: str, values) -> list:
     known = _KNOWN_ORDER.get(axis, ())
-    return sorted(values, key=lambda v: (known.index(v) if v in known else len(known),
-                                         v if isinstance(v, (int, float)) and not isinstance(v, bool) else 0, str(v)))
+    return sorted(
+        values,
+        key=lambda v: (
+            known.index(v) if v in known else len(known),
+            v if isinstance(v, (int, float)) and not isinstance(v, bool) else 0,
+            str(v),
+        ),
+    )
 
 
 def _context_labels(keys: pd.DataFrame, cols: list[str]) -> pd.Series:
@@ -223,8 +380,8 @@ def _context_labels(keys: pd.DataFrame, cols: list[str]) -> pd.Series:
 _CELL_FIELDS = ["cell_name", "cell_hash", "status", "reason", "tokens_per_s", "peak_memory_bytes"]
 
 
-def _ablations(cells: pd.DataFrame) -> list[Ablation]:
-    ran = cells[cells["status"] != Status.SKIPPED.value]
+def _ablations(cells: pd.DataFrame, samples: dict) -> list[Ablation]:
+    ran = cells[~cells["status"].isin(NOT_RUN)]
     if ran.empty:
         return []
     context_cols = [c for c, _, _ in AXES if c in cells] + [c for c, _ in _FIXED if c in cells]
@@ -242,37 +399,145 @@ def _ablations(cells: pd.DataFrame) -> list[Ablation]:
             continue
         sub, gid = ran[comparable], gid[comparable]
         values = _ordered(axis, pd.unique(sub[axis]).tolist())
-        labels = _context_labels(keys.loc[comparable], [c for c in varying if c in others])
-        group_labels = labels.groupby(gid, sort=False).first().sort_values(kind="stable")
+        # Labelled from each group's first row only: string building over every row cost seconds at 10k.
+        firsts = keys.loc[comparable].groupby(gid, sort=False).head(1)
+        labels = _context_labels(firsts, [c for c in varying if c in others])
+        group_labels = pd.Series(labels.to_numpy(), index=gid.loc[firsts.index].to_numpy()).sort_values(kind="stable")
         shown = group_labels.index[:MAX_ABLATION_GROUPS]
         # Only the groups shown become dicts; the effect summary below uses all of them, vectorised.
         cells_by_group: dict = {g: {} for g in shown}
         pick = gid.isin(shown)
-        for g, v, rec in zip(gid[pick], sub.loc[pick, axis].astype(str),
-                             sub.loc[pick, _CELL_FIELDS].to_dict("records")):
+        for g, v, rec in zip(
+            gid[pick], sub.loc[pick, axis].astype(str), sub.loc[pick, _CELL_FIELDS].to_dict("records")
+        ):
             cells_by_group[g].setdefault(v, rec)
-        groups = [{"context": group_labels[g], "cells": {str(v): cells_by_group[g].get(str(v)) for v in values}}
-                  for g in shown]
-        out.append(Ablation(axis=axis, title=title, values=values, groups=groups, n_groups=len(group_labels),
-                            effects=_effects(sub, gid, axis, values)))
+        groups = [
+            {"context": group_labels[g], "cells": {str(v): cells_by_group[g].get(str(v)) for v in values}}
+            for g in shown
+        ]
+        out.append(
+            Ablation(
+                axis=axis,
+                title=title,
+                values=values,
+                groups=groups,
+                n_groups=len(group_labels),
+                effects=_effects(sub, gid, axis, values, samples),
+            )
+        )
     return out
 
 
-def _effects(sub: pd.DataFrame, gid: pd.Series, axis: str, values: list) -> list[dict]:
+# The report judges an effect by the rule `zerobench compare` uses, with its default thresholds.
+COMPARE_RULE = CompareSettings()
+
+
+def _effects(sub: pd.DataFrame, gid: pd.Series, axis: str, values: list, samples: dict) -> list[dict]:
     ok = sub[sub["status"] == Status.OK.value].assign(_g=gid)
     ref = values[0]
     wide_t = ok.pivot_table(index="_g", columns=axis, values="tokens_per_s", aggfunc="first")
     wide_m = ok.pivot_table(index="_g", columns=axis, values="peak_memory_bytes", aggfunc="first")
+    wide_k: dict = {}
+    if samples:  # which cells each group holds, to find their repeats
+        keys = ok.assign(_k=[compare.cell_key(r) for r in ok[["cell_hash", "variant"]].to_dict("records")])
+        wide_k = keys.pivot_table(index="_g", columns=axis, values="_k", aggfunc="first").to_dict("index")
     out = []
     for v in values[1:]:
         row = {"value": v, "reference": ref, "n": 0, "tokens_ratio": None, "memory_ratio": None}
+        row.update(verdict=None, basis="")
         if ref in wide_t.columns and v in wide_t.columns:
             t = (wide_t[v] / wide_t[ref]).dropna()
             m = (wide_m[v] / wide_m[ref]).dropna() if ref in wide_m.columns and v in wide_m.columns else pd.Series()
-            row.update(n=int(len(t)), tokens_ratio=float(t.median()) if len(t) else None,
-                       memory_ratio=float(m.median()) if len(m) else None)
+            row.update(
+                n=int(len(t)),
+                tokens_ratio=float(t.median()) if len(t) else None,
+                memory_ratio=float(m.median()) if len(m) else None,
+            )
+            if len(t):
+                pairs = [(wide_k[g][ref], wide_k[g][v]) for g in t.index] if wide_k else []
+                row.update(_significance(pairs, t.to_numpy(), samples))
         out.append(row)
     return out
+
+
+def _significance(pairs: list[tuple[str, str]], ratios, samples: dict) -> dict:
+    """Is the tokens/s effect beyond the noise? Each group judged as `zerobench compare` judges a cell
+    (reference as baseline); the effect is called only where the groups that can tell agree. Groups
+    measured once a side are judged by their ratio alone (what judge_noisy would do, without the cost
+    of a call per group in a 10k-cell report)."""
+
+    def n(k):
+        return len(samples[k].values["tokens_per_s"]) if k in samples else 0
+
+    tested = [
+        stats.judge_noisy(
+            samples[a].values["tokens_per_s"],
+            samples[b].values["tokens_per_s"],
+            higher_is_better=True,
+            alpha=COMPARE_RULE.alpha,
+            min_effect=COMPARE_RULE.min_effect,
+            single_min_effect=COMPARE_RULE.single_run_min_effect,
+        )
+        for a, b in pairs
+        if n(a) >= 2 and n(b) >= 2
+    ]
+    if tested:
+        reps = min(min(j.n) for j in tested)
+        basis = (
+            f"{len(tested)} group(s) with at least {reps} repeats a side: "
+            f"p ≤ {COMPARE_RULE.alpha:g} and ≥ {COMPARE_RULE.min_effect:.0%}"
+        )
+        ci = tested[0].ci if len(tested) == 1 else None
+    else:
+        bound = COMPARE_RULE.single_run_min_effect
+        basis = f"one run each: the noise cannot be estimated, so only changes ≥ {bound:.0%} count"
+        ci = None
+    if tested:
+        verdicts = {j.verdict for j in tested}
+    else:
+        big = np.abs(np.asarray(ratios, dtype=float) - 1) >= COMPARE_RULE.single_run_min_effect
+        verdicts = {
+            stats.NO_CHANGE if not b else stats.IMPROVEMENT if r > 1 else stats.REGRESSION for r, b in zip(ratios, big)
+        }
+    if verdicts == {stats.REGRESSION}:
+        verdict = "slower"
+    elif verdicts == {stats.IMPROVEMENT}:
+        verdict = "faster"
+    else:
+        verdict = "no significant difference"
+    return {"verdict": verdict, "basis": basis, "tokens_ci": ci, "tokens_ci_conf": tested[0].ci_conf if ci else None}
+
+
+def _with_repeats(cells: pd.DataFrame, samples: dict) -> pd.DataFrame:
+    """Cells with repeats show the median over their ok repeats (tokens/s, step time) with the median's
+    distribution-free interval; a cell measured once keeps its one figure (and no interval)."""
+    if not samples:
+        nan = np.full(len(cells), np.nan)
+        return cells.assign(repeats=1, tokens_per_s_ci_low=nan, tokens_per_s_ci_high=nan, tokens_per_s_ci_conf=nan)
+    keys = [compare.cell_key(r) for r in cells[["cell_hash", "variant"]].to_dict("records")]
+    reps, lo, hi, conf = [], [], [], []
+    tok, step = cells["tokens_per_s"].to_numpy(dtype=float).copy(), cells["step_time_median_s"].to_numpy(dtype=float)
+    step = step.copy()
+    for i, k in enumerate(keys):
+        s = samples.get(k)
+        vals = s.values["tokens_per_s"] if s else []
+        reps.append(s.repeats if s else 1)
+        if len(vals) >= 2:
+            tok[i] = stats.median(vals)
+            step[i] = stats.median(s.values["step_time_median_s"]) or step[i]
+            ci = stats.median_ci(vals)
+        else:
+            ci = (None, None, None)
+        for col, v in zip((lo, hi, conf), ci):
+            col.append(v)
+    return cells.assign(
+        tokens_per_s=tok,
+        step_time_median_s=step,
+        repeats=reps,
+        tokens_per_s_ci_low=pd.array(lo, dtype="Float64").astype(float),
+        tokens_per_s_ci_high=pd.array(hi, dtype="Float64").astype(float),
+        tokens_per_s_ci_conf=pd.array(conf, dtype="Float64").astype(float),
+    )
 
 
 def _peak_label(sources: pd.Series) -> str:
@@ -294,8 +559,11 @@ def _capacity(cells: pd.DataFrame) -> tuple[pd.Series, str | None]:
     gpu_mem = pd.to_numeric(cells["gpu_memory_bytes"], errors="coerce") if "gpu_memory_bytes" in cells else np.nan
     host_mem = pd.to_numeric(cells["host_memory_bytes"], errors="coerce") if "host_memory_bytes" in cells else np.nan
     src = cells["peak_memory_source"]
-    cap = pd.Series(np.where(src.isin(_GPU_SOURCES), gpu_mem, np.where(src == "host_rss", host_mem, np.nan)),
-                    index=cells.index, dtype=float)
+    cap = pd.Series(
+        np.where(src.isin(_GPU_SOURCES), gpu_mem, np.where(src == "host_rss", host_mem, np.nan)),
+        index=cells.index,
+        dtype=float,
+    )
     on_gpu = src.isin(_GPU_SOURCES)
     kinds = []
     if on_gpu.any():
@@ -341,18 +609,30 @@ def _environment(cells: pd.DataFrame, df: pd.DataFrame) -> list[tuple[str, str]]
         vals = pd.to_numeric(cells[col], errors="coerce").dropna() if col in cells else pd.Series(dtype=float)
         return ", ".join(f"{v / 2**30:.1f} GiB" for v in sorted(set(vals)))
 
-    rows = [("matrix", _distinct(cells, "matrix")), ("model", _distinct(cells, "model")),
-            ("host", _distinct(cells, "host")), ("GPU", _distinct(cells, "gpu_name")),
-            ("GPU count", _distinct(cells, "gpu_count")), ("GPU memory", gib("gpu_memory_bytes")),
-            ("driver", _distinct(cells, "gpu_driver")), ("CUDA", _distinct(cells, "cuda_version")),
-            ("CPU", _distinct(cells, "cpu")), ("host memory", gib("host_memory_bytes")),
-            ("OS", _distinct(cells, "os")), ("Python", _distinct(cells, "python_version"))]
+    rows = [
+        ("matrix", _distinct(cells, "matrix")),
+        ("model", _distinct(cells, "model")),
+        ("host", _distinct(cells, "host")),
+        ("GPU", _distinct(cells, "gpu_name")),
+        ("GPU count", _distinct(cells, "gpu_count")),
+        ("GPU memory", gib("gpu_memory_bytes")),
+        ("driver", _distinct(cells, "gpu_driver")),
+        ("CUDA", _distinct(cells, "cuda_version")),
+        ("CPU", _distinct(cells, "cpu")),
+        ("host memory", gib("host_memory_bytes")),
+        ("OS", _distinct(cells, "os")),
+        ("Python", _distinct(cells, "python_version")),
+    ]
     for lib in ("torch", "deepspeed", "transformers", "peft", "bitsandbytes"):
         rows.append((lib, _distinct(cells, f"{lib}_version")))
     if "git_commit" in cells:
-        commits = sorted({str(c) + (" (dirty)" if d is True else "")
-                          for c, d in zip(cells["git_commit"], cells.get("git_dirty", [None] * len(cells)))
-                          if c is not None and not (isinstance(c, float) and math.isnan(c))})
+        commits = sorted(
+            {
+                str(c) + (" (dirty)" if d is True else "")
+                for c, d in zip(cells["git_commit"], cells.get("git_dirty", [None] * len(cells)))
+                if c is not None and not (isinstance(c, float) and math.isnan(c))
+            }
+        )
         rows.append(("git commit", ", ".join(commits)))
     rows.append(("runs", _distinct(df, "run_id")))
     if "started_at" in df and df["started_at"].notna().any():
@@ -364,8 +644,11 @@ def _environment(cells: pd.DataFrame, df: pd.DataFrame) -> list[tuple[str, str]]
 def _baseline(cells: pd.DataFrame, base_df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """Per cell_hash in both: tokens/s and peak memory, baseline and now, with relative change."""
     cols = ["cell_hash", "status", "tokens_per_s", "peak_memory_bytes"]
-    base = latest(base_df).drop_duplicates("cell_hash", keep="last") if not base_df.empty else pd.DataFrame(
-        columns=cols + ["cell_name"])
+    base = (
+        latest(base_df).drop_duplicates("cell_hash", keep="last")
+        if not base_df.empty
+        else pd.DataFrame(columns=cols + ["cell_name"])
+    )
     m = cells[["cell_name"] + cols].merge(base[cols], on="cell_hash", how="inner", suffixes=("", "_base"))
     m["tokens_per_s_change"] = m["tokens_per_s"] / m["tokens_per_s_base"] - 1
     m["peak_memory_change"] = m["peak_memory_bytes"] / m["peak_memory_bytes_base"] - 1
@@ -377,24 +660,51 @@ def analyse(df: pd.DataFrame, *, title: str = "zerobench report", baseline: pd.D
     """Everything the reports show, computed once from `bench.results.load()` output."""
     if df.empty:
         empty = pd.DataFrame(columns=["cell_name", "status", "reason", "pareto"])
-        return Analysis(title=title, attempts=0, cells=empty, counts={}, ok=empty, fastest=None, smallest=None,
-                        best_mfu=None, frontier=empty, peak_label="peak memory", capacity_label=None,
-                        did_not_fit=empty, memory_columns=[], memory_phases=None, compute_metric=None, ablations=[],
-                        loss_cells=empty, failures=empty, failure_groups=[], environment=[],
-                        baseline=None if baseline is None else empty)
-    cells = latest(df)
+        return Analysis(
+            title=title,
+            attempts=0,
+            cells=empty,
+            counts={},
+            pruned=0,
+            ok=empty,
+            fastest=None,
+            smallest=None,
+            best_mfu=None,
+            frontier=empty,
+            peak_label="peak memory",
+            capacity_label=None,
+            did_not_fit=empty,
+            implied=empty,
+            memory_columns=[],
+            memory_phases=None,
+            compute_metric=None,
+            ablations=[],
+            loss_cells=empty,
+            failures=empty,
+            failure_groups=[],
+            environment=[],
+            baseline=None if baseline is None else empty,
+        )
+    # Only cells measured more than once have a distribution to summarise (and a 10k-row report of
+    # single runs pays nothing for it).
+    repeated = df["repeat"].fillna(1).groupby(df["cell_hash"]).transform("max") > 1 if "repeat" in df else None
+    samples = compare.samples(df[repeated]) if repeated is not None and repeated.any() else {}
+    cells = _with_repeats(latest(df), samples)
     if "variant" in cells and cells["variant"].notna().any():
         # `zerobench selfcheck` runs one cell several ways: keep the ways apart.
-        cells = cells.assign(cell_name=cells["cell_name"] + cells["variant"].map(
-            lambda v: f" [{v}]" if isinstance(v, str) and v else ""))
+        cells = cells.assign(
+            cell_name=cells["cell_name"] + cells["variant"].map(lambda v: f" [{v}]" if isinstance(v, str) and v else "")
+        )
     if "model" in cells and cells["model"].nunique() > 1:
         # Cell names carry the axes, not the model: a report over several models must say which.
         cells = cells.assign(cell_name=cells["model"].astype(str) + " " + cells["cell_name"])
     capacity, capacity_label = _capacity(cells)
     cells = cells.assign(
-        peft_variant=_peft_variant(cells), capacity_bytes=capacity,
+        peft_variant=_peft_variant(cells),
+        capacity_bytes=capacity,
         # NVML minus allocator reserved: CUDA context, NCCL buffers, cuBLAS workspaces, other allocators.
-        outside_allocator_bytes=cells["nvml_proc_peak_bytes"] - cells["torch_max_reserved_bytes"])
+        outside_allocator_bytes=cells["nvml_proc_peak_bytes"] - cells["torch_max_reserved_bytes"],
+    )
     is_ok = cells["status"] == Status.OK.value
     cells = cells.assign(pareto=_pareto(cells[is_ok]).reindex(cells.index, fill_value=False))
     ok = cells[is_ok]
@@ -409,26 +719,73 @@ def analyse(df: pd.DataFrame, *, title: str = "zerobench report", baseline: pd.D
     rank = {s: i for i, s in enumerate(STATUS_ORDER)}
     counts = cells["status"].value_counts()
     failures = cells[~is_ok]
-    failures = failures.iloc[np.argsort(failures["status"].map(lambda s: rank.get(s, len(rank))).to_numpy(),
-                                        kind="stable")]
+    failures = failures.iloc[
+        np.argsort(failures["status"].map(lambda s: rank.get(s, len(rank))).to_numpy(), kind="stable")
+    ]
     base, only = _baseline(cells, baseline) if baseline is not None else (None, [])
     return Analysis(
-        title=title, attempts=len(df), cells=cells,
-        counts={s: int(counts[s]) for s in STATUS_ORDER + sorted(set(counts.index) - set(STATUS_ORDER))
-                if s in counts},
-        ok=ok, fastest=pick("tokens_per_s", True), smallest=pick("peak_memory_bytes", False),
+        title=title,
+        attempts=len(df),
+        cells=cells,
+        counts={s: int(counts[s]) for s in STATUS_ORDER + sorted(set(counts.index) - set(STATUS_ORDER)) if s in counts},
+        pruned=int((cells["status"].eq(Status.SKIPPED.value) & cells["skip_rule"].eq(rules.PRUNED)).sum()),
+        ok=ok,
+        fastest=pick("tokens_per_s", True),
+        smallest=pick("peak_memory_bytes", False),
         best_mfu=_best_mfu(ok),
         frontier=ok[ok["pareto"]].sort_values(["peak_memory_source", "peak_memory_bytes"], kind="stable"),
-        peak_label=_peak_label(cells["peak_memory_source"]), capacity_label=capacity_label,
+        peak_label=_peak_label(cells["peak_memory_source"]),
+        capacity_label=capacity_label,
         did_not_fit=cells[cells["status"].isin([Status.CUDA_OOM.value, Status.HOST_OOM.value])],
+        implied=cells[cells["status"] == Status.IMPLIED_OOM.value],
         memory_columns=[m for m in MEMORY_VIEW if m[0] in cells and cells[m[0]].notna().any()],
-        memory_phases=next((m for m in MEMORY_PHASES if all(c in cells and cells[c].notna().any() for c in m[:2])),
-                           None),
-        compute_metric="mfu" if ok["mfu"].notna().any() else "tflops_per_gpu" if ok["tflops_per_gpu"].notna().any()
+        memory_phases=next(
+            (m for m in MEMORY_PHASES if all(c in cells and cells[c].notna().any() for c in m[:2])), None
+        ),
+        compute_metric="mfu"
+        if ok["mfu"].notna().any()
+        else "tflops_per_gpu"
+        if ok["tflops_per_gpu"].notna().any()
         else None,
-        ablations=_ablations(cells), loss_cells=_loss_cells(cells), failures=failures,
+        ablations=_ablations(cells, samples),
+        loss_cells=_loss_cells(cells),
+        failures=failures,
         zero_scaling=(zs := _zero_scaling(cells)),
         zero_figures=[(c, h) for c, h in ZERO_SCALING_FIGURES if any(r[c] is not None for r in zs)],
-        failure_groups=_failure_groups(failures), environment=_environment(cells, df), baseline=base,
+        loss_parity=_loss_parity(cells, samples),
+        failure_groups=_failure_groups(failures),
+        environment=_environment(cells, df),
+        baseline=base,
         baseline_only=only,
+        notes=_notes(cells),
     )
+
+
+def _notes(cells: pd.DataFrame) -> list[tuple[str, str]]:
+    out = []
+    if "warnings" in cells:
+        out = [(n, w) for n, ws in zip(cells["cell_name"], cells["warnings"]) if isinstance(ws, list) for w in ws]
+    if "steps_ended" in cells:
+        out += [(r["cell_name"], note) for r in cells.to_dict("records") if (note := _cap_note(r))]
+    return out
+
+
+def _cap_note(r: dict) -> str | None:
+    """What an adaptive schedule's cap cut short (bench/adaptive.py), from the record's `steps`."""
+    parts = []
+    w, ended = r.get("warmup_ended"), r.get("steps_ended")
+    if w in ("step cap", "time cap"):
+        parts.append(f"warmup ended at the {w} after {int(r['warmup_steps'])} steps without step time settling")
+    if ended in ("step cap", "time cap"):
+        half, level, tol = r.get("step_time_half_width"), r.get("step_time_ci_level"), r.get("steps_tolerance")
+        cap = f" ({r['steps_max_seconds']:g} s)" if ended == "time cap" and _num(r.get("steps_max_seconds")) else ""
+        iv = f"±{half:.1%} at {level:.0%}" if _num(half) and _num(level) else "no interval"
+        parts.append(
+            f"measurement ended at the {ended}{cap} after {int(r['measured_steps'])} steps, the median step time "
+            f"known to {iv}" + (f", not the {tol:.0%} asked" if _num(tol) else "")
+        )
+    return "; ".join(parts) or None
+
+
+def _num(v) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v))

@@ -3,11 +3,15 @@
 Every function takes None/NaN and returns "" for it, since any figure can be missing (skipped cells,
 CPU runs without NVML or a CUDA allocator).
 """
+
 from __future__ import annotations
 
 import math
 
-__all__ = ["missing", "gib", "num", "pct", "change", "ratio", "ms", "tflops", "sort_value"]
+# What measured a cell's peak memory (the results' `peak_memory_source`), in a word or two.
+MEMORY_SOURCES = {"nvml": "NVML", "torch_reserved": "allocator", "host_rss": "host RSS"}
+
+__all__ = ["MEMORY_SOURCES", "missing", "gib", "num", "pct", "change", "ratio", "ms", "tflops", "sort_value"]
 
 
 def missing(x) -> bool:

@@ -3,6 +3,7 @@
 The same story as the HTML report, short: the best cells, what fits, each knob's effect, what failed
 and why. Long lists are capped (a PR comment has a size limit); the HTML report has everything.
 """
+
 from __future__ import annotations
 
 import html
@@ -10,7 +11,7 @@ import re
 from urllib.parse import quote
 
 from . import fmt
-from .analysis import ZERO_SCALING_NOTE, Analysis, analyse
+from .analysis import COMPARE_RULE, LOSS_PARITY_NOTE, NOT_RUN, ZERO_SCALING_NOTE, Analysis, analyse
 
 __all__ = ["render", "render_analysis", "escape"]
 
@@ -51,18 +52,35 @@ def _best(a: Analysis, charts: dict[str, str]) -> list[str]:
     rows = []
     for what, r in (("fastest", a.fastest), ("lowest memory", a.smallest), ("best MFU", a.best_mfu)):
         if r:
-            rows.append([what, escape(r["cell_name"]), fmt.num(r["tokens_per_s"]), fmt.gib(r["peak_memory_bytes"]),
-                         fmt.pct(r.get("mfu"))])
+            rows.append(
+                [
+                    what,
+                    escape(r["cell_name"]),
+                    fmt.num(r["tokens_per_s"]),
+                    fmt.gib(r["peak_memory_bytes"]),
+                    fmt.pct(r.get("mfu")),
+                ]
+            )
     if not rows:
         return lines + ["No cell ran ok.", ""]
     lines += _table(["", "cell", "tokens/s", f"{escape(a.peak_label)} (GiB)", "MFU"], "llrrr", rows)
     f = a.frontier
-    lines += [f"Pareto frontier ({len(f)} cell{'s' if len(f) != 1 else ''} that nothing beats on both "
-              "throughput and memory; numbered as in the chart):", ""]
+    lines += [
+        f"Pareto frontier ({len(f)} cell{'s' if len(f) != 1 else ''} that nothing beats on both "
+        "throughput and memory; numbered as in the chart):",
+        "",
+    ]
     shown = f.head(MAX_ROWS)
-    lines += _table(["#", "cell", "peak (GiB)", "tokens/s"], "rlrr",
-                    [[str(i), escape(n), fmt.gib(m), fmt.num(t)] for i, (n, m, t) in
-                     enumerate(zip(shown["cell_name"], shown["peak_memory_bytes"], shown["tokens_per_s"]), start=1)])
+    lines += _table(
+        ["#", "cell", "peak (GiB)", "tokens/s"],
+        "rlrr",
+        [
+            [str(i), escape(n), fmt.gib(m), fmt.num(t)]
+            for i, (n, m, t) in enumerate(
+                zip(shown["cell_name"], shown["peak_memory_bytes"], shown["tokens_per_s"]), start=1
+            )
+        ],
+    )
     lines += _more(len(f), len(shown))
     if "tradeoff" in charts:
         lines += _image("tokens/s against peak memory, Pareto frontier marked", charts["tradeoff"])
@@ -71,43 +89,82 @@ def _best(a: Analysis, charts: dict[str, str]) -> list[str]:
 
 def _fits(a: Analysis) -> list[str]:
     lines = ["## What fits", ""]
-    ran = a.cells[a.cells["status"] != "skipped"]
+    ran = a.cells[~a.cells["status"].isin(NOT_RUN)]
     if ran.empty:
         return lines + ["No cell ran.", ""]
     where = f"in {escape(a.capacity_label)}" if a.capacity_label else "(capacity unknown)"
-    lines += [f"**{len(a.ok)} of {len(ran)}** cells that ran fit {where}; "
-              f"{len(a.did_not_fit)} ran out of memory. Memory figure: {escape(a.peak_label)}.", ""]
+    implied = (
+        f" {len(a.implied)} more did not run: implied out of memory by a cell that needs no more and ran out "
+        "(`implied_oom`)."
+        if len(a.implied)
+        else ""
+    )
+    lines += [
+        f"**{len(a.ok)} of {len(ran)}** cells that ran fit {where}; "
+        f"{len(a.did_not_fit)} ran out of memory.{implied} Memory figure: {escape(a.peak_label)}.",
+        "",
+    ]
     ok = a.ok.sort_values("peak_memory_bytes", kind="stable")
     shown = ok.head(MAX_ROWS)
     if len(shown):
-        lines += _table(["cell", "peak (GiB)", "of capacity", "tokens/s"], "lrrr",
-                        [[escape(n), fmt.gib(m), fmt.pct(m / cap, 0) if cap else "", fmt.num(t)] for n, m, cap, t in
-                         zip(shown["cell_name"], shown["peak_memory_bytes"], shown["capacity_bytes"],
-                             shown["tokens_per_s"])])
+        lines += _table(
+            ["cell", "peak (GiB)", "of capacity", "tokens/s"],
+            "lrrr",
+            [
+                [escape(n), fmt.gib(m), fmt.pct(m / cap, 0) if cap else "", fmt.num(t)]
+                for n, m, cap, t in zip(
+                    shown["cell_name"], shown["peak_memory_bytes"], shown["capacity_bytes"], shown["tokens_per_s"]
+                )
+            ],
+        )
         lines += _more(len(ok), len(shown), " ok cells")
     oom = a.did_not_fit
     if len(oom):
         lines += ["Did not fit:", ""]
-        lines += _table(["cell", "status", "reason"], "lll",
-                        [[escape(n), escape(s), escape(_short(r, 160))]
-                         for n, s, r in zip(oom["cell_name"][:MAX_ROWS], oom["status"], oom["reason"])])
+        lines += _table(
+            ["cell", "status", "reason"],
+            "lll",
+            [
+                [escape(n), escape(s), escape(_short(r, 160))]
+                for n, s, r in zip(oom["cell_name"][:MAX_ROWS], oom["status"], oom["reason"])
+            ],
+        )
         lines += _more(len(oom), min(len(oom), MAX_ROWS))
     return lines
 
 
 def _ablations(a: Analysis) -> list[str]:
-    rows = []
+    rows, bases = [], []
     for ab in a.ablations:
         for e in ab.effects:
             if e["n"]:
                 value = f"{escape(_v(ab.axis, e['value']))} vs {escape(_v(ab.axis, e['reference']))}"
-                rows.append([escape(ab.title), value, fmt.ratio(e["tokens_ratio"]), fmt.ratio(e["memory_ratio"]),
-                             str(e["n"])])
+                rows.append(
+                    [
+                        escape(ab.title),
+                        value,
+                        fmt.ratio(e["tokens_ratio"]),
+                        escape(e.get("verdict") or ""),
+                        fmt.ratio(e["memory_ratio"]),
+                        str(e["n"]),
+                    ]
+                )
+                if e.get("basis") and e["basis"] not in bases:
+                    bases.append(e["basis"])
     if not rows:
         return []
-    return (["## One knob at a time", "",
-             "Median ratio over groups of ok cells that differ only in that knob:", ""]
-            + _table(["knob", "value", "tokens/s", "peak memory", "groups"], "llrrr", rows))
+    # A ratio inside the noise is shown, not ranked: the verdict column says whether it is a difference.
+    return (
+        [
+            "## One knob at a time",
+            "",
+            "Median ratio over groups of ok cells that differ only in that knob; the verdict is `zerobench "
+            "compare`'s rule applied to tokens/s:",
+            "",
+        ]
+        + _table(["knob", "value", "tokens/s", "verdict", "peak memory", "groups"], "llrlrr", rows)
+        + ([f"Verdict basis: {escape('; '.join(bases))}.", ""] if bases else [])
+    )
 
 
 def _zero_scaling(a: Analysis) -> list[str]:
@@ -115,14 +172,54 @@ def _zero_scaling(a: Analysis) -> list[str]:
         return []
     figs = a.zero_figures
     configs = any(r["ds_config"] for r in a.zero_scaling)
-    rows = [[str(r["zero_stage"]), str(r["gpus"]), str(r["micro_batch"])]
-            + ([r["ds_config"] or "generated"] if configs else [])
-            + [f"{fmt.gib(r[c])} (×{r[c + '_ratio']:.3f})" if r[c] is not None else "–" for c, _ in figs]
-            + [f"{fmt.gib(r['estimate_bytes'])} (×{r['predicted_ratio']:.3f})"] for r in a.zero_scaling]
-    return (["## ZeRO stages against the paper", "",
-             ZERO_SCALING_NOTE, ""]
-            + _table(["ZeRO", "GPUs", "micro-batch"] + (["DeepSpeed config"] if configs else []) + [h for _, h in figs]
-                     + ["model states, ZeRO paper"], "rrr" + ("l" if configs else "") + "r" * (len(figs) + 1), rows))
+    rows = [
+        [str(r["zero_stage"]), str(r["gpus"]), str(r["micro_batch"])]
+        + ([r["ds_config"] or "generated"] if configs else [])
+        + [f"{fmt.gib(r[c])} (×{r[c + '_ratio']:.3f})" if r[c] is not None else "–" for c, _ in figs]
+        + [f"{fmt.gib(r['estimate_bytes'])} (×{r['predicted_ratio']:.3f})"]
+        for r in a.zero_scaling
+    ]
+    return ["## ZeRO stages against the paper", "", ZERO_SCALING_NOTE, ""] + _table(
+        ["ZeRO", "GPUs", "micro-batch"]
+        + (["DeepSpeed config"] if configs else [])
+        + [h for _, h in figs]
+        + ["model states, ZeRO paper"],
+        "rrr" + ("l" if configs else "") + "r" * (len(figs) + 1),
+        rows,
+    )
+
+
+def _loss_parity(a: Analysis) -> list[str]:
+    if not a.loss_parity:
+        return []
+    rows = sorted(a.loss_parity, key=lambda r: not r["flag"])  # flagged first, else input order
+    shown = rows[:MAX_ROWS]
+    n_flag = sum(r["flag"] for r in rows)
+    lines = [
+        "## Loss parity",
+        "",
+        LOSS_PARITY_NOTE.format(tol=COMPARE_RULE.loss_final_tolerance),
+        "",
+        f"**{n_flag} of {len(rows)} pairs differ beyond the tolerance.**",
+        "",
+    ]
+    lines += _table(
+        ["", "cells", "first loss", "final loss", "difference", "tolerance", "note"],
+        "llrrrrl",
+        [
+            [
+                "⚠" if r["flag"] else "",
+                f"{escape(r['axis'])} {escape(r['values'][0])} → {escape(r['values'][1])}: {escape(r['cell'])}",
+                f"{r['loss_first'][0]:.3f} / {r['loss_first'][1]:.3f}",
+                f"{r['loss_final'][0]:.3f} / {r['loss_final'][1]:.3f}" + (f" (step {r['step']})" if r["step"] else ""),
+                f"{r['difference']:+.4f}",
+                f"{r['tolerance']:.3g}",
+                escape(r["note"]),
+            ]
+            for r in shown
+        ],
+    )
+    return lines + _more(len(rows), len(shown), " pairs")
 
 
 def _v(axis: str, v) -> str:
@@ -142,6 +239,15 @@ def _failures(a: Analysis) -> list[str]:
     return lines + _more(len(a.failure_groups), len(groups), " reasons")
 
 
+def _notes(a: Analysis) -> list[str]:
+    if not a.notes:
+        return []
+    lines = ["## Notes", "", "Cells whose measurement is less clean than their status says:", ""]
+    shown = a.notes[:MAX_ROWS]
+    lines += _table(["cell", "note"], "ll", [[escape(n), escape(_short(w))] for n, w in shown])
+    return lines + _more(len(a.notes), len(shown), " notes")
+
+
 def _baseline(a: Analysis) -> list[str]:
     if a.baseline is None:
         return []
@@ -152,43 +258,86 @@ def _baseline(a: Analysis) -> list[str]:
     both = b[(b["status"] == "ok") & (b["status_base"] == "ok")]
     med_t, med_m = both["tokens_per_s_change"].median(), both["peak_memory_change"].median()
     changed = b[b["status"] != b["status_base"]]
-    lines += [f"{len(b)} cells matched by hash; {len(both)} ok in both: median tokens/s {fmt.change(med_t)}, "
-              f"median peak memory {fmt.change(med_m)}. {len(changed)} changed status."
-              + (f" {len(a.baseline_only)} baseline cells are not in these results." if a.baseline_only else ""), ""]
+    lines += [
+        f"{len(b)} cells matched by hash; {len(both)} ok in both: median tokens/s {fmt.change(med_t)}, "
+        f"median peak memory {fmt.change(med_m)}. {len(changed)} changed status."
+        + (f" {len(a.baseline_only)} baseline cells are not in these results." if a.baseline_only else ""),
+        "",
+    ]
     # The largest moves first, status changes on top: what a reviewer should look at.
-    score = (b["tokens_per_s_change"].abs().fillna(0) + b["peak_memory_change"].abs().fillna(0)
-             + (b["status"] != b["status_base"]) * 10)
+    score = (
+        b["tokens_per_s_change"].abs().fillna(0)
+        + b["peak_memory_change"].abs().fillna(0)
+        + (b["status"] != b["status_base"]) * 10
+    )
     top = b.assign(_s=score).sort_values("_s", ascending=False, kind="stable").head(MAX_ROWS)
-    lines += _table(["cell", "status", "tokens/s", "change", "peak (GiB)", "change"], "llrrrr",
-                    [[escape(r["cell_name"]),
-                      escape(r["status"] if r["status"] == r["status_base"]
-                             else f"{r['status_base']} → {r['status']}"),
-                      fmt.num(r["tokens_per_s"]), fmt.change(r["tokens_per_s_change"]), fmt.gib(r["peak_memory_bytes"]),
-                      fmt.change(r["peak_memory_change"])] for r in top.to_dict("records")])
+    lines += _table(
+        ["cell", "status", "tokens/s", "change", "peak (GiB)", "change"],
+        "llrrrr",
+        [
+            [
+                escape(r["cell_name"]),
+                escape(r["status"] if r["status"] == r["status_base"] else f"{r['status_base']} → {r['status']}"),
+                fmt.num(r["tokens_per_s"]),
+                fmt.change(r["tokens_per_s_change"]),
+                fmt.gib(r["peak_memory_bytes"]),
+                fmt.change(r["peak_memory_change"]),
+            ]
+            for r in top.to_dict("records")
+        ],
+    )
     return lines + _more(len(b), len(top), " matched cells")
+
+
+def _tokens(t, repeats, lo, hi) -> str:
+    """tokens/s; for a cell with repeats, the median and its distribution-free interval."""
+    if repeats and repeats > 1 and not fmt.missing(lo):
+        return f"{fmt.num(t)} [{fmt.num(lo)}–{fmt.num(hi)}, n={int(repeats)}]"
+    return fmt.num(t)
 
 
 def _all_cells(a: Analysis) -> list[str]:
     c = a.cells
     shown = c.head(MAX_ALL_CELLS)
     lines = [f"<details><summary>All {len(c)} cells</summary>", ""]
-    lines += _table(["cell", "status", "tokens/s", "peak (GiB)", "MFU", "final loss"], "llrrrr",
-                    [[escape(n), escape(s), fmt.num(t), fmt.gib(m), fmt.pct(u), fmt.num(lf, 3)] for n, s, t, m, u, lf in
-                     zip(shown["cell_name"], shown["status"], shown["tokens_per_s"], shown["peak_memory_bytes"],
-                         shown["mfu"], shown["loss_final"])])
+    lines += _table(
+        ["cell", "status", "tokens/s", "peak (GiB)", "MFU", "final loss"],
+        "llrrrr",
+        [
+            [escape(n), escape(s), _tokens(t, k, lo, hi), fmt.gib(m), fmt.pct(u), fmt.num(lf, 3)]
+            for n, s, t, k, lo, hi, m, u, lf in zip(
+                shown["cell_name"],
+                shown["status"],
+                shown["tokens_per_s"],
+                shown["repeats"],
+                shown["tokens_per_s_ci_low"],
+                shown["tokens_per_s_ci_high"],
+                shown["peak_memory_bytes"],
+                shown["mfu"],
+                shown["loss_final"],
+            )
+        ],
+    )
     return lines + _more(len(c), len(shown)) + ["</details>", ""]
 
 
 def render_analysis(a: Analysis, charts: dict[str, str] | None = None) -> str:
-    """charts: chart name -> path relative to the Markdown file (see `png.write_charts`)."""
+    """charts: chart name -> path relative to the Markdown file (see `figures.write_png`)."""
     charts = charts or {}
     lines = [f"# {escape(a.title)}", ""]
     n = len(a.cells)
     if not n:
         return "\n".join(lines + ["No results.", ""])
     counts = ", ".join(f"{v} {escape(k)}" for k, v in a.counts.items())
-    lines += [f"{n} cells: {counts} ({a.attempts} attempts).", ""]
-    lines += _best(a, charts) + _fits(a) + _ablations(a) + _zero_scaling(a) + _failures(a) + _baseline(a)
+    pruned = (
+        f" Of the {a.counts['skipped']} skipped, {a.pruned} were pruned by the memory model (predicted not to fit) "
+        f"and {a.counts['skipped'] - a.pruned} ruled out by a rule."
+        if a.pruned
+        else ""
+    )
+    lines += [f"{n} cells: {counts} ({a.attempts} attempts).{pruned}", ""]
+    lines += _best(a, charts) + _fits(a) + _ablations(a) + _zero_scaling(a) + _loss_parity(a)
+    lines += _failures(a) + _notes(a) + _baseline(a)
     if "loss" in charts:
         lines += ["## Loss curves", ""] + _image("training loss per step", charts["loss"])
     lines += _all_cells(a)

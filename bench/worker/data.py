@@ -1,5 +1,6 @@
 """Training data. The built-in source is deterministic on every machine and learnable, so the loss
 falls as the model learns; a local text or JSONL file with a local tokenizer can be used instead."""
+
 from __future__ import annotations
 
 import json
@@ -47,7 +48,9 @@ def _from_file(path: str, tokenizer: str, n: int, micro: int, seq: int) -> torch
     return flat.view(n, micro, seq)
 
 
-def batches(data: str, tokenizer: str | None, vocab: int, n: int, micro: int, seq: int, seed: int, rank: int) -> torch.Tensor:
+def batches(
+    data: str, tokenizer: str | None, vocab: int, n: int, micro: int, seq: int, seed: int, rank: int
+) -> torch.Tensor:
     """n micro-batches of shape (micro, seq), made before timing starts."""
     if data == "builtin":
         return _builtin(vocab, n, micro, seq, seed * 1009 + rank)

@@ -28,6 +28,7 @@ Protocol (JSON lines): the parent writes requests on stdin, the server answers o
   server -> {"exit": PID, "code": C}           C as subprocess reports it (negative: killed by a signal)
 The server exits when its stdin closes (the parent ended, however it ended).
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,18 @@ import time
 
 # Imported before the fork: what every cell needs. bitsandbytes and peft are left to the cells
 # that use them: importing bitsandbytes initialises CUDA (it reads the device's capability).
-PRELOAD = ("torch", "deepspeed", "transformers", "transformers.models.llama.modeling_llama",
-           "bench.worker.train", "bench.worker.models", "bench.worker.data", "bench.worker.metrics")
+PRELOAD = (
+    "torch",
+    "deepspeed",
+    "transformers",
+    "transformers.models.llama.modeling_llama",
+    "bench.worker.train",
+    "bench.worker.setup",
+    "bench.worker.measure",
+    "bench.worker.models",
+    "bench.worker.data",
+    "bench.worker.metrics",
+)
 
 
 _PROTO = 1  # the fd of the answers to the parent; serve() moves it off stdout
@@ -62,8 +73,10 @@ def _why_unsafe(allowed_threads: int, after: str = "the imports") -> str | None:
         return f"CUDA was initialised by {after}, so a forked child could not use it"
     extra = _threads() - allowed_threads
     if extra > 0:
-        return (f"{extra} thread(s) besides the known fork-safe ones were started by {after}, so a fork could "
-                f"inherit a held lock")
+        return (
+            f"{extra} thread(s) besides the known fork-safe ones were started by {after}, so a fork could "
+            f"inherit a held lock"
+        )
     return None
 
 
@@ -90,7 +103,16 @@ def _child(req: dict) -> None:
 
         code = main(req["argv"])
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
+        # As the interpreter does at exit: None is 0, a number is the code, anything else is a message
+        # for stderr (the cell's log) and code 1. os._exit below skips the interpreter's own handling.
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:
+            code = 1
+            try:
+                print(e.code, file=sys.stderr)
+            except Exception:  # noqa: BLE001 - a message that cannot be printed must not change the code
+                pass
     except BaseException:  # noqa: BLE001 - the worker's own errors are already in its result document
         import traceback
 
@@ -132,6 +154,12 @@ def serve() -> int:
     t0 = time.time()
     import importlib
 
+    from .events import watch_parent
+
+    # The end of stdin tells the server its parent is gone, but only once the imports are done (tens of
+    # seconds): a parent killed while the server imports must not leave it behind that long. The
+    # watcher only sleeps and signals (no lock a forked child could inherit held); counted as known below.
+    watch_parent(int(os.environ.pop("ZEROBENCH_PARENT_PID", "0")) or os.getppid())
     try:
         _start_known_threads()
         allowed_threads = _threads()
@@ -159,7 +187,11 @@ def serve() -> int:
         if readable:
             chunk = os.read(0, 65536)
             if not chunk:
-                return 0  # the parent is gone; the children watch the orchestrator themselves
+                # The parent is gone (the children watch the orchestrator themselves). _exit: a normal
+                # interpreter exit spends seconds finalising torch for nothing.
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(0)
             buf += chunk
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)

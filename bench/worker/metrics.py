@@ -11,6 +11,7 @@ Definitions (per trained token, forward + backward):
 - Peak: the dense tensor-core figure of the GPU's datasheet for the precision (TF32 is not enabled
   for fp32 by the harness, so fp32 uses the plain FP32 figure).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -38,8 +39,16 @@ def peak_tflops(gpu_name: str | None, precision: str) -> float | None:
     return None
 
 
-def flops_per_token(*, params_total: int, params_trainable: int, params_embedding: int, layers: int, hidden: int,
-                    seq_len: int, grad_ckpt: bool) -> tuple[float, float]:
+def flops_per_token(
+    *,
+    params_total: int,
+    params_trainable: int,
+    params_embedding: int,
+    layers: int,
+    hidden: int,
+    seq_len: int,
+    grad_ckpt: bool,
+) -> tuple[float, float]:
     """(model FLOPs, hardware FLOPs) per token."""
     dense = params_total - params_embedding
     trained = min(params_trainable, dense)
@@ -57,8 +66,16 @@ def _pct(xs: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-def summarize(step_times: list[float], *, tokens_per_step: int, samples_per_step: int, model_flops_tok: float,
-              hw_flops_tok: float, gpus: int, peak: float | None) -> dict:
+def summarize(
+    step_times: list[float],
+    *,
+    tokens_per_step: int,
+    samples_per_step: int,
+    model_flops_tok: float,
+    hw_flops_tok: float,
+    gpus: int,
+    peak: float | None,
+) -> dict:
     med = statistics.median(step_times)
     tok_s = tokens_per_step / med
     out = {

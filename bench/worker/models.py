@@ -2,12 +2,14 @@
 
 No downloads: a preset is a shape. A local Hugging Face directory may be given instead.
 """
+
 from __future__ import annotations
 
 import os
 
 import torch
 
+from .. import cache
 from ..presets import PRESETS
 
 __all__ = ["PRESETS", "config_for", "build", "from_checkpoint", "liger_settings", "apply_liger"]
@@ -35,8 +37,13 @@ def liger_settings(zero_stage: int) -> dict[str, bool]:
     ZeRO-3's gather hook never fires and it multiplies by an empty shard (huggingface/trl#5891,
     "size mismatch ... vec (0)"). The settings used are recorded with the result."""
     fused = zero_stage != 3
-    return {"rope": True, "rms_norm": True, "swiglu": True, "fused_linear_cross_entropy": fused,
-            "cross_entropy": not fused}
+    return {
+        "rope": True,
+        "rms_norm": True,
+        "swiglu": True,
+        "fused_linear_cross_entropy": fused,
+        "cross_entropy": not fused,
+    }
 
 
 def apply_liger(model_type: str, settings: dict[str, bool]) -> None:
@@ -47,8 +54,9 @@ def apply_liger(model_type: str, settings: dict[str, bool]) -> None:
     from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN, _apply_liger_kernel
 
     if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
-        raise RuntimeError(f"Liger-Kernel has no kernels for model type {model_type!r}: refusing to report this cell "
-                           "as kernels=liger")
+        raise RuntimeError(
+            f"Liger-Kernel has no kernels for model type {model_type!r}: refusing to report this cell as kernels=liger"
+        )
     _apply_liger_kernel(model_type, **settings)
 
 
@@ -62,7 +70,9 @@ def build(model: str, attn: str, dtype: torch.dtype, device: torch.device, zero3
     if model in PRESETS:
         import deepspeed
 
-        ctx = deepspeed.zero.Init(config_dict_or_path=zero3_config, dtype=dtype) if zero3_config else torch.device(device)
+        ctx = (
+            deepspeed.zero.Init(config_dict_or_path=zero3_config, dtype=dtype) if zero3_config else torch.device(device)
+        )
         # Make weights in the target dtype directly: a 7B in fp32 then cast would briefly need 2x the memory.
         old = torch.get_default_dtype()
         torch.set_default_dtype(dtype)
@@ -128,24 +138,33 @@ def _hf_init_partitioned(model) -> None:
 
 
 def checkpoint(model: str, dtype: torch.dtype, device: torch.device) -> str:
-    """A local checkpoint of a preset with random weights, built once and cached (QLoRA quantizes
-    from a checkpoint). Returns its directory. Safe when several ranks ask at once."""
+    """A local checkpoint of a preset with random weights, built once per machine and cached
+    (bench.cache: keyed by shape, precision, seed and versions; QLoRA quantizes from a checkpoint).
+    Returns its directory. Safe when several ranks ask at once; an entry that does not check out is
+    built again."""
     import fcntl
     import shutil
 
     if model not in PRESETS:
         return model
-    root = os.environ.get("ZEROBENCH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "zerobench")
-    path = os.path.join(root, "checkpoints", f"{model}-{str(dtype).removeprefix('torch.')}")
+    precision = {v: k for k, v in DTYPES.items()}[dtype]
+    key = cache.checkpoint_key(model, precision)
+    path = str(cache.checkpoint_dir(model, precision))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not os.path.exists(os.path.join(path, "config.json")):
-            m = build(model, "sdpa", dtype, device, None)
+        if cache.checkpoint_problem(path, key) is not None:
+            # Its own seed, and the caller's random state left as it was: the weights do not depend on
+            # which process built them, nor a cell's later draws on whether it built them.
+            with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+                torch.manual_seed(cache.CHECKPOINT_SEED)
+                m = build(model, "sdpa", dtype, device, None)
             tmp = path + ".tmp"
             shutil.rmtree(tmp, ignore_errors=True)
             m.save_pretrained(tmp, safe_serialization=True)
             del m
+            cache.write_checkpoint_manifest(tmp, key)
+            shutil.rmtree(path, ignore_errors=True)
             os.replace(tmp, path)
     return path
 

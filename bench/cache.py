@@ -1,0 +1,217 @@
+"""The per-machine cache: what a run builds once and the next run on the same machine reuses.
+
+Two things are kept, under `root()` ($ZEROBENCH_CACHE, else $XDG_CACHE_HOME/zerobench, else
+~/.cache/zerobench; delete the folder to clear it):
+- ops/<key>.json: which DeepSpeed JIT ops were built, for which stack (`ops_key`: DeepSpeed, torch and
+  its CUDA, Python, accelerator, GPUs, TORCH_CUDA_ARCH_LIST, CUDA_HOME, the extensions folder), and
+  each op's shared libraries by path, size and mtime. A run whose ops all check out skips the prebuild
+  helper (an interpreter importing torch and DeepSpeed: 25-60 s, for a build that ninja finds done).
+- checkpoints/<preset>-<precision>-<key>/: the random-weight checkpoint QLoRA cells quantize from,
+  keyed by the preset's shape, precision, seed and library versions, with a manifest of its files
+  written last, so its presence is checked here without a helper process.
+Anything that does not check out (another stack, a missing or rebuilt library, a build lock left
+behind, an unreadable record, a manifest that disagrees with the files) is built again: a cache entry
+is only ever a reason to skip work, never a reason to fail.
+
+Imports no torch: versions are read from the installed distributions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as md
+import json
+import os
+import platform
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from .env import version
+from .presets import PRESETS
+
+__all__ = [
+    "CHECKPOINT_MANIFEST",
+    "CHECKPOINT_SEED",
+    "root",
+    "ops_key",
+    "ops_path",
+    "ops_missing",
+    "record_ops",
+    "checkpoint_key",
+    "checkpoint_dir",
+    "checkpoint_problem",
+    "write_checkpoint_manifest",
+]
+
+# torch's default seed: what the checkpoint helper's unseeded build always used, so the weights of
+# checkpoints built before this cache are made again bit for bit.
+CHECKPOINT_SEED = 67280421310721
+CHECKPOINT_MANIFEST = "zerobench-checkpoint.json"
+
+
+def root(environ: Mapping[str, str] | None = None) -> Path:
+    e = os.environ if environ is None else environ
+    if e.get("ZEROBENCH_CACHE"):
+        return Path(e["ZEROBENCH_CACHE"])
+    return Path(e.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zerobench"
+
+
+def _torch_cuda() -> str | None:
+    """torch's CUDA version (torch.version.cuda), read from its file: importing torch takes seconds."""
+    try:
+        text = md.distribution("torch").locate_file("torch/version.py").read_text()
+    except (md.PackageNotFoundError, OSError):
+        return None
+    m = re.search(r"^cuda\b[^=\n]*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+    return m.group(1) if m else None
+
+
+def _digest(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def _write_json(path: Path, data: dict) -> None:
+    """Whole or not at all: two runs may write the same entry at once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+# -- DeepSpeed ops ----------------------------------------------------------------------------------
+
+
+def ops_key(environ: Mapping[str, str], *, cuda: bool, gpus: list[str] | None = None) -> dict:
+    """What a built op depends on, in the environment its builder runs in (the helper's and the cells')."""
+    ext = environ.get("TORCH_EXTENSIONS_DIR")
+    return {
+        "deepspeed": version("deepspeed"),
+        "torch": version("torch"),
+        "torch_cuda": _torch_cuda(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "accelerator": "cuda" if cuda else "cpu",
+        "gpus": sorted(set(gpus or [])) if cuda else [],
+        "TORCH_CUDA_ARCH_LIST": environ.get("TORCH_CUDA_ARCH_LIST"),
+        "CUDA_HOME": environ.get("CUDA_HOME") or environ.get("CUDA_PATH"),
+        "DS_ACCELERATOR": environ.get("DS_ACCELERATOR"),
+        # torch's default folder already depends on its version and CUDA, both in the key.
+        "TORCH_EXTENSIONS_DIR": str(Path(ext).resolve()) if ext else None,
+    }
+
+
+def ops_path(key: dict, environ: Mapping[str, str] | None = None) -> Path:
+    return root(environ) / "ops" / f"{_digest(key)}.json"
+
+
+def _lib_state(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _op_problem(entry) -> str | None:
+    if not isinstance(entry, dict) or not isinstance(entry.get("libs"), dict):
+        return "no usable entry"
+    if entry.get("unavailable"):
+        return None  # the accelerator has no such op: nothing to build, the cells say so
+    if not entry["libs"]:
+        return "no library recorded"
+    for lib, state in entry["libs"].items():
+        now = _lib_state(lib)
+        if now is None:
+            return f"{lib} is gone"
+        if now != state:
+            return f"{lib} changed since it was recorded"
+    d = entry.get("dir")
+    if d and os.path.exists(os.path.join(d, "lock")):
+        return f"a build lock is left in {d}"
+    return None
+
+
+def ops_missing(key: dict, builders: list[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The builders whose ops are not known built for this key, each with why (empty: all cached)."""
+    path = ops_path(key, environ)
+    if not path.exists():
+        return {b: "not in the cache" for b in builders}
+    data = _read_json(path)
+    if data is None or not isinstance(data.get("ops"), dict):
+        return {b: f"unreadable cache record {path}" for b in builders}
+    if data.get("key") != key:
+        return {b: f"cache record {path} is for another stack" for b in builders}
+    out = {}
+    for b in builders:
+        why = _op_problem(data["ops"].get(b))
+        if why:
+            out[b] = why
+    return out
+
+
+def record_ops(key: dict, report: Mapping[str, dict], environ: Mapping[str, str] | None = None) -> None:
+    """Record the ops a prebuild left ready (its report: builder -> {ok, unavailable, dir, libs, s}),
+    with each library's size and mtime as they are now. Failed builds are not recorded."""
+    path = ops_path(key, environ)
+    data = _read_json(path)
+    ops = data["ops"] if data and data.get("key") == key and isinstance(data.get("ops"), dict) else {}
+    for b, r in report.items():
+        if not r.get("ok"):
+            ops.pop(b, None)
+            continue
+        libs = {lib: s for lib in r.get("libs") or [] if (s := _lib_state(lib)) is not None}
+        ops[b] = {"dir": r.get("dir"), "libs": libs, "unavailable": bool(r.get("unavailable")), "s": r.get("s")}
+    _write_json(path, {"key": key, "ops": ops})
+
+
+# -- QLoRA source checkpoints -----------------------------------------------------------------------
+
+
+def checkpoint_key(preset: str, precision: str) -> dict:
+    return {
+        "preset": preset,
+        "shape": PRESETS[preset],
+        "precision": precision,
+        "seed": CHECKPOINT_SEED,
+        "torch": version("torch"),
+        "transformers": version("transformers"),
+        "safetensors": version("safetensors"),
+    }
+
+
+def checkpoint_dir(preset: str, precision: str, environ: Mapping[str, str] | None = None) -> Path:
+    return root(environ) / "checkpoints" / f"{preset}-{precision}-{_digest(checkpoint_key(preset, precision))}"
+
+
+def write_checkpoint_manifest(folder: Path, key: dict) -> None:
+    """Written last into a finished checkpoint: its key and every file's size."""
+    files = {f.name: f.stat().st_size for f in sorted(Path(folder).iterdir()) if f.name != CHECKPOINT_MANIFEST}
+    (Path(folder) / CHECKPOINT_MANIFEST).write_text(json.dumps({"key": key, "files": files}, indent=1, sort_keys=True))
+
+
+def checkpoint_problem(folder: Path, key: dict) -> str | None:
+    """Why the checkpoint in folder cannot be used as it is (None: it can)."""
+    m = _read_json(Path(folder) / CHECKPOINT_MANIFEST)
+    if m is None:
+        return "no readable manifest" if Path(folder).exists() else "not in the cache"
+    if m.get("key") != key:
+        return "built for another key"
+    files = m.get("files")
+    if not isinstance(files, dict) or "config.json" not in files:
+        return "its manifest lists no config.json"
+    for name, size in files.items():
+        try:
+            if (Path(folder) / name).stat().st_size != size:
+                return f"{name} has changed size"
+        except OSError:
+            return f"{name} is missing"
+    return None

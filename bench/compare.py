@@ -1,0 +1,519 @@
+"""Baseline against current: per cell (matched by cell hash), is anything worse beyond the noise?
+
+results (store) -> results.load() -> samples() per side -> compare() -> Comparison -> markdown() / exit code
+
+What each figure is held to (thresholds: bench.matrix.CompareSettings, per matrix, `--thresholds`):
+- noisy figures (tokens/s, median step time): bench.stats.judge_noisy, process-level repeats as the
+  samples: a one-sided Mann-Whitney test AND a minimum effect; one repeat on a side: the minimum
+  effect alone, with a wider default, and the report says the noise could not be estimated;
+- figures that repeat exactly or nearly (allocator peaks and the memory between steps, NVML peaks,
+  host RSS, first and final loss): bench.stats.judge_bound, a tight bound widened to the spread the
+  repeats themselves show; the final loss is each side's loss at the last step every repeat of both
+  sides ran (`common_step`), so cells whose adaptive schedules ran different numbers of steps compare
+  the same point of training;
+- status: a cell ok in the baseline that fails now (in any repeat) is a regression; one that failed
+  and now runs is an improvement;
+- environment: a different GPU, driver, CUDA or library version makes a cell "not comparable", never
+  a regression (its figures are still shown).
+Exit code for CI: 0 no regression, 1 regression, 2 bad input (bench.cli).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from . import stats
+from .matrix import CompareSettings
+from .problems import ConfigError, Problem
+from .status import Status
+
+__all__ = [
+    "FIGURES",
+    "ENVIRONMENT",
+    "Figure",
+    "CellComparison",
+    "Comparison",
+    "CellSamples",
+    "samples",
+    "cell_key",
+    "common_step",
+    "compare",
+    "settings",
+    "markdown",
+    "REGRESSION",
+    "NOT_COMPARABLE",
+]
+
+REGRESSION = stats.REGRESSION
+IMPROVEMENT = stats.IMPROVEMENT
+UNCHANGED = "unchanged"
+NOT_COMPARABLE = "not comparable"
+NOT_RUN = "not run"
+NEW, MISSING = "new", "missing"
+# Worst first: a cell's verdict is the worst of its figures'.
+VERDICT_ORDER = [REGRESSION, NOT_COMPARABLE, IMPROVEMENT, UNCHANGED, NOT_RUN, NEW, MISSING]
+
+
+@dataclass(frozen=True)
+class Figure:
+    column: str
+    label: str
+    kind: str
+    """"noisy" (test + minimum effect) or "bound" (a tolerance)."""
+    tolerance: str | None = None
+    """The CompareSettings field that bounds it (bound figures)."""
+    higher_is_better: bool = False
+    relative: bool = True
+    both_ways: bool = False
+    unit: str = ""
+
+
+FIGURES = [
+    Figure("tokens_per_s", "tokens/s", "noisy", higher_is_better=True),
+    Figure("step_time_median_s", "step time", "noisy", unit="s"),
+    Figure("torch_max_allocated_bytes", "allocator peak", "bound", "memory_tolerance", unit="bytes"),
+    Figure("torch_max_reserved_bytes", "allocator reserved peak", "bound", "memory_tolerance", unit="bytes"),
+    Figure("torch_allocated_between_steps_bytes", "between steps", "bound", "memory_tolerance", unit="bytes"),
+    Figure("nvml_proc_peak_bytes", "NVML process peak", "bound", "nvml_tolerance", unit="bytes"),
+    Figure("host_rss_peak_bytes", "host RSS peak", "bound", "host_rss_tolerance", unit="bytes"),
+    Figure("loss_first", "first loss", "bound", "loss_first_tolerance", relative=False, both_ways=True),
+    Figure("loss_final", "final loss", "bound", "loss_final_tolerance", relative=False),
+]
+# What must be equal for two measurements to be comparable at all (results frame columns).
+ENVIRONMENT = [
+    ("gpu_name", "GPU"),
+    ("gpu_count", "GPU count"),
+    ("gpu_driver", "driver"),
+    ("cuda_version", "CUDA"),
+    ("torch_version", "torch"),
+    ("deepspeed_version", "DeepSpeed"),
+    ("transformers_version", "transformers"),
+    ("peft_version", "peft"),
+]
+
+
+# -- samples per side -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class CellSamples:
+    """One cell's repeats on one side: the last record of each repeat index."""
+
+    key: str
+    cell_name: str
+    status: str
+    """ok when every repeat ended ok; else the first failing repeat's status (skipped if it was skipped)."""
+    reason: str
+    repeats: int
+    values: dict[str, list[float]]
+    """Per figure column, the ok repeats' values (finite ones)."""
+    environment: dict[str, tuple]
+    """Per ENVIRONMENT column, the distinct values the repeats ran with (sorted, as strings)."""
+    step_times: list[list[float]] = field(default_factory=list)
+    """Each ok repeat's measured step times (the within-run view)."""
+    losses: list[list[float]] = field(default_factory=list)
+    """Each ok repeat's loss per step, warmup included (adaptive repeats may differ in length)."""
+
+
+def common_step(*sides: CellSamples | None) -> int | None:
+    """The last step (1-based) that every ok repeat of every side ran, where some repeat ran more: losses
+    compare there. None when all ran the same steps (the final loss is then that step's) or a repeat
+    has no loss curve (records that predate it: the final loss stands)."""
+    curves = [ls for s in sides if s is not None for ls in s.losses]
+    if not curves or any(not ls for ls in curves) or len({len(ls) for ls in curves}) == 1:
+        return None
+    return min(len(ls) for ls in curves)
+
+
+def loss_at(s: CellSamples, step: int) -> list[float]:
+    """Each ok repeat's loss at a step (1-based)."""
+    return stats.finite(ls[step - 1] for ls in s.losses if len(ls) >= step)
+
+
+def cell_key(row: dict) -> str:
+    """How a cell is matched across results: its hash (and selfcheck's variant, which runs it several ways)."""
+    v = row.get("variant")
+    return f"{row['cell_hash']}:{v}" if isinstance(v, str) and v else str(row["cell_hash"])
+
+
+def _present(v) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+
+def _text(v) -> str:
+    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+
+def _ran(r: dict) -> bool:
+    return r["status"] not in (
+        Status.SKIPPED.value,
+        Status.IMPLIED_OOM.value,
+        Status.INTERRUPTED.value,
+        Status.STARTED.value,
+    )
+
+
+def samples(df) -> dict[str, CellSamples]:
+    """A results frame (bench.results.load) -> per cell key, its repeats' figures, in first-seen order.
+
+    A repeat's last record stands for it (a re-run after an interruption replaces the attempt); records
+    without a repeat index are repeat 1, so an old results file gives one sample per cell."""
+    if df is None or df.empty:
+        return {}
+    need = ["cell_hash", "variant", "repeat", "status", "reason", "cell_name", "warmup_steps", "step_times_s", "losses"]
+    need += [f.column for f in FIGURES] + [col for col, _ in ENVIRONMENT]
+    cols = [c for c in need if c in df]
+    # Column lists zipped, not to_dict("records") over the frame: a 10k-row report stays fast.
+    rows = [dict(zip(cols, vals)) for vals in zip(*(df[c].tolist() for c in cols))]
+    per_cell: dict[str, dict[int, dict]] = {}
+    for r in rows:
+        rep = r.get("repeat")
+        rep = int(rep) if _present(rep) else 1
+        per_cell.setdefault(cell_key(r), {})[rep] = r
+    out = {}
+    for key, reps in per_cell.items():
+        recs = [reps[i] for i in sorted(reps)]
+        failing = [r for r in recs if r["status"] != Status.OK.value]
+        ok = [r for r in recs if r["status"] == Status.OK.value]
+        first_bad = failing[0] if failing else None
+        ran = [r for r in recs if _ran(r)]
+        steps = []
+        losses = [ls for r in ok if isinstance(ls := r.get("losses"), list)]
+        if len(losses) != len(ok):  # one repeat without a curve: none is used (the final loss stands)
+            losses = []
+        for r in ok:
+            t = r.get("step_times_s")
+            w = int(r["warmup_steps"]) if _present(r.get("warmup_steps")) else 0
+            if isinstance(t, list):
+                steps.append(stats.finite(t[w:]))
+        out[key] = CellSamples(
+            key=key,
+            cell_name=str(recs[-1]["cell_name"]),
+            status=first_bad["status"] if first_bad is not None else Status.OK.value,
+            reason=str(first_bad.get("reason") or "") if first_bad is not None else "",
+            repeats=len(recs),
+            values={f.column: stats.finite(r.get(f.column) for r in ok) for f in FIGURES},
+            # From the repeats that ran: a skipped or interrupted record says nothing about the software that measures.
+            environment={
+                col: tuple(sorted({_text(r[col]) for r in ran if _present(r.get(col))})) for col, _ in ENVIRONMENT
+            },
+            step_times=steps,
+            losses=losses,
+        )
+    return out
+
+
+# -- the comparison ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class CellComparison:
+    key: str
+    cell_name: str
+    verdict: str
+    base: CellSamples | None
+    cur: CellSamples | None
+    figures: dict[str, stats.Judgement] = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
+    """Why the verdict (one line per regression, status change or environment difference)."""
+    environment_diff: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Comparison:
+    baseline: str
+    current: str
+    settings: CompareSettings
+    settings_source: str
+    cells: list[CellComparison]
+
+    @property
+    def regressions(self) -> list[CellComparison]:
+        return [c for c in self.cells if c.verdict == REGRESSION]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.regressions else 0
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for v in VERDICT_ORDER:
+            n = sum(1 for c in self.cells if c.verdict == v)
+            if n:
+                out[v] = n
+        return out
+
+    @property
+    def single_repeat(self) -> list[CellComparison]:
+        """Compared cells with one ok repeat on a side: their noise could not be estimated."""
+        return [c for c in self.cells if c.figures and min(c.figures["tokens_per_s"].n or (0,)) < 2]
+
+
+def _env_diff(b: CellSamples, c: CellSamples) -> list[tuple[str, str, str]]:
+    out = []
+    for col, label in ENVIRONMENT:
+        vb, vc = b.environment.get(col, ()), c.environment.get(col, ())
+        if vb and vc and vb != vc:  # a side that did not say (a CPU run has no driver) is no difference
+            out.append((label, ", ".join(vb) or "none", ", ".join(vc) or "none"))
+    return out
+
+
+def _judge(f: Figure, b: list[float], c: list[float], s: CompareSettings) -> stats.Judgement:
+    if f.kind == "noisy":
+        return stats.judge_noisy(
+            b,
+            c,
+            higher_is_better=f.higher_is_better,
+            alpha=s.alpha,
+            min_effect=s.min_effect,
+            single_min_effect=s.single_run_min_effect,
+        )
+    return stats.judge_bound(b, c, tolerance=getattr(s, f.tolerance), relative=f.relative, both_ways=f.both_ways)
+
+
+def _compare_cell(key: str, b: CellSamples | None, c: CellSamples | None, s: CompareSettings) -> CellComparison:
+    if b is None or c is None:
+        one = b or c
+        return CellComparison(
+            key=key,
+            cell_name=one.cell_name,
+            verdict=NEW if b is None else MISSING,
+            base=b,
+            cur=c,
+            reasons=["not in the baseline" if b is None else "in the baseline, not in the current results"],
+        )
+    ok = Status.OK.value
+    # Neither skipped, implied nor interrupted is a measurement of the cell (a rule or the memory model, a
+    # lighter cell's out-of-memory end, the orchestrator stopping): the cell that ran out is compared itself.
+    not_run = (Status.SKIPPED.value, Status.IMPLIED_OOM.value, Status.INTERRUPTED.value)
+    env = _env_diff(b, c)
+    figures = {}
+    if b.status == ok and c.status == ok:
+        figures = {f.column: _judge(f, b.values[f.column], c.values[f.column], s) for f in FIGURES}
+        step = common_step(b, c)
+        if step is not None:  # not each side's own last step: the same point of training on both
+            f = next(f for f in FIGURES if f.column == "loss_final")
+            j = _judge(f, loss_at(b, step), loss_at(c, step), s)
+            figures[f.column] = dataclasses.replace(j, why=f"at step {step}, the last both sides ran: {j.why}")
+    reasons: list[str] = []
+    if b.status in not_run or c.status in not_run:
+        verdict = NOT_RUN
+        reasons.append(f"{b.status} in the baseline, {c.status} now")
+    elif env:
+        verdict = NOT_COMPARABLE
+        reasons += [f"{label}: {vb} -> {vc}" for label, vb, vc in env]
+    elif b.status == ok and c.status != ok:
+        verdict = REGRESSION
+        reasons.append(f"ok in the baseline, {c.status} now: {c.reason[:200]}")
+    elif b.status != ok and c.status == ok:
+        verdict = IMPROVEMENT
+        reasons.append(f"{b.status} in the baseline, ok now")
+    elif b.status != ok:
+        verdict = UNCHANGED
+        reasons.append(f"failing on both sides ({b.status} -> {c.status})")
+    else:
+        worst = [f for f in FIGURES if figures[f.column].verdict == REGRESSION]
+        better = [f for f in FIGURES if figures[f.column].verdict == IMPROVEMENT]
+        verdict = REGRESSION if worst else IMPROVEMENT if better else UNCHANGED
+        reasons += [f"{f.label}: {figures[f.column].why}" for f in worst or better]
+    return CellComparison(
+        key=key,
+        cell_name=c.cell_name,
+        verdict=verdict,
+        base=b,
+        cur=c,
+        figures=figures,
+        reasons=reasons,
+        environment_diff=env,
+    )
+
+
+def compare(
+    base_df,
+    cur_df,
+    *,
+    settings: CompareSettings | None = None,
+    settings_source: str = "defaults",
+    baseline: str = "baseline",
+    current: str = "current",
+) -> Comparison:
+    """Every cell of either side, baseline order first, then cells only the current results have."""
+    s = settings or CompareSettings()
+    b, c = samples(base_df), samples(cur_df)
+    keys = list(b) + [k for k in c if k not in b]
+    return Comparison(
+        baseline=baseline,
+        current=current,
+        settings=s,
+        settings_source=settings_source,
+        cells=[_compare_cell(k, b.get(k), c.get(k), s) for k in keys],
+    )
+
+
+# -- thresholds -------------------------------------------------------------------------------------
+
+
+def _section(path: Path) -> dict:
+    """The compare mapping of a file: a matrix's `compare:` section, or a file that is only that mapping."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError([Problem(str(path), "", f"cannot read thresholds: {e}", "give a YAML file")]) from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError([Problem(str(path), "", "expected a mapping", "see CompareSettings in bench/matrix.py")])
+    if "compare" in raw or "axes" in raw or "model" in raw:  # a matrix file
+        return raw.get("compare") or {}
+    return raw
+
+
+def settings(matrix_files: list[str], thresholds: str | None) -> tuple[CompareSettings, str]:
+    """Defaults, then the current results' matrix's `compare:` section (where the file is here), then
+    --thresholds: each replaces what it names. Returns the settings and where they came from."""
+    merged: dict[str, Any] = {}
+    sources = []
+    for f in matrix_files:
+        p = Path(f)
+        if p.is_file():
+            try:
+                sec = _section(p)
+            except ConfigError:
+                continue  # the matrix of a results file is context, not input: unreadable means defaults
+            if sec:
+                merged.update(sec)
+                sources.append(str(p))
+    if thresholds:
+        p = Path(thresholds)
+        if not p.is_file():
+            raise ConfigError([Problem(thresholds, "", "no such thresholds file", "give a YAML file")])
+        merged.update(_section(p))
+        sources.append(str(p))
+    try:
+        s = CompareSettings.model_validate(merged)
+    except ValidationError as e:
+        raise ConfigError(
+            [
+                Problem(sources[-1] if sources else "<thresholds>", ".".join(map(str, x["loc"])), x["msg"], "")
+                for x in e.errors()
+            ]
+        ) from None
+    return s, (" + ".join(["defaults", *sources]))
+
+
+# -- Markdown, for a pull-request comment ------------------------------------------------------------
+
+
+def _esc(s) -> str:
+    return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+def _fmt(v: float | None, unit: str) -> str:
+    if v is None:
+        return "–"
+    if unit == "bytes":
+        return f"{v / 2**30:.3f} GiB"
+    if unit == "s":
+        return f"{v:.4g} s"
+    return f"{v:,.4g}" if abs(v) < 1000 else f"{v:,.0f}"
+
+
+def _change(j: stats.Judgement, f: Figure) -> str:
+    if j.ratio is None:
+        return "–"
+    if f.relative:
+        s = f"{j.ratio - 1:+.1%}"
+        if j.ci:
+            s += f" [{j.ci[0] - 1:+.1%}, {j.ci[1] - 1:+.1%}]"
+    else:
+        s = f"{j.ratio:+.4f}"
+    if j.p is not None:
+        s += f", p={j.p:.2g}"
+    return s
+
+
+_MARK = {REGRESSION: "🔴", IMPROVEMENT: "🟢", NOT_COMPARABLE: "⚪", UNCHANGED: "", NOT_RUN: "", NEW: "", MISSING: ""}
+MAX_ROWS = 60
+
+
+def markdown(cmp: Comparison) -> str:
+    s = cmp.settings
+    counts = cmp.counts()
+    n_reg = counts.get(REGRESSION, 0)
+    head = f"**{n_reg} regression{'s' if n_reg != 1 else ''}**" if n_reg else "**No regression**"
+    lines = [
+        f"## zerobench compare: `{_esc(cmp.current)}` against `{_esc(cmp.baseline)}`",
+        "",
+        f"{head} in {len(cmp.cells)} cells ("
+        + ", ".join(f"{n} {v}" for v, n in counts.items())
+        + f"). Exit code {cmp.exit_code}.",
+        "",
+        f"Rules (thresholds from {_esc(cmp.settings_source)}): tokens/s and step time change when the one-sided "
+        f"Mann-Whitney test over process-level repeats gives p ≤ {s.alpha:g} **and** the medians differ by "
+        f"≥ {s.min_effect:.0%}; allocator figures by > {s.memory_tolerance:.0%}, NVML peaks > {s.nvml_tolerance:.0%}, "
+        f"host RSS > {s.host_rss_tolerance:.0%}, first loss by > {s.loss_first_tolerance:g} (either way), final "
+        f"loss up by > {s.loss_final_tolerance:g} (each bound widened to the spread of the repeats); a cell ok "
+        "before and failing now is a regression; another GPU, driver or library version is not comparable.",
+        "",
+    ]
+    single = cmp.single_repeat
+    if single:
+        lines += [
+            f"> **{len(single)} cell(s) have one repeat on a side: the run-to-run noise cannot be estimated.** "
+            f"Their tokens/s and step time are judged by the minimum effect alone (±{s.single_run_min_effect:.0%}), "
+            "so smaller real changes go unflagged. Run with `--repeats 3` (or `repeats: 3` in the matrix) on both "
+            "sides to test them.",
+            "",
+        ]
+    envs = {(label, vb, vc) for c in cmp.cells for label, vb, vc in c.environment_diff}
+    if envs:
+        lines += ["Environments differ, so those cells are not comparable (not regressions):", ""]
+        lines += ["| | baseline | current |", "|---|---|---|"]
+        lines += [f"| {_esc(a)} | {_esc(b)} | {_esc(c)} |" for a, b, c in sorted(envs)]
+        lines.append("")
+    flagged = [c for c in cmp.cells if c.verdict in (REGRESSION, IMPROVEMENT)]
+    if flagged:
+        lines += ["| | cell | verdict | why |", "|---|---|---|---|"]
+        for c in flagged[:MAX_ROWS]:
+            lines.append(f"| {_MARK[c.verdict]} | {_esc(c.cell_name)} | {c.verdict} | {_esc('; '.join(c.reasons))} |")
+        lines.append("")
+    show = [
+        f
+        for f in FIGURES
+        if f.column
+        in ("tokens_per_s", "torch_max_allocated_bytes", "nvml_proc_peak_bytes", "host_rss_peak_bytes", "loss_final")
+    ]
+    lines += [
+        f"<details><summary>All {len(cmp.cells)} cells</summary>",
+        "",
+        "| cell | status | repeats | " + " | ".join(f"{f.label} (change)" for f in show) + " | verdict |",
+        "|---|---|---:|" + "---:|" * len(show) + "---|",
+    ]
+    for c in cmp.cells[: MAX_ROWS * 4]:
+        st = (
+            c.cur.status
+            if c.base and c.cur and c.base.status == c.cur.status
+            else f"{c.base.status if c.base else '–'} → {c.cur.status if c.cur else '–'}"
+        )
+        reps = f"{c.base.repeats if c.base else 0}/{c.cur.repeats if c.cur else 0}"
+        cells = []
+        for f in show:
+            j = c.figures.get(f.column)
+            if j is None or j.verdict == stats.NO_DATA:
+                cells.append("–")
+            else:
+                cells.append(f"{_fmt(j.cur, f.unit)} ({_change(j, f)})")
+        lines.append(
+            f"| {_esc(c.cell_name)} | {_esc(st)} | {reps} | "
+            + " | ".join(cells)
+            + f" | {_MARK[c.verdict]} {c.verdict} |"
+        )
+    lines += ["", "</details>", ""]
+    return "\n".join(lines)

@@ -1,0 +1,22 @@
+"""Memory a cell needs, predicted before it runs (bench.estimate.model), from the cell and the hardware
+alone; checked against the measured records (bench.estimate.check). The ZeRO paper's model-state
+floor (bench.estimate.paper) stays beside it."""
+
+from .fitted import FITTED, Constants
+from .model import Estimate, Hardware, predict, zero_settings
+from .paper import model_states, zero_ratio
+from .verdict import DEFAULT_MARGIN, Verdict, verdict
+
+__all__ = [
+    "Constants",
+    "DEFAULT_MARGIN",
+    "Estimate",
+    "FITTED",
+    "Hardware",
+    "Verdict",
+    "model_states",
+    "predict",
+    "verdict",
+    "zero_ratio",
+    "zero_settings",
+]

@@ -1,0 +1,484 @@
+"""Cell -> predicted peak memory: NVML's per-process figure on each GPU, and the host RSS of the cell's
+process tree, each a sum of named terms.
+
+The GPU figure is what NVML reports for the worker's process: the CUDA context, NCCL's buffers, and
+what the caching allocator reserved; the allocator's reservation is its peak allocation plus what it
+could not reuse (fragmentation). The allocation peak is the larger of two moments of a step:
+
+- forward/backward: parameters, the optimizer's persistent state, the gradients as they accumulate,
+  DeepSpeed's reduce buckets and (ZeRO-3) the gathered parameters, and the activations;
+- the optimizer step: the persistent state and the step's transients (DeepSpeed flattens the
+  gradients and converts them to fp32 before the step; torch's AdamW and the 1-bit optimizers make
+  temporaries the size of their tensors).
+
+Each DeepSpeed buffer is counted as DeepSpeed 0.19.6 allocates it (deepspeed/runtime/fp16/
+fused_optimizer.py, unfused_optimizer.py, bf16_optimizer.py, zero/stage_1_and_2.py, zero/stage3.py);
+the comments name the place. Activations are counted tensor by tensor from what autograd saves in a
+Llama block (transformers' modules or Liger-Kernel's). The few constants that are not read off code
+are fitted on the committed H200 measurements (bench.estimate.fitted).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..axes import OPTIMIZERS, Offload, optimizer_offloaded, params_offloaded
+from .fitted import FITTED, Constants
+from .shapes import Shape, shape_of
+
+__all__ = ["Hardware", "Estimate", "predict", "zero_settings", "GiB"]
+
+GiB = 2**30
+MiB = 2**20
+
+# cuBLAS and cuBLASLt workspaces the first matmul allocates through the caching allocator (PyTorch's
+# default on Hopper): the 64.2 MiB above 14 bytes per parameter in results/1b-2gpu-mb1.jsonl's ZeRO-0
+# "allocated between steps" figure.
+CUBLAS_WORKSPACE = 64 * MiB
+# DeepSpeed's 1-bit compressed all-reduce (runtime/comm/nccl.py, compressed_allreduce) makes two fp32
+# temporaries the size of the momentum (`buffer_m - worker_scale * buffer_m.sign()...`): 8 bytes per
+# trainable parameter during the step; outside torch's allocator, cupy's memory pool keeps the packed
+# signs (1 bit per parameter each: the worker's, the received ones, the server's).
+ONEBIT_STEP_TEMPORARIES = 8
+ONEBIT_CUPY_BYTES = 3 / 8
+# bitsandbytes' 4-bit weights: two 4-bit values per byte; absmax per block of 64 in 8 bits with double
+# quantization (plus an fp32 absmax per 256 blocks), else an fp32 absmax per block of 64.
+NF4_BYTES = 0.5
+NF4_CONSTANTS_DOUBLE = 1 / 64 + 4 / (64 * 256)
+NF4_CONSTANTS_SINGLE = 4 / 64
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """What the prediction is judged against: the GPU's memory (NVML's total) and the host's."""
+
+    gpu_memory_bytes: int | None = None
+    host_memory_bytes: int | None = None
+    gpu_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """Predicted peaks of one cell, per GPU and on the host, as sums of named terms (bytes)."""
+
+    gpu_bytes: float
+    """NVML's per-process peak on each GPU (the largest rank's)."""
+    host_bytes: float
+    """Peak RSS of the cell's process tree on the host."""
+    gpu_terms: dict[str, float]
+    """The terms of gpu_bytes at the peak moment (they sum to it)."""
+    host_terms: dict[str, float]
+    phase: str
+    """The moment of the allocator's peak: "forward/backward" or "step"."""
+    allocated_bytes: float = 0.0
+    """The allocator's peak allocation (torch.cuda.max_memory_allocated) inside gpu_bytes."""
+    paged_bytes: float = 0.0
+    """Optimizer state in CUDA managed memory (bitsandbytes' paged optimizers): on the GPU while it
+    fits, outside the allocator and NVML's per-process figure, paged to the host under pressure."""
+    moments: dict[str, dict[str, float]] = field(default_factory=dict, repr=False)
+    """Every term at every moment, whichever is the peak: persistent, backward, step, activations (by phase)."""
+    basis: dict[str, float] = field(default_factory=dict, repr=False)
+    """What the fitted fragmentation constants multiply (bench.estimate.check fits them)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpu_bytes": int(self.gpu_bytes),
+            "host_bytes": int(self.host_bytes),
+            "phase": self.phase,
+            "paged_bytes": int(self.paged_bytes),
+            "terms": {k: int(v) for k, v in self.gpu_terms.items()},
+            "host_terms": {k: int(v) for k, v in self.host_terms.items()},
+        }
+
+
+# -- DeepSpeed's settings --------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ZeroSettings:
+    """The zero_optimization settings that size buffers, with DeepSpeed 0.19.6's defaults
+    (deepspeed/runtime/zero/config.py)."""
+
+    stage: int = 0
+    reduce_bucket_size: int = 500_000_000
+    allgather_bucket_size: int = 500_000_000
+    overlap_comm: bool = False
+    contiguous_gradients: bool = True
+    sub_group_size: int = 1_000_000_000
+    prefetch_bucket_size: int = 50_000_000
+    max_live_parameters: int = 1_000_000_000
+    param_persistence_threshold: int = 100_000
+    max_reuse_distance: int = 1_000_000_000
+    pin_memory: bool = False
+    grad_accum_fp32: bool = False
+    """data_types.grad_accum_dtype fp32: bf16 at ZeRO-1 then runs BF16_Optimizer."""
+
+
+def _int(v: Any, default: int) -> int:
+    try:
+        return int(float(v))
+    except (TypeError, ValueError):
+        return default  # "auto" left unresolved, or absent
+
+
+def zero_settings(cfg: dict | None) -> ZeroSettings:
+    z = (cfg or {}).get("zero_optimization") or {}
+    d = ZeroSettings()
+    stage = _int(z.get("stage"), 0)
+    overlap = z.get("overlap_comm")
+    pin = any(
+        isinstance(z.get(k), dict) and z[k].get("pin_memory", False) for k in ("offload_optimizer", "offload_param")
+    )
+    return ZeroSettings(
+        stage=stage,
+        reduce_bucket_size=_int(z.get("reduce_bucket_size"), d.reduce_bucket_size),
+        allgather_bucket_size=_int(z.get("allgather_bucket_size"), d.allgather_bucket_size),
+        # DeepSpeed's default: on at ZeRO-3, off below (ZeroConfig.overlap_comm_valid).
+        overlap_comm=(stage == 3) if overlap is None else bool(overlap),
+        contiguous_gradients=bool(z.get("contiguous_gradients", True)),
+        sub_group_size=_int(z.get("sub_group_size"), d.sub_group_size),
+        prefetch_bucket_size=_int(z.get("stage3_prefetch_bucket_size"), d.prefetch_bucket_size),
+        max_live_parameters=_int(z.get("stage3_max_live_parameters"), d.max_live_parameters),
+        param_persistence_threshold=_int(z.get("stage3_param_persistence_threshold"), d.param_persistence_threshold),
+        max_reuse_distance=_int(z.get("stage3_max_reuse_distance"), d.max_reuse_distance),
+        pin_memory=pin,
+        grad_accum_fp32=str(((cfg or {}).get("data_types") or {}).get("grad_accum_dtype", "")).lower()
+        in ("fp32", "float32", "float"),
+    )
+
+
+# -- activations -----------------------------------------------------------------------------------
+def _block_saved(
+    s: Shape, a: int, *, liger: bool, compiled: bool, eager: bool, seq: int, lora_r: int, lora_n: int, norms_train: bool
+):
+    """Bytes autograd keeps per token for one decoder block."""
+    h, i, kv = s.hidden, s.intermediate, s.kv_dim
+    if liger or compiled:
+        # Liger's RMSNorm keeps its input and 1/rms; its SwiGLU keeps gate and up and recomputes the
+        # product; torch.compile's partitioner keeps about the same (elementwise chains recomputed).
+        norms = 2 * (a * h + 4)
+        mlp = a * h + 3 * a * i
+    else:
+        # transformers' LlamaRMSNorm: the input upcast to fp32 (kept by pow and mul) and the
+        # normalized value in the input dtype, kept by the weight multiply only for the weight's gradient:
+        # under LoRA and QLoRA the norms are frozen and autograd keeps nothing for them.
+        norms = 2 * (4 * h + (a * h if norms_train else 0))
+        # SwiGLU: input of gate/up, gate output (SiLU), SiLU output and up output (mul), product (down).
+        mlp = a * h + 4 * a * i
+    # q/k/v input, rotated q and k and v (kept by SDPA; grouped-query k and v at their own width:
+    # transformers passes enable_gqa to SDPA when there is no mask), SDPA's output (o_proj's input) and
+    # log-sum-exp.
+    attn = a * h + a * h + 2 * a * kv + a * h + 4 * s.heads
+    if eager:
+        # Eager attention materializes the scores: softmax in fp32 and its cast (both kept), k and v
+        # repeated to every head.
+        attn += (4 + a) * s.heads * seq + 2 * a * (h - kv)
+    lora = lora_n * a * lora_r  # each adapter's A output, kept by B
+    return norms + attn + mlp + lora
+
+
+def _logits_bytes(s: Shape, a: int, *, fused_ce: bool, liger_ce: bool) -> tuple[float, float]:
+    """(forward peak, kept into backward) bytes per token of the LM head's output and the loss."""
+    v = s.vocab
+    if fused_ce:
+        return 0.0, 0.0  # Liger's fused linear cross-entropy never materializes the logits
+    if liger_ce:
+        return a * v, a * v  # Liger's cross-entropy writes its gradient into the logits in place
+    # transformers' loss: the logits in the compute dtype, upcast to fp32, log_softmax's output (kept).
+    up = 4 * v if a != 4 else 0
+    return a * v + up + 4 * v, a * v + 4 * v
+
+
+# -- the prediction ----------------------------------------------------------------------------------
+def predict(cell: Any, ds_config: dict | None = None, hw: Hardware | None = None, k: Constants = FITTED) -> Estimate:
+    """Predict a cell's peaks from the cell (and its DeepSpeed config) alone."""
+    s = shape_of(cell.model)
+    if s is None:
+        raise ValueError(f"no shape for model {cell.model!r}: a preset or a local directory with config.json")
+    z = zero_settings(ds_config) if ds_config is not None else ZeroSettings(stage=cell.zero_stage)
+    stage = cell.zero_stage
+    n = max(int(cell.gpus), 1)
+    spec = OPTIMIZERS.get(cell.optimizer)
+    a = 4 if cell.precision == "fp32" else 2  # bytes of a parameter, gradient and activation as trained
+    off_opt, off_par = optimizer_offloaded(cell.offload), params_offloaded(cell.offload)
+
+    # -- parameters -----------------------------------------------------------------------------
+    lora_n = lora_r = 0
+    if cell.peft in ("lora", "qlora") and cell.lora is not None:
+        trainable = s.lora_params(cell.lora.r, tuple(cell.lora.targets))
+        lora_n, lora_r = s.lora_targets(tuple(cell.lora.targets)), cell.lora.r
+        frozen = s.params  # the base weights under the adapter
+    else:
+        trainable, frozen = s.params, 0
+    total = frozen + trainable
+    shard3 = n if stage == 3 else 1
+    if cell.peft == "qlora":
+        const = NF4_CONSTANTS_DOUBLE if (cell.qlora is None or cell.qlora.double_quant) else NF4_CONSTANTS_SINGLE
+        quantized = s.linear_params
+        # The embedding, norms and LM head stay in the compute dtype (prepare_model_for_kbit_training
+        # upcasts them to fp32; DeepSpeed's engine casts every floating parameter back to the compute dtype).
+        weights = (quantized * NF4_BYTES + (frozen - quantized + trainable) * a) / shard3
+        quant_consts = quantized * const / shard3
+    else:
+        weights = (frozen + trainable) * a / shard3
+        quant_consts = 0.0
+    if off_par:
+        weights, quant_consts = 0.0, 0.0
+
+    # -- optimizer state ------------------------------------------------------------------------
+    moment = spec.moment_bytes if spec else 8
+    extra = spec.extra_state_bytes if spec else 0
+    paged = bool(spec and spec.paged)
+    mixed = a == 2
+    shard_opt = n if stage >= 1 else 1
+    master = (4 * trainable / shard_opt) if mixed else 0.0
+    state = moment * trainable / shard_opt
+    onebit = extra * trainable + (4 * trainable / n if spec and spec.onebit else 0.0)  # worker + server error
+    paged_bytes = 0.0
+    if paged:
+        paged_bytes, state = state, 0.0
+    if off_opt:
+        master, state, onebit = 0.0, 0.0, 0.0
+
+    persistent = {
+        "weights": weights,
+        "qlora_quant_constants": quant_consts,
+        "master_weights": master,
+        "optimizer_state": state,
+        "onebit_error_buffers": onebit,
+        "cublas_workspace": CUBLAS_WORKSPACE,
+    }
+
+    # -- DeepSpeed's buffers and the gradients -----------------------------------------------------
+    bwd: dict[str, float] = {}
+    step: dict[str, float] = {}
+    new_fp32 = 0.0  # the fp32 (and flattened 16-bit) gradient copies the step makes: what fragments
+    g16 = a * trainable  # the gradients as backward makes them
+    bucket = z.reduce_bucket_size * a
+    # torch's foreach AdamW makes a temporary as large as the moments it steps (sqrt of exp_avg_sq); so
+    # does FusedLamb's update.
+    nonfused_temp = 4 * trainable / shard_opt if cell.optimizer in ("adamw", "fusedlamb") else 0.0
+    if stage == 0:
+        bwd["gradients"] = g16
+        # The engine all-reduces the gradients at the end of backward, even on one GPU, through flat
+        # buckets of MEMORY_OPT_ALLREDUCE_SIZE (5e8) elements (engine.py, buffered_allreduce_fallback).
+        bwd["allreduce_bucket"] = min(500_000_000, trainable) * a
+        opt_temp = ONEBIT_STEP_TEMPORARIES * trainable if spec and spec.onebit else nonfused_temp
+        new_fp32 = 4 * trainable if mixed else 0.0
+        if mixed and cell.optimizer in ("fusedadam", "onebitadam", "zerooneadam"):
+            # FP16_Optimizer.step (fused_optimizer.py): every 16-bit gradient .to(fp32), then all flattened
+            # into one fp32 buffer; then the 16-bit gradients are freed and the optimizer steps.
+            flatten = {"gradients": g16, "fp32_gradients": 8 * trainable}
+            new_fp32 = 8 * trainable  # the per-parameter fp32 copies and the flat buffer, alive together
+            optimizer = {"fp32_gradients": 4 * trainable, "optimizer_step_temporaries": opt_temp}
+            step = flatten if sum(flatten.values()) >= sum(optimizer.values()) else optimizer
+        elif mixed:
+            # FP16_UnfusedOptimizer.step (unfused_optimizer.py): an fp32 gradient per parameter beside the
+            # 16-bit ones, then the optimizer's own step.
+            step = {"gradients": g16, "fp32_gradients": 4 * trainable, "optimizer_step_temporaries": opt_temp}
+        else:
+            step = {"gradients": g16, "optimizer_step_temporaries": opt_temp}
+    elif stage in (1, 2):
+        bf16_opt = stage == 1 and cell.precision == "bf16" and z.grad_accum_fp32 and not off_opt
+        ipg = 0.0
+        if z.contiguous_gradients or off_opt:
+            ipg = min(bucket, g16) * (2 if z.overlap_comm else 1)
+        if bf16_opt:
+            # BF16_Optimizer (bf16_optimizer.py): one fp32 gradient buffer as large as all parameters.
+            persistent["fp32_gradient_buffer"] = 4 * trainable
+            bwd["gradients"] = g16
+        elif stage == 1:
+            bwd["gradients"] = g16  # stage 1 keeps every gradient until the end of backward
+            bwd["reduce_buckets"] = ipg if z.overlap_comm or z.contiguous_gradients else 0.0
+        else:
+            # stage 2: gradients of this rank's partition in one flat buffer (grads_in_partition),
+            # the rest pass through the reduce buckets.
+            bwd["gradients"] = g16 / n if not off_opt else 0.0
+            bwd["reduce_buckets"] = ipg
+        if not off_opt and not bf16_opt:
+            # step() (stage_1_and_2.py): the partition's 16-bit gradients flattened, the flat copy converted
+            # to fp32 (all three alive at once); then the flat copy and the 16-bit gradients are freed
+            # before the optimizer steps, so its temporaries sit beside the fp32 gradients alone.
+            flatten = {"gradients": 2 * g16 / n, "fp32_gradients": 4 * trainable / n}
+            optimizer = {"fp32_gradients": 4 * trainable / n, "optimizer_step_temporaries": nonfused_temp}
+            step = flatten if sum(flatten.values()) >= sum(optimizer.values()) else optimizer
+            new_fp32 = 6 * trainable / n
+        elif bf16_opt:
+            step["optimizer_step_temporaries"] = nonfused_temp
+        if off_opt:
+            # The CPU step's updated 16-bit partition comes back through a GPU buffer.
+            step["offload_copy_buffer"] = 0.0
+    else:  # stage 3
+        tr_part = trainable / n
+        if not off_opt:
+            # grad_partitions_flat_buffer (stage3.py): this rank's gradients, allocated at init.
+            persistent["zero3_gradient_partitions"] = a * tr_part
+        if z.contiguous_gradients:
+            persistent["reduce_buckets"] = z.reduce_bucket_size * a  # the ipg bucket, allocated at init
+        # Gathered parameters: up to stage3_max_live_parameters stay gathered while they will be used
+        # again within stage3_max_reuse_distance (the recompute of checkpointing reuses every one);
+        # with no reuse distance, a module's parameters and the prefetch bucket. One rank without
+        # parameter offload gathers nothing: its partition is the whole parameter.
+        if z.max_reuse_distance > 0:
+            live = min(z.max_live_parameters, total)
+        else:
+            live = min(z.max_live_parameters, z.prefetch_bucket_size + s.largest_param)
+        bwd["zero3_live_parameters"] = live * a if (n > 1 or off_par) else 0.0
+        if not off_opt:
+            # Each sub-group's gradients flattened, then converted to fp32 (_prepare_fp32_grad_for_sub_group).
+            sg = min(z.sub_group_size, tr_part)
+            step["fp32_gradients"] = 6 * sg
+            new_fp32 = 6 * sg
+            step["optimizer_step_temporaries"] = nonfused_temp
+        else:
+            step["fp32_gradients"] = 0.0
+
+    # -- activations -------------------------------------------------------------------------------
+    tokens = cell.micro_batch * cell.seq_len
+    liger = cell.kernels == "liger"
+    compiled = bool(cell.compile)
+    eager = cell.attn == "eager"
+    fused_ce = liger and stage != 3  # bench.worker.models.liger_settings: no fused CE under ZeRO-3
+    norms_train = cell.peft not in ("lora", "qlora")  # PEFT freezes everything but the adapters
+    per_block = _block_saved(
+        s,
+        a,
+        liger=liger,
+        compiled=compiled,
+        eager=eager,
+        seq=cell.seq_len,
+        lora_r=lora_r,
+        lora_n=lora_n,
+        norms_train=norms_train,
+    )
+    lg_fwd, lg_kept = _logits_bytes(s, a, fused_ce=fused_ce, liger_ce=liger and stage == 3)
+    if cell.grad_ckpt:
+        saved = s.layers * a * s.hidden  # each block's input, kept by non-reentrant checkpointing
+        recompute = per_block  # one block's activations, recomputed in backward
+    else:
+        saved, recompute = s.layers * per_block, 0.0
+    # The final norm: its fp32 input, and its output for the norm's weight and the LM head's gradients
+    # (both frozen under PEFT: all-linear leaves the LM head out).
+    head = 4 * s.hidden + (a * s.hidden if norms_train else 0)
+    # Backward of the loss: the gradient of log_softmax (fp32) and of the logits, beside what is kept.
+    lg_bwd = lg_kept + (4 * s.vocab + a * s.vocab if not liger else 0)
+    scale = tokens * k.activation_scale
+    # "backward" is the end of backward, where the gradients are complete: autograd has freed every
+    # saved tensor but the first block's (its checkpointed input and its recompute). Between the loss
+    # and there, the gradients grow as the saved activations shrink (one block's of each at a time),
+    # so the two ends bound the pass.
+    first_block = (a * s.hidden + recompute) if cell.grad_ckpt else 0.0
+    act = {
+        "forward": scale * (saved + head + lg_fwd),
+        "loss backward": scale * (saved + head + lg_bwd),
+        "backward": scale * first_block,
+    }
+    if cell.peft == "qlora":
+        # bitsandbytes dequantizes each 4-bit weight for its matmul (forward and backward).
+        bwd["qlora_dequantized_weight"] = 2 * s.largest_linear * a
+    live = {"zero3_live_parameters": bwd.pop("zero3_live_parameters", 0.0)}
+    p_total = sum(persistent.values()) + live["zero3_live_parameters"]
+    totals = {
+        "forward": p_total + act["forward"],
+        "loss backward": p_total + act["loss backward"],
+        "backward": p_total + sum(bwd.values()) + act["backward"],
+        "step": sum(persistent.values()) + sum(step.values()),
+    }
+    phase = max(totals, key=totals.get)
+    if phase == "step":
+        peak_terms = {**persistent, **step}
+    elif phase == "backward":
+        peak_terms = {**persistent, **live, **bwd, "activations": act[phase]}
+    else:
+        peak_terms = {**persistent, **live, "activations": act[phase]}
+    allocated = sum(peak_terms.values())
+
+    # -- outside the allocator's peak ----------------------------------------------------------------
+    # What the fragmentation constants multiply. The caching allocator keeps freed blocks for reuse, but
+    # the gradient copies the step makes (fp32, and the flattened 16-bit partition: few tensors, each as
+    # large as a parameter or a partition) and the activations (many tensors the size of a layer's
+    # output) do not fit each other's blocks: the reservation holds both, the smaller on top of the
+    # larger's peak. With checkpointing, backward recomputes a block's activations into the blocks the
+    # loss and the later layers left, interleaved with their gradients, and what cannot be reused grows
+    # as the square root of the activations; without it, backward frees them in the reverse order of
+    # forward and they are reused as they were made. DeepSpeed's reduce buckets: the gradients that pass
+    # through them (at most the buckets).
+    act_peak = max(act.values())
+    # The loss's fp32 tensors (the upcast logits, log_softmax's output and its gradient): blocks of
+    # tokens x vocab that no activation, gradient or step copy fits, so what they leave is kept apart.
+    loss_fp32 = scale * 4 * s.vocab if not (fused_ce or liger) else 0.0
+    basis = {
+        "loss": loss_fp32,
+        "shared": min(new_fp32, act_peak),
+        "activations": math.sqrt(act_peak * GiB) if cell.grad_ckpt else 0.0,
+        "buckets": min(bwd.get("reduce_buckets", 0.0) + persistent.get("reduce_buckets", 0.0), g16),
+    }
+    frag = (
+        k.frag_shared * basis["shared"]
+        + k.frag_activations * basis["activations"]
+        + k.frag_buckets * basis["buckets"]
+        + k.frag_loss * basis["loss"]
+    )
+    terms = {kk: v for kk, v in peak_terms.items() if v}
+    terms["allocator_fragmentation"] = frag
+    terms["cuda_context"] = k.cuda_context
+    if n > 1:
+        terms["nccl"] = k.nccl
+    if spec and spec.onebit:
+        terms["onebit_cupy_buffers"] = ONEBIT_CUPY_BYTES * trainable
+    gpu = sum(terms.values())
+
+    host_terms = _host(cell, s, total, trainable, a, z, k, off_opt, off_par, n)
+    return Estimate(
+        gpu_bytes=gpu,
+        host_bytes=sum(host_terms.values()),
+        gpu_terms=terms,
+        host_terms=host_terms,
+        phase=phase,
+        allocated_bytes=allocated,
+        paged_bytes=paged_bytes,
+        basis=basis,
+        moments={
+            "persistent": dict(persistent),
+            "backward": {**live, **bwd},
+            "step": dict(step),
+            "activations": dict(act),
+        },
+    )
+
+
+def _pinned(nbytes: float, pin: bool) -> float:
+    """Host bytes of a buffer: PyTorch's pinned-memory allocator rounds each block up to a power of two."""
+    if not pin or nbytes <= 0:
+        return nbytes
+    return float(1 << max(int(nbytes - 1).bit_length(), 0))
+
+
+def _host(cell, s: Shape, total: int, trainable: int, a: int, z: ZeroSettings, k: Constants, off_opt, off_par, n):
+    """Peak RSS of the cell's processes: each rank's interpreter with torch, DeepSpeed and transformers
+    imported, and what offload keeps on the host (ZeRO-Offload's fp32 state and gradients)."""
+    t: dict[str, float] = {"processes": k.host_process * n}
+    if n > 1:
+        t["launcher"] = k.host_launcher
+    if cell.compile:
+        t["compile_workers"] = k.host_compile_workers
+    if cell.peft == "qlora":
+        t["qlora_checkpoint_load"] = s.params * a  # the 16-bit checkpoint read before quantizing
+    if off_opt:
+        part = trainable / (n if cell.zero_stage >= 1 else 1)
+        spec = OPTIMIZERS.get(cell.optimizer)
+        moment = spec.moment_bytes if spec else 8
+        # Per rank: the fp32 master partition, the optimizer's moments, the fp32 gradients (pinned when
+        # pin_memory), and the 16-bit copy of the partition for the way back.
+        per_rank = (
+            _pinned(4 * part, z.pin_memory)
+            + moment * part
+            + _pinned(4 * part, z.pin_memory)
+            + _pinned(a * part, z.pin_memory)
+        )
+        if cell.offload == Offload.NVME:
+            per_rank = _pinned(4 * part, z.pin_memory) + _pinned(a * part, z.pin_memory)
+        t["offloaded_optimizer"] = per_rank * n
+    if off_par and cell.offload != Offload.NVME:
+        t["offloaded_parameters"] = _pinned(a * total / n, z.pin_memory) * n
+    return t

@@ -1,0 +1,131 @@
+"""`micro_batch: auto`: the largest micro-batch that runs, seeded by the memory model and settled by
+real runs. Out of memory is an answer here, not a failure: each probe is its own recorded cell.
+
+From the model's largest micro-batch that fits, the search gallops up while probes run (seed+1, +2,
++4, ...) or down while they run out of memory (seed-1, -2, -4, ...), then bisects the gap until a
+micro-batch that ran sits next to one that did not. An accurate model closes it in two probes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ..cells import Cell
+from .fitted import FITTED, Constants
+from .model import Hardware, predict
+
+__all__ = ["RAN", "OUT_OF_MEMORY", "next_probe", "search_micro_batch", "seed_micro_batch", "SearchResult"]
+
+RAN = ("ok", "diverged")  # it ran to the end: the memory fitted (a diverged loss is not a memory answer)
+OUT_OF_MEMORY = ("cuda_oom", "host_oom")
+MAX_PROBES = 8
+CAP = 4096
+
+
+@dataclass
+class SearchResult:
+    template: str
+    seed: int
+    probes: list[tuple[int, str, str | None]] = field(default_factory=list)
+    """(micro_batch, status, cell hash) in the order run."""
+    ended: str = ""
+
+    @property
+    def largest_ok(self) -> int | None:
+        return max((mb for mb, st, _ in self.probes if st in RAN), default=None)
+
+    @property
+    def smallest_oom(self) -> int | None:
+        return min((mb for mb, st, _ in self.probes if st in OUT_OF_MEMORY), default=None)
+
+    def to_dict(self) -> dict:
+        """The record's `search` (bench.record.Search)."""
+        return {
+            "template": self.template,
+            "seed": self.seed,
+            "probes": [{"micro_batch": mb, "status": st, "cell_hash": h} for mb, st, h in self.probes],
+            "largest_ok": self.largest_ok,
+            "smallest_oom": self.smallest_oom,
+            "ended": self.ended,
+        }
+
+
+def next_probe(
+    seed: int, probes: Sequence[tuple[int, str]], max_probes: int = MAX_PROBES, cap: int = CAP
+) -> tuple[int | None, str]:
+    """The next micro-batch to run, or (None, why the search ends)."""
+    if not probes:
+        return max(1, min(seed, cap)), ""
+    mb, st = probes[-1]
+    if st not in RAN and st not in OUT_OF_MEMORY:
+        return None, f"the probe at micro-batch {mb} ended {st}: not a memory answer"
+    ok = [m for m, s in probes if s in RAN]
+    oom = [m for m, s in probes if s in OUT_OF_MEMORY]
+    lo, hi = max(ok, default=0), min(oom, default=None)
+    if hi is not None and lo >= hi:
+        return None, f"micro-batch {lo} ran but {hi} ran out of memory: not monotonic here, rerun to settle"
+    if hi == lo + 1:
+        return None, (
+            f"micro-batch {lo} runs and {hi} runs out of memory" if lo else "even micro-batch 1 runs out of memory"
+        )
+    if hi is None and lo >= cap:
+        return None, f"micro-batch {cap} (the search's cap) runs"
+    if len(probes) >= max_probes:
+        return None, f"{max_probes} probes (the limit) without closing the gap"
+    if hi is None:  # only runs so far: gallop up
+        return min(lo + 2 ** (len(ok) - 1), cap), ""
+    if lo == 0:  # only out-of-memory so far: gallop down
+        return max(1, hi - 2 ** (len(oom) - 1)), ""
+    return (lo + hi) // 2, ""
+
+
+def search_micro_batch(
+    run: Callable[[int, Callable[[str, str | None], dict]], tuple[str, str | None]],
+    *,
+    seed: int,
+    template: str,
+    max_probes: int = MAX_PROBES,
+    cap: int = CAP,
+) -> SearchResult:
+    """Run probes until the gap is closed. `run(micro_batch, search_after)` runs one probe and returns its
+    (status, cell hash); it calls search_after(status, cell_hash) for the `search` its record carries
+    (the search as it stands after that probe, with why it ends if it does)."""
+    res = SearchResult(template=template, seed=seed)
+    while True:
+        mb, why = next_probe(seed, [(m, s) for m, s, _ in res.probes], max_probes, cap)
+        if mb is None:
+            res.ended = why
+            return res
+
+        def search_after(status: str, cell_hash: str | None, mb: int = mb) -> dict:
+            after = dataclasses.replace(res, probes=[*res.probes, (mb, status, cell_hash)])
+            after.ended = next_probe(seed, [(m, s) for m, s, _ in after.probes], max_probes, cap)[1]
+            return after.to_dict()
+
+        status, cell_hash = run(mb, search_after)
+        res.probes.append((mb, status, cell_hash))
+
+
+def seed_micro_batch(template: Cell, hw: Hardware, cap: int = CAP, k: Constants = FITTED) -> int:
+    """The largest micro-batch the model predicts to fit the GPU (and the host); 1 without a GPU to judge
+    against, or when even 1 does not fit."""
+    if not hw.gpu_memory_bytes:
+        return 1
+
+    def fits(mb: int) -> bool:
+        from .. import dsconfig
+
+        cell = dataclasses.replace(template, micro_batch=mb)
+        try:
+            e = predict(cell, dsconfig.build(cell), hw, k)
+        except ValueError:
+            return False
+        return e.gpu_bytes <= hw.gpu_memory_bytes and (not hw.host_memory_bytes or e.host_bytes <= hw.host_memory_bytes)
+
+    lo, hi = 0, cap + 1  # fits(lo) (or lo = 0), not fits(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return max(lo, 1)

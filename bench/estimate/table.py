@@ -1,0 +1,129 @@
+"""`zerobench estimate MATRIX`: every cell's predicted peaks, its terms grouped, and whether it fits."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Iterable, Sequence
+
+from .. import dsconfig
+from ..axes import AUTO
+from ..cells import Cell
+from .fitted import FITTED, Constants
+from .model import Estimate, Hardware, predict
+from .verdict import DEFAULT_MARGIN, verdict
+
+__all__ = ["GROUPS", "parse_size", "estimate_cells", "text", "as_json"]
+
+GiB = 2**30
+
+# The named terms of bench.estimate.model, in the table's columns.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "weights": ("weights", "qlora_quant_constants", "qlora_dequantized_weight", "zero3_live_parameters"),
+    "grads": ("gradients", "fp32_gradients", "zero3_gradient_partitions", "fp32_gradient_buffer"),
+    "optimizer": (
+        "master_weights",
+        "optimizer_state",
+        "onebit_error_buffers",
+        "optimizer_step_temporaries",
+        "onebit_step_temporaries",
+    ),
+    "activations": ("activations",),
+    "deepspeed": ("reduce_buckets", "allreduce_bucket", "offload_copy_buffer"),
+    "runtime": ("allocator_fragmentation", "cuda_context", "nccl", "cublas_workspace", "onebit_cupy_buffers"),
+}
+
+
+def parse_size(s: str) -> int:
+    """'80GiB', '80G', '141GB', '80' (GiB) -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b?)\s*", s.lower())
+    if not m:
+        raise ValueError(f"not a size: {s!r} (e.g. 80GiB, 141GB, 80)")
+    num, unit, suffix = float(m.group(1)), m.group(2) or "g", m.group(3)
+    base = 1000 if suffix == "b" and unit else 1024  # "GB" is decimal, "G"/"GiB" binary
+    return int(num * base ** "kmgt".index(unit) * base)
+
+
+def estimate_cells(
+    cells: Iterable[Cell], hw: Hardware, *, gpus: int | None = None, k: Constants = FITTED
+) -> list[tuple[Cell, Estimate | None, str]]:
+    """(cell, estimate, "") per cell, or (cell, None, why) when its shape or config is unknown."""
+    out = []
+    configs: dict = {}
+    for cell in cells:
+        if gpus:
+            cell = dataclasses.replace(cell, gpus=gpus)
+        if cell.micro_batch == AUTO:
+            # A search's template: estimated at the search's seed, the largest micro-batch predicted to fit.
+            from .search import seed_micro_batch
+
+            cell = dataclasses.replace(cell, micro_batch=seed_micro_batch(cell, hw, k=k))
+        try:
+            # The generated config depends on few fields: build it once per combination of them.
+            key = (cell.zero_stage, cell.offload, cell.precision, cell.optimizer, cell.ds_config, cell.model)
+            cfg = configs.get(key)
+            if cfg is None:
+                cfg = configs[key] = dsconfig.build(cell)
+            out.append((cell, predict(cell, cfg, hw, k), ""))
+        except Exception as e:  # noqa: BLE001 - one cell the model cannot read does not stop the table
+            out.append((cell, None, f"{type(e).__name__}: {e}"))
+    return out
+
+
+def grouped(e: Estimate) -> dict[str, float]:
+    g = {name: sum(e.gpu_terms.get(t, 0.0) for t in terms) for name, terms in GROUPS.items()}
+    known = {t for ts in GROUPS.values() for t in ts}
+    g["runtime"] += sum(v for t, v in e.gpu_terms.items() if t not in known)
+    return g
+
+
+def _gib(x: float) -> str:
+    return f"{x / GiB:.1f}"
+
+
+def text(rows: Sequence[tuple[Cell, Estimate | None, str]], hw: Hardware, margin: float = DEFAULT_MARGIN) -> str:
+    head = [*GROUPS, "GPU GiB", "host GiB", "phase", "GPU", "host", "cell"]
+    lines = [head]
+    for cell, e, why in rows:
+        if e is None:
+            lines.append(["-"] * (len(head) - 1) + [f"{cell.id}  ({why})"])
+            continue
+        g = grouped(e)
+        lines.append(
+            [
+                *(_gib(g[name]) for name in GROUPS),
+                _gib(e.gpu_bytes),
+                _gib(e.host_bytes),
+                e.phase,
+                verdict(e.gpu_bytes, hw.gpu_memory_bytes, margin),
+                verdict(e.host_bytes, hw.host_memory_bytes, margin),
+                cell.id,
+            ]
+        )
+    widths = [max(len(r[i]) for r in lines) for i in range(len(head) - 1)]
+    out = ["  ".join(c.rjust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in lines]
+    cap = (f"GPU {hw.gpu_memory_bytes / GiB:.1f} GiB" if hw.gpu_memory_bytes else "no GPU memory given (--gpu-mem)") + (
+        f", host {hw.host_memory_bytes / GiB:.1f} GiB" if hw.host_memory_bytes else ""
+    )
+    n_fit = sum(1 for _, e, _ in rows if e and verdict(e.gpu_bytes, hw.gpu_memory_bytes, margin) == "fits")
+    out.append(
+        f"{len(rows)} cells against {cap}, margin {margin:.0%}: {n_fit} fit on the GPU. Per GPU, the "
+        "NVML process peak: the terms at the allocator's peak moment (phase), then fragmentation and the "
+        "CUDA context (runtime). Paged optimizer state (managed memory) is outside it."
+    )
+    return "\n".join(out)
+
+
+def as_json(rows: Sequence[tuple[Cell, Estimate | None, str]], hw: Hardware, margin: float = DEFAULT_MARGIN) -> str:
+    cells = []
+    for cell, e, why in rows:
+        d: dict = {"cell_id": cell.id, "cell": cell.to_dict()}
+        if e is None:
+            d["error"] = why
+        else:
+            d["predicted"] = e.to_dict()
+            d["gpu_verdict"] = verdict(e.gpu_bytes, hw.gpu_memory_bytes, margin)
+            d["host_verdict"] = verdict(e.host_bytes, hw.host_memory_bytes, margin)
+        cells.append(d)
+    return json.dumps({"hardware": dataclasses.asdict(hw), "margin": margin, "cells": cells}, indent=1)

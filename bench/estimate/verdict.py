@@ -1,0 +1,29 @@
+"""Whether a predicted peak fits a capacity, with a stated margin either side of it."""
+
+from __future__ import annotations
+
+__all__ = ["DEFAULT_MARGIN", "Verdict", "verdict"]
+
+DEFAULT_MARGIN = 0.10
+"""The model's p95 error is under it (reports/memory-model.md): closer than this to the capacity is a guess."""
+
+
+class Verdict:
+    FITS = "fits"
+    """Predicted at most (1 - margin) of the capacity."""
+    UNCERTAIN = "uncertain"
+    """Within the margin of the capacity: run it to know."""
+    PRUNE = "won't fit"
+    """Predicted above (1 + margin) of the capacity: `zerobench run` skips it."""
+    UNKNOWN = "no capacity"
+    """No capacity to judge against (no GPU found, none given)."""
+
+
+def verdict(predicted: float, capacity: float | None, margin: float = DEFAULT_MARGIN) -> str:
+    if not capacity:
+        return Verdict.UNKNOWN
+    if predicted <= capacity * (1 - margin):
+        return Verdict.FITS
+    if predicted > capacity * (1 + margin):
+        return Verdict.PRUNE
+    return Verdict.UNCERTAIN

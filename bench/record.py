@@ -1,0 +1,888 @@
+"""The result record, typed and versioned: what a worker rank writes (`WorkerDoc`, result.rank{N}.json)
+and what the store keeps (`Record`, one JSON line per cell attempt in results/*.jsonl).
+
+worker -> WorkerDoc -> launch.Outcome -> Record -> store -> results (DataFrame)
+
+Every stored record is made by one constructor per status: `Record.started`, `.skipped`,
+`.implied_oom` (not run: a lighter cell ran out of memory), `.interrupted` (the orchestrator stopped),
+`.error` (zerobench failed around the cell) and
+`.from_outcome` (whatever the worker and the launcher made of the attempt: ok, diverged, cuda_oom,
+host_oom, killed, timeout, error, interrupted). Each carries the provenance of the process that ran the cell.
+`zerobench schema` prints the JSON Schema of `Record`; schema/record-v<N>.schema.json is its copy.
+
+Versions (`schema_version` in every line):
+  1  the first format.
+  2  `provenance` on every record of every status (v1 wrote it on skipped records and outcomes only);
+     `reason` on every record ("" where there is nothing to say; v1 started records had none).
+     A v1 record that had no provenance reads as `provenance: null`: the only place a null appears,
+     since every record written at v2 carries one.
+Reading goes through `upgrade`, one function per version step, so every results file ever written
+loads as the current version; the store writes only the current version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, Protocol
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+
+from . import adaptive, env
+from .status import Status
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "STEP_PARTS",
+    "Record",
+    "WorkerDoc",
+    "WorkerFacts",
+    "Metrics",
+    "Memory",
+    "AllocatorPeaks",
+    "Provenance",
+    "Gpu",
+    "Skip",
+    "RankEnd",
+    "StartedBy",
+    "upgrade",
+    "parse",
+    "json_schema",
+    "worker_document",
+    "RecordVersionError",
+    "Placement",
+    "Prediction",
+    "FixedCosts",
+    "Search",
+    "SearchProbe",
+    "ImpliedBy",
+    "StepsTaken",
+]
+
+SCHEMA_VERSION = 2
+
+# The parts of a measured step whose allocator peaks the worker records (torch_max_allocated_<part>_bytes).
+STEP_PARTS = ("forward", "backward", "step")
+
+# NaN travels as JSON's NaN (a diverged cell's losses), as json.dumps writes it, not as null.
+# The docstring under a field is its description in the published schema.
+_OPEN = ConfigDict(extra="allow", ser_json_inf_nan="constants", use_attribute_docstrings=True)
+_CLOSED = ConfigDict(extra="forbid", ser_json_inf_nan="constants", use_attribute_docstrings=True)
+# Figures per GPU, keyed by the GPU's index: an int in memory (NVML's index), a string once written as JSON.
+ByGpu = Annotated[
+    dict[str, Any] | None, BeforeValidator(lambda d: {str(k): v for k, v in d.items()} if isinstance(d, dict) else d)
+]
+
+
+class RecordVersionError(ValueError):
+    """A record from a newer zerobench than this one (or with no usable version)."""
+
+
+# -- the worker's measurements ---------------------------------------------------------------------
+
+
+class Metrics(BaseModel):
+    """Throughput and FLOPs of the measured steps (bench.worker.metrics), from rank 0. Open: a newer
+    worker may add a figure; every key becomes a column of the results DataFrame."""
+
+    model_config = _OPEN
+    # In the order the worker writes them, so DataFrame columns keep their order.
+    step_time_median_s: float | None = None
+    step_time_p90_s: float | None = None
+    step_time_mean_s: float | None = None
+    tokens_per_s: float | None = None
+    samples_per_s: float | None = None
+    tflops_per_gpu: float | None = None
+    """Model FLOPs per second per GPU, in TFLOP/s."""
+    hw_tflops_per_gpu: float | None = None
+    """Hardware FLOPs (with gradient checkpointing's recompute) per second per GPU."""
+    mfu: float | None = None
+    """Model FLOPs utilisation against the GPU's dense peak for the precision; None without a known peak."""
+    hfu: float | None = None
+    model_flops_per_token: float | None = None
+    hw_flops_per_token: float | None = None
+    peak_tflops: float | None = None
+    loss_first: float | None = None
+    loss_final: float | None = None
+    loss_measured_first: float | None = None
+    energy_j_per_token: float | None = None
+    """From NVML's energy counter over the measured phase (the orchestrator adds it)."""
+    gpu_util_mean_pct: float | None = None
+    power_mean_w: float | None = None
+    sm_clock_mean_mhz: float | None = None
+    """NVML's SM clock over the measured phase, mean of the samples (the orchestrator adds this and below)."""
+    sm_clock_min_mhz: float | None = None
+    mem_clock_mean_mhz: float | None = None
+    temperature_max_c: float | None = None
+    power_max_w: float | None = None
+    throttle_reasons: list[str] | None = None
+    """NVML's clock-throttle reasons seen in any sample of the measured phase ([] when none; idle excluded)."""
+
+
+class AllocatorPeaks(BaseModel):
+    """One rank's CUDA allocator figures over a phase (setup or measured)."""
+
+    model_config = _OPEN
+    torch_max_allocated_bytes: int | None = None
+    torch_max_reserved_bytes: int | None = None
+    torch_allocated_between_steps_bytes: int | None = None
+    """Allocated at the start of a measured step: model states and what persists between steps."""
+    torch_max_allocated_forward_bytes: int | None = None
+    torch_max_allocated_backward_bytes: int | None = None
+    torch_max_allocated_step_bytes: int | None = None
+
+
+class Memory(BaseModel):
+    """Peaks of an attempt: host RSS and NVML sampled by the orchestrator, the allocator's from the
+    ranks (max over ranks; per-GPU lists beside). Whole-attempt figures, then per phase."""
+
+    model_config = _OPEN
+    host_rss_peak_bytes: int | None = None
+    host_rss_peak_setup_bytes: int | None = None
+    host_rss_peak_measured_bytes: int | None = None
+    nvml_used_peak_setup_bytes: int | None = None
+    nvml_proc_peak_setup_bytes: int | None = None
+    nvml_used_peak_measured_bytes: int | None = None
+    nvml_proc_peak_measured_bytes: int | None = None
+    nvml_used_peak_bytes: int | None = None
+    """The whole device's used memory (other processes included)."""
+    nvml_proc_peak_bytes: int | None = None
+    """The worker's processes' memory as NVML sees it: with the CUDA context and NCCL buffers."""
+    nvml_proc_peak_per_gpu: list[int | None] | None = None
+    torch_max_allocated_bytes: int | None = None
+    torch_max_reserved_bytes: int | None = None
+    torch_max_allocated_per_gpu: list[int | None] | None = None
+    torch_max_allocated_forward_bytes: int | None = None
+    torch_max_allocated_backward_bytes: int | None = None
+    torch_max_allocated_step_bytes: int | None = None
+    torch_allocated_between_steps_bytes: int | None = None
+    torch_allocated_between_steps_per_gpu: list[int | None] | None = None
+    torch_max_allocated_setup_bytes: int | None = None
+    torch_max_reserved_setup_bytes: int | None = None
+
+
+class WorkerFacts(BaseModel):
+    """What the worker found out about the attempt (rank 0's), kept in the stored record's `worker`."""
+
+    model_config = _CLOSED
+    optimizer_class: str | None = None
+    """The optimizer class that actually ran (module.Class)."""
+    zero_optimizer_class: str | None = None
+    params_total: int | None = None
+    params_trainable: int | None = None
+    params_embedding: int | None = None
+    model_build_s: float | None = None
+    engine_init_s: float | None = None
+    setup_s: float | None = None
+    fp16_skipped_steps: int | None = None
+    """Steps the fp16 loss scaler skipped during the measured phase."""
+    fp16_skipped_warmup_steps: int | None = None
+    """Steps the fp16 loss scaler skipped during the warmup steps (absent from records before 2027-01)."""
+    loss_scale_final: float | None = None
+    """The fp16 loss scale the optimizer held at the end (None where the engine has none)."""
+    gpu_name: str | None = None
+    nvme_swap_bytes: int | None = None
+    """What DeepSpeed wrote to the attempt's NVMe swap folder: evidence it really swapped."""
+    train_mode: bool | None = None
+    compiled: bool | None = None
+    kernels: dict[str, Any] | None = None
+    """{"asked", "liger_modules", "liger_settings"}: which kernels the built model runs."""
+    versions: dict[str, str | None] | None = None
+    """Library versions inside the worker (torch's CUDA included)."""
+    fault_injected: str | None = None
+    """The ZEROBENCH_FAULT the worker ran with (tests only; bench.faults): as rank 0 applied it, or as the
+    orchestrator passed it when the fault left no result document (a kill). None in a benchmark."""
+    ops_built: list[dict[str, Any]] | None = None
+    """DeepSpeed ops compiled inside the cell ({"op", "s"} each): its wall time and setup memory include
+    a compiler. None when every op came ready-built."""
+    stale_locks_removed: list[str] | None = None
+    """Locks of dead builds the worker removed from the extensions folder (each would have made it wait forever)."""
+    allocator_at_failure: dict[str, Any] | None = None
+    """torch.cuda.memory_stats() excerpt at a CUDA OOM."""
+
+
+class StepsTaken(BaseModel):
+    """How many steps the cell ran and why each phase ended (bench/adaptive.py has the rules), with the
+    median step time's interval over the measured steps. Absent from records before 2027-02."""
+
+    model_config = _CLOSED
+    warmup: int
+    """Warmup steps run (not timed)."""
+    measured: int
+    """Measured steps run: the metrics are theirs."""
+    warmup_ended: Literal[adaptive.WARMUP_ENDINGS]
+    """fixed (the matrix's count), settled (step time settled), step cap, time cap, or stopped (the steps
+    ended first: a diverged loss)."""
+    ended: Literal[adaptive.MEASURED_ENDINGS]
+    """Why measuring ended: fixed, converged (the interval within the tolerance), step cap, time cap, stopped."""
+    median_s: float | None = None
+    ci_low_s: float | None = None
+    """The median step time's distribution-free interval (bench.stats.median_ci), low end."""
+    ci_high_s: float | None = None
+    ci_level: float | None = None
+    """The confidence the interval has (below the asked level when there were too few steps)."""
+    half_width: float | None = None
+    """The interval's wider side, as a fraction of the median."""
+    tolerance: float | None = None
+    """The half-width measurement stopped at (adaptive measurement only)."""
+    max_seconds: float | None = None
+    """The time cap on the steps (adaptive only; None: no cap)."""
+    steps_s: float | None = None
+    """The steps' own time, warmup and measured summed (what max_seconds caps)."""
+
+
+class WorkerDoc(WorkerFacts):
+    """What one rank writes to result.rank{N}.json (bench.worker.main; bench.reference writes a subset)."""
+
+    # Open: the worker may write more than the orchestrator reads; the fields below are what it reads.
+    model_config = _OPEN
+    rank: int = 0
+    world_size: int | None = None
+    status: Status = Status.ERROR
+    reason: str = ""
+    t_start: float | None = None
+    t_end: float | None = None
+    phase: str | None = None
+    """The phase the rank was in when it wrote the document (import, setup, warmup, measured, teardown)."""
+    traceback: str | None = None
+    losses: list[float | None] | None = None
+    step_times_s: list[float] | None = None
+    metrics: Metrics | None = None
+    memory_setup: AllocatorPeaks | None = None
+    memory_measured: AllocatorPeaks | None = None
+    steps: StepsTaken | None = None
+
+
+def worker_document(doc: dict) -> dict:
+    """The JSON a rank writes: its document checked against WorkerDoc. A document that does not match
+    is written anyway, as an error that says why (the orchestrator reads every field it needs from here)."""
+    try:
+        return WorkerDoc.model_validate(doc).model_dump(mode="json", exclude_unset=True)
+    except Exception as e:  # noqa: BLE001 - a value that does not serialise either: the rank must still report
+        why = _short(e) if isinstance(e, ValidationError) else f"{type(e).__name__}: {e}"[:600]
+        return {
+            "rank": doc.get("rank", 0) if isinstance(doc.get("rank"), int) else 0,
+            "status": Status.ERROR.value,
+            "reason": f"the worker's result document does not match bench.record.WorkerDoc: {why}",
+            "traceback": str(doc.get("traceback") or "")[-8000:] or None,
+        }
+
+
+# -- the orchestrator's facts ---------------------------------------------------------------------
+
+
+class Gpu(BaseModel):
+    model_config = _OPEN
+    index: int
+    name: str
+    memory_bytes: int | None = None
+    uuid: str | None = None
+
+
+class Provenance(BaseModel):
+    """Where a record came from (bench.env.provenance()): host, hardware, versions, git commit."""
+
+    model_config = _OPEN
+    host: str | None = None
+    os: str | None = None
+    python: str | None = None
+    cpu: str | None = None
+    cpu_count: int | None = None
+    host_memory_bytes: int | None = None
+    gpus: list[Gpu] = []
+    gpu_name: str | None = None
+    gpu_count: int | None = None
+    driver: str | None = None
+    nvml: bool | None = None
+    """Whether NVML answered (False on a GPU host without nvidia-ml-py: no NVML figures)."""
+    versions: dict[str, str | None] = {}
+    """The orchestrator's library versions; the worker's own are in worker.versions."""
+    zerobench_version: str | None = None
+    source_sha256: str | None = None
+    """sha256 of the bench package's files: which code ran, whether or not it came from a git checkout."""
+    git_commit: str | None = None
+    """Only when zerobench ran from its own git checkout (never an enclosing repository's commit)."""
+    git_dirty: bool | None = None
+
+
+class Inputs(BaseModel):
+    """The files a cell was made from, by content."""
+
+    model_config = _CLOSED
+    matrix_sha256: str | None = None
+    ds_config_sha256: str | None = None
+    """The user's DeepSpeed config file, for a cell that runs one (the generated config is stored whole)."""
+
+
+class Skip(BaseModel):
+    """The rule that skipped a cell (bench.rules): what to change, and the source that makes it true."""
+
+    model_config = _CLOSED
+    rule: str
+    fix: str
+    source: str
+
+
+class RankEnd(BaseModel):
+    """How one rank of a multi-rank attempt ended, so a failure can be traced to the rank that caused it."""
+
+    model_config = _CLOSED
+    rank: int | None = None
+    status: Status | None = None
+    reason: str = ""
+
+
+class StartedBy(BaseModel):
+    """How the worker process began: forked from the pre-imported server, or a fresh interpreter."""
+
+    model_config = _OPEN
+    mode: str
+    """"fork" or "spawn"."""
+    why: str | None = None
+    server_import_s: float | None = None
+
+
+class FixedCosts(BaseModel):
+    """What the run paid once before its cells (bench.run.prepare), the same on every record of the run:
+    what the machine's cache (bench.cache) spared it, what it built, and how long that took."""
+
+    model_config = _OPEN
+    setup_s: float | None = None
+    """Wall seconds from the start of the preparation to the first cell (the helpers ran side by side)."""
+    ops: dict[str, str] = {}
+    """DeepSpeed op builder -> cached (no helper ran for it), built, loaded (found built by the helper),
+    unavailable or failed."""
+    ops_s: float | None = None
+    """Wall seconds of the prebuild helper; absent when the cache spared it."""
+    checkpoints: dict[str, str] = {}
+    """QLoRA source checkpoint ("preset precision") -> cached, built or failed."""
+    checkpoints_s: float | None = None
+    """Wall seconds of the longest checkpoint helper; absent when none ran."""
+    forkserver_import_s: float | None = None
+    """The fork server's imports (torch, DeepSpeed, transformers), paid in the background."""
+    forkserver: str | None = None
+    """Why there was no fork server to import, where there was none."""
+
+
+class Placement(BaseModel):
+    """Where on the host the cell ran, and beside which cells (cells packed side by side, bench.pool)."""
+
+    model_config = _CLOSED
+    gpus: list[int] | None = None
+    """The physical GPUs (NVML's indexes) the cell held; absent on a CPU host."""
+    cpu_slots: list[int] | None = None
+    """On a CPU host, the slots it held of `--gpus-available N` (numbers 0..N-1; no core is bound to one)."""
+    port: int | None = None
+    """The rendezvous port of its (last) launch."""
+    beside: list[str] | None = None
+    """Cell hashes of the cells that ran at some time during its measured phase (its whole launch when it
+    measured nothing): [] when it ran alone. A cell run beside another shares the host's CPUs, memory
+    bandwidth and PCIe with it."""
+
+
+class Prediction(BaseModel):
+    """What the memory model (bench.estimate) predicted for the cell before it ran, from the cell and the
+    hardware alone: NVML's per-process peak on each GPU and the host RSS, as sums of named terms."""
+
+    model_config = _OPEN
+    gpu_bytes: int
+    host_bytes: int
+    phase: str | None = None
+    """The moment of a step the GPU peak is predicted at (forward, loss backward, backward, step)."""
+    paged_bytes: int | None = None
+    """Optimizer state in CUDA managed memory (paged optimizers), outside gpu_bytes."""
+    terms: dict[str, int] = {}
+    host_terms: dict[str, int] = {}
+    gpu_memory_bytes: int | None = None
+    """The GPU memory it was judged against (NVML's total at the run's start, or --gpu-mem)."""
+    host_memory_bytes: int | None = None
+    margin: float | None = None
+    gpu_verdict: str | None = None
+    """fits, uncertain, won't fit (bench.estimate.verdict)."""
+    host_verdict: str | None = None
+
+
+class SearchProbe(BaseModel):
+    model_config = _CLOSED
+    micro_batch: int
+    status: Status
+    cell_hash: str | None = None
+
+
+class Search(BaseModel):
+    """`micro_batch: auto`: the probes run to find the largest micro-batch that runs (each its own record);
+    the search's last record carries it whole."""
+
+    model_config = _CLOSED
+    template: str
+    """The cell's name with mb=auto."""
+    seed: int | None = None
+    """The memory model's largest micro-batch that fits, where the search began."""
+    probes: list[SearchProbe] = []
+    largest_ok: int | None = None
+    """The largest micro-batch that ran (ok or diverged); None if none did."""
+    smallest_oom: int | None = None
+    """The smallest that ran out of memory; largest_ok + 1 when the search closed the gap."""
+    ended: str = ""
+    """Why the search stopped."""
+
+
+class ImpliedBy(BaseModel):
+    """The cell whose out-of-memory end implies this one's (bench.schedule): it needs no more memory than
+    this cell in any respect, and it ran out."""
+
+    model_config = _CLOSED
+    cell_name: str
+    cell_hash: str
+    status: Status
+    """cuda_oom or host_oom: which memory it ran out of."""
+    how: str = ""
+    """Where this cell is heavier ("mb=8 vs 2, gc=off vs on"); all else is equal."""
+    run_id: str | None = None
+    """The run that recorded its out-of-memory end."""
+
+
+class _Cell(Protocol):
+    """What a record needs of a bench.cells.Cell (not imported: this module sits below it)."""
+
+    matrix: str
+    id: str
+    hash: str
+    name: str
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+class Record(BaseModel):
+    """One cell attempt, as the store keeps it (one JSON line)."""
+
+    model_config = _CLOSED
+    schema_version: Literal[SCHEMA_VERSION]
+    # -- which cell, which attempt
+    run_id: str
+    attempt: int
+    """1 for a cell's first attempt in a results file, then counting up (resume, reruns, repeats)."""
+    repeat: int = 1
+    """Which process-level repeat of the cell this is (`repeats: N` in the matrix, `--repeats`): 1..N.
+    Absent from records before repeats existed: those are repeat 1. Not part of the cell's identity."""
+    matrix: str
+    matrix_file: str | None = None
+    inputs: Inputs | None = None
+    """sha256 of the matrix file and of the user's DeepSpeed config (absent from records before 2026-12)."""
+    cell_id: str
+    """`cell_name#cell_hash`; the hash is stable across runs and zerobench versions."""
+    cell_hash: str
+    cell_name: str
+    cell: dict[str, Any]
+    """The cell as bench.cells.Cell.to_dict() wrote it (a field added later is absent from older records:
+    it ran at that field's default)."""
+    variant: str | None = None
+    """selfcheck only: reference, zerobench or no-telemetry."""
+    # -- how it ended
+    status: Status
+    reason: str
+    """Why it ended so ("" when it simply ran); for a skip, the rule's reason, fix and source."""
+    warnings: list[str] | None = None
+    """What makes the measurement less clean than its status says (an op compiled inside the cell, a
+    relaunch after a taken port); shown in the report's notes. None when there is nothing to say."""
+    skip: Skip | None = None
+    started_at: str
+    """ISO 8601, UTC."""
+    ended_at: str | None = None
+    wall_s: float | None = None
+    exit_code: int | None = None
+    phase_at_end: str | None = None
+    world_size: int | None = None
+    ranks: list[RankEnd] | None = None
+    """Every rank's own end (multi-rank attempts only)."""
+    # -- what was measured
+    metrics: Metrics | None = None
+    memory: Memory | None = None
+    losses: list[float | None] | None = None
+    """Every step's loss, warmup included."""
+    step_times_s: list[float] | None = None
+    steps: StepsTaken | None = None
+    """Steps taken and why measuring ended (every worker since 2027-02; adaptive or fixed)."""
+    worker: WorkerFacts | None = None
+    telemetry: dict[str, Any] | None = None
+    """The orchestrator's samples split by phase (bench.telemetry): open-ended."""
+    # -- where and how it ran
+    ds_config: dict[str, Any] | None = None
+    """The exact DeepSpeed config the worker was given."""
+    foreign_gpu_processes: ByGpu = None
+    """Other processes on the cell's GPUs before it started, by GPU index."""
+    gpu_after: ByGpu = None
+    started_by: StartedBy | None = None
+    fixed_costs: FixedCosts | None = None
+    """What the run paid once before its cells (absent from records before 2026-12)."""
+    placement: Placement | None = None
+    """Its GPUs (or CPU slots), port and neighbours (absent from records before packing existed)."""
+    provenance: Provenance | None
+    """Required; null only on a record upgraded from v1 that was written without one."""
+    predicted: Prediction | None = None
+    """The memory model's prediction, where a GPU was known (absent from records before 2026-12)."""
+    search: Search | None = None
+    """On the last record of a `micro_batch: auto` search: the whole search."""
+    implied_by: ImpliedBy | None = None
+    """On an implied_oom record: the cell that ran out of memory and proves it (absent before 2027-02)."""
+    log: str | None = None
+    log_tail: str | None = None
+    traceback: str | None = None
+
+    # -- one constructor per status ---------------------------------------------------------------
+
+    @classmethod
+    def started(
+        cls,
+        cell: _Cell,
+        *,
+        run_id: str,
+        attempt: int,
+        matrix_file: str,
+        started_at: str,
+        predicted: dict | None = None,
+        repeat: int = 1,
+        fixed_costs: dict | None = None,
+        placement: dict | None = None,
+    ) -> "Record":
+        """Written before launch, so a run killed mid-cell is found by --resume."""
+        return cls(
+            **_identity(cell, run_id, attempt, matrix_file, repeat),
+            status=Status.STARTED,
+            reason="",
+            started_at=started_at,
+            provenance=env.provenance(),
+            **({"predicted": predicted} if predicted else {}),
+            **({"fixed_costs": fixed_costs} if fixed_costs else {}),
+            **({"placement": placement} if placement else {}),
+        )
+
+    @classmethod
+    def skipped(
+        cls,
+        cell: _Cell,
+        skip: Any,
+        *,
+        run_id: str,
+        attempt: int,
+        matrix_file: str,
+        at: str,
+        predicted: dict | None = None,
+        fixed_costs: dict | None = None,
+    ) -> "Record":
+        """A rule (bench.rules.Skip) says the cell cannot run here, or the memory model that it cannot fit."""
+        return cls(
+            **_identity(cell, run_id, attempt, matrix_file),
+            status=Status.SKIPPED,
+            reason=skip.text(),
+            skip=Skip.model_validate(skip, from_attributes=True),
+            started_at=at,
+            ended_at=at,
+            provenance=env.provenance(),
+            **({"predicted": predicted} if predicted else {}),
+            **({"fixed_costs": fixed_costs} if fixed_costs else {}),
+        )
+
+    @classmethod
+    def implied_oom(
+        cls,
+        cell: _Cell,
+        by: dict,
+        *,
+        run_id: str,
+        attempt: int,
+        matrix_file: str,
+        at: str,
+        predicted: dict | None = None,
+    ) -> "Record":
+        """Not run: the cell `by` (ImpliedBy's fields) ran out of memory and needs no more than this one in
+        any respect. An outcome for --resume; never a measured out-of-memory. The reason is the same for every
+        cell one prover implies (so reports group them); `implied_by.how` says how each differs."""
+        implied = ImpliedBy.model_validate(by)
+        where = "GPU" if implied.status is Status.CUDA_OOM else "host"
+        return cls(
+            **_identity(cell, run_id, attempt, matrix_file),
+            status=Status.IMPLIED_OOM,
+            reason=f"implied out of {where} memory, not run: {implied.cell_name} (#{implied.cell_hash}) ran out "
+            f"({implied.status.value}) and needs no more {where} memory in any respect",
+            implied_by=implied,
+            started_at=at,
+            ended_at=at,
+            provenance=env.provenance(),
+            **({"predicted": predicted} if predicted else {}),
+        )
+
+    @classmethod
+    def interrupted(cls, started: "Record", reason: str, *, ended_at: str, log: str | None = None) -> "Record":
+        """The orchestrator stopped while the cell ran (Ctrl-C), or --resume found an attempt that never ended.
+        It keeps the provenance of the attempt it ends (that of this process for a v1 start, which had none)."""
+        return started._end(
+            Status.INTERRUPTED,
+            reason,
+            ended_at=ended_at,
+            log=log,
+            provenance=started.provenance or Provenance.model_validate(env.provenance()),
+        )
+
+    @classmethod
+    def error(cls, started: "Record", reason: str, *, ended_at: str, traceback: str, log: str) -> "Record":
+        """zerobench itself failed around the cell (not the worker: that is an outcome)."""
+        return started._end(Status.ERROR, reason, ended_at=ended_at, traceback=traceback, log=log)
+
+    @classmethod
+    def from_outcome(
+        cls,
+        started: "Record",
+        out: Any,
+        *,
+        ds_config: dict | None,
+        log: str,
+        ended_at: str,
+        variant: str | None = None,
+        beside: list[str] | None = None,
+    ) -> "Record":
+        """The attempt as the launcher classified it (a bench.launch.Outcome) with the ranks' documents;
+        beside: the cells that ran during its measured phase, where it ran in a pool (bench.pool)."""
+        docs, bad = [], []
+        for d in sorted(out.ranks, key=lambda d: d.get("rank", 0) if isinstance(d.get("rank"), int) else 0):
+            try:
+                docs.append(WorkerDoc.model_validate(d))
+            except ValidationError as e:
+                bad.append(f"rank {d.get('rank')}: {_short(e)}")
+        status, reason = out.status, out.reason
+        if bad:  # a worker of another version, or a bug: say so instead of guessing what it meant
+            status, reason = Status.ERROR, "a result document does not match bench.record.WorkerDoc: " + "; ".join(bad)
+        rank0 = next((d for d in docs if d.rank == 0), docs[0] if docs else WorkerDoc())
+        facts = {k: getattr(rank0, k) for k in WorkerFacts.model_fields}
+        facts["fault_injected"] = facts["fault_injected"] or getattr(out, "fault", None)
+        tel = out.telemetry
+        foreign = {i: list(s["procs"]) for i, s in out.gpu_before.items() if s.get("procs")}
+        return started._end(
+            status,
+            reason,
+            ended_at=ended_at,
+            variant=variant,
+            wall_s=out.wall_s,
+            exit_code=out.exit_code,
+            phase_at_end=out.phase_at_end,
+            metrics=_metrics(rank0, tel),
+            memory=_memory(docs, tel),
+            losses=rank0.losses,
+            step_times_s=rank0.step_times_s,
+            **({"steps": rank0.steps} if rank0.steps is not None else {}),
+            world_size=len(out.ranks) or None,
+            ranks=[RankEnd(rank=d.rank, status=d.status, reason=d.reason[:600]) for d in docs]
+            if len(out.ranks) > 1
+            else None,
+            # Every fact, None where the worker had none, so each record has the same keys.
+            worker=WorkerFacts(**facts),
+            warnings=_warnings(docs, getattr(out, "warnings", None)) or None,
+            telemetry=tel,
+            ds_config=ds_config,
+            foreign_gpu_processes=foreign or None,
+            gpu_after=out.gpu_after or None,
+            started_by=out.started_by or None,
+            **_placement(started.placement, getattr(out, "port", None), beside),
+            log=log,
+            log_tail=out.log_tail[-6000:],
+            traceback=rank0.traceback,
+        )
+
+    def _end(self, status: Status, reason: str, **fields) -> "Record":
+        if self.status is not Status.STARTED:
+            raise ValueError(f"a record ends a started record, not a {self.status} one")
+        keep = self.model_dump(
+            include={
+                "schema_version",
+                "run_id",
+                "attempt",
+                "repeat",
+                "matrix",
+                "matrix_file",
+                "inputs",
+                "cell_id",
+                "cell_hash",
+                "cell_name",
+                "cell",
+                "started_at",
+                "provenance",
+                "predicted",
+                "fixed_costs",
+                "placement",
+            }
+        )
+        for k in ("predicted", "fixed_costs", "placement"):
+            if keep.get(k) is None:
+                keep.pop(k, None)  # a record without one has no such key
+        # As the started record has them, without the unset defaults.
+        if self.fixed_costs is not None:
+            keep["fixed_costs"] = self.fixed_costs.model_dump(exclude_unset=True)
+        if self.placement is not None:
+            keep["placement"] = self.placement.model_dump(exclude_unset=True)
+        return type(self).model_validate(
+            {**keep, "schema_version": SCHEMA_VERSION, "status": status, "reason": reason, **fields}
+        )
+
+    # -- serialisation ------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        """The stored form: the fields the constructor set (a started record has no metrics key at all)."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+def _placement(start: Placement | None, port: int | None, beside: list[str] | None) -> dict:
+    """The outcome's placement: where its start said it runs, with the port and the neighbours it had."""
+    if start is None and port is None and beside is None:
+        return {}
+    p = (start or Placement()).model_copy()
+    if port is not None:
+        p.port = port
+    if beside is not None:
+        p.beside = beside
+    return {"placement": p}
+
+
+def _identity(cell: _Cell, run_id: str, attempt: int, matrix_file: str, repeat: int = 1) -> dict:
+    inputs = Inputs(
+        matrix_sha256=env.file_sha(matrix_file) if matrix_file else None,
+        ds_config_sha256=env.file_sha(cell.ds_config) if cell.ds_config else None,
+    )
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_id,
+        "attempt": attempt,
+        "repeat": repeat,
+        "matrix": cell.matrix,
+        "matrix_file": matrix_file,
+        "inputs": inputs,
+        "cell_id": cell.id,
+        "cell_hash": cell.hash,
+        "cell_name": cell.name,
+        "cell": cell.to_dict(),
+    }
+
+
+# What the sampler adds per measured phase about the GPU's state (bench.telemetry): a cell that ran
+# hot or throttled is not comparable with one that did not.
+_CLOCK_FIELDS = (
+    "sm_clock_mean_mhz",
+    "sm_clock_min_mhz",
+    "mem_clock_mean_mhz",
+    "temperature_max_c",
+    "power_max_w",
+    "throttle_reasons",
+)
+
+
+def _metrics(rank0: WorkerDoc, tel: dict) -> Metrics | None:
+    """Rank 0's throughput, and the energy per token where NVML measured the measured phase."""
+    if rank0.metrics is None or not rank0.metrics.model_fields_set:
+        return None
+    m = rank0.metrics.model_copy()
+    measured = tel.get("phases", {}).get("measured", {})
+    if measured.get("energy_j") and measured.get("duration_s"):
+        m.energy_j_per_token = measured["energy_j"] / (m.tokens_per_s * measured["duration_s"])
+        m.gpu_util_mean_pct = measured.get("gpu_util_mean_pct")
+        m.power_mean_w = measured.get("power_mean_w")
+    for k in _CLOCK_FIELDS:
+        if measured.get(k) is not None:
+            setattr(m, k, measured[k])
+    return m
+
+
+def _memory(docs: list[WorkerDoc], tel: dict) -> Memory:
+    """The attempt's peaks: the sampler's (host RSS; NVML where present) and the ranks' allocator's."""
+    ph = tel.get("phases", {})
+    setup, measured = ph.get("setup", {}), ph.get("measured", {})
+    mem: dict = {
+        "host_rss_peak_bytes": tel.get("all", {}).get("host_rss_peak_bytes"),
+        "host_rss_peak_setup_bytes": setup.get("host_rss_peak_bytes"),
+        "host_rss_peak_measured_bytes": measured.get("host_rss_peak_bytes"),
+    }
+    if tel.get("nvml"):
+        for name, w in (("setup", setup), ("measured", measured)):
+            mem[f"nvml_used_peak_{name}_bytes"] = w.get("nvml_used_peak_bytes")
+            mem[f"nvml_proc_peak_{name}_bytes"] = w.get("nvml_proc_peak_bytes")
+        for k in ("nvml_used_peak_bytes", "nvml_proc_peak_bytes", "nvml_proc_peak_per_gpu"):
+            mem[k] = tel["all"].get(k)
+    alloc_m = [d.memory_measured for d in docs if d.memory_measured and d.memory_measured.model_fields_set]
+    alloc_s = [d.memory_setup for d in docs if d.memory_setup and d.memory_setup.model_fields_set]
+    if alloc_m:
+        mem["torch_max_allocated_bytes"] = max(a.torch_max_allocated_bytes for a in alloc_m)
+        mem["torch_max_reserved_bytes"] = max(a.torch_max_reserved_bytes for a in alloc_m)
+        mem["torch_max_allocated_per_gpu"] = [a.torch_max_allocated_bytes for a in alloc_m]
+        for part in STEP_PARTS:
+            v = [x for a in alloc_m if (x := getattr(a, f"torch_max_allocated_{part}_bytes"))]
+            if v:
+                mem[f"torch_max_allocated_{part}_bytes"] = max(v)
+        between = [a.torch_allocated_between_steps_bytes for a in alloc_m if a.torch_allocated_between_steps_bytes]
+        if between:
+            mem["torch_allocated_between_steps_bytes"] = max(between)
+            mem["torch_allocated_between_steps_per_gpu"] = between
+    if alloc_s:
+        mem["torch_max_allocated_setup_bytes"] = max(a.torch_max_allocated_bytes for a in alloc_s)
+        mem["torch_max_reserved_setup_bytes"] = max(a.torch_max_reserved_bytes for a in alloc_s)
+    return Memory(**mem)
+
+
+def _warnings(docs: list[WorkerDoc], launcher: list[str] | None) -> list[str]:
+    """The launcher's notes on the attempt, then each rank's (the same op built on two ranks is said once)."""
+    out = list(launcher or [])
+    for d in docs:
+        for b in d.ops_built or []:
+            out.append(
+                f"op {b.get('op')} was built inside the cell ({b.get('s')} s): its wall time and setup memory "
+                "include the build"
+            )
+        out += d.stale_locks_removed or []
+    return list(dict.fromkeys(out))
+
+
+def _short(e: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()[:5])[:600]
+
+
+# -- reading: the upgrade chain ---------------------------------------------------------------------
+
+
+def _v1_to_v2(rec: dict) -> dict:
+    rec.setdefault("provenance", None)
+    if rec.get("reason") is None:
+        rec["reason"] = ""
+    return rec
+
+
+# UPGRADES[n] turns a version-n record into a version-(n + 1) one.
+UPGRADES: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2}
+assert set(UPGRADES) == set(range(1, SCHEMA_VERSION)), "one upgrade per version step"
+
+
+def upgrade(rec: dict) -> dict:
+    """A stored record of any version, as the current version (a new dict; the argument is left as it is)."""
+    v = rec.get("schema_version", 1)
+    if not isinstance(v, int) or v < 1:
+        raise RecordVersionError(f"schema_version {v!r} is not a version")
+    if v > SCHEMA_VERSION:
+        raise RecordVersionError(
+            f"schema_version {v} is newer than this zerobench reads ({SCHEMA_VERSION}): upgrade zerobench"
+        )
+    rec = dict(rec)
+    while v < SCHEMA_VERSION:
+        rec = UPGRADES[v](rec)
+        v += 1
+        rec["schema_version"] = v
+    return rec
+
+
+def parse(rec: dict) -> Record:
+    """A stored record of any version, upgraded and validated."""
+    return Record.model_validate(upgrade(rec))
+
+
+def json_schema() -> dict:
+    """The published JSON Schema of a stored record (the current version)."""
+    s = Record.model_json_schema()
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        **s,
+        "title": f"zerobench result record, schema_version {SCHEMA_VERSION}",
+    }

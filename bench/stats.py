@@ -1,0 +1,317 @@
+"""Statistics for comparisons: medians with distribution-free intervals, the Mann-Whitney U test and
+the decision whether a change counts. Pure Python (no scipy, no numpy needed), deterministic: a report
+is a pure function of its results, so nothing here draws random numbers (no bootstrap).
+
+The unit of noise between runs is the process-level repeat (`repeats: N`): each repeat is its own
+process, model build, allocator and clock history, so repeats vary the way two runs of a benchmark
+vary. A repeat's per-step times are not independent samples of that noise (steps of one process share
+its placement, its allocator state and its clocks; their spread is the within-run jitter, several times
+smaller than the spread between runs seen on the H200), so steps give each repeat its figure (the
+median step time) and a within-run interval, and only repeats enter the tests.
+
+Decision rule (asv's, scaled to few repeats): a noisy figure has changed when the one-sided
+Mann-Whitney U test in the direction of the change gives p <= alpha AND the ratio of medians passes
+a minimum effect. asv uses p < 0.002 with many samples; with 3 repeats a side the smallest possible
+one-sided p is 1/20 = 0.05, reached only when every current repeat is worse than every baseline one,
+so alpha defaults to 0.05 and the minimum effect carries the rest. With one repeat on a side the noise
+cannot be estimated: only the minimum effect decides, with a wider default.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+__all__ = [
+    "median",
+    "median_ci",
+    "mann_whitney",
+    "ratio_ci",
+    "Judgement",
+    "judge_noisy",
+    "judge_bound",
+    "finite",
+    "REGRESSION",
+    "IMPROVEMENT",
+    "NO_CHANGE",
+    "NO_DATA",
+]
+
+REGRESSION, IMPROVEMENT, NO_CHANGE, NO_DATA = "regression", "improvement", "no significant change", "no data"
+
+# Beyond this many ways to split the pooled values, the exact tie-aware test gives way to the normal
+# approximation (with tie and continuity corrections): 10 against 10 repeats is 184,756 splits.
+_EXACT_SPLITS = 200_000
+
+
+def finite(xs) -> list[float]:
+    """The finite numbers of xs (None, NaN and inf left out), as floats, in order."""
+    out = []
+    for x in xs if xs is not None else ():
+        try:
+            v = float(x)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(v):
+            out.append(v)
+    return out
+
+
+def median(xs: Sequence[float]) -> float | None:
+    xs = sorted(finite(xs))
+    n = len(xs)
+    if not n:
+        return None
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def _binom_cdf(k: int, n: int) -> float:
+    """P(Bin(n, 1/2) <= k)."""
+    return sum(math.comb(n, i) for i in range(0, k + 1)) / 2**n if k >= 0 else 0.0
+
+
+def median_ci(xs: Sequence[float], conf: float = 0.95) -> tuple[float | None, float | None, float | None]:
+    """Distribution-free interval for the median from order statistics: (low, high, achieved confidence).
+
+    [x_(k), x_(n-k+1)] covers the median with probability 1 - 2 P(Bin(n, 1/2) <= k-1), whatever the
+    distribution (continuous). The widest k that reaches `conf` is taken; with too few values for
+    `conf` (n < 6 for 95%) the interval is the full range with the confidence it has (n=3: 75%)."""
+    xs = sorted(finite(xs))
+    n = len(xs)
+    if n < 2:
+        return (xs[0], xs[0], None) if n else (None, None, None)
+    k = 1
+    while k + 1 <= n - k and 1 - 2 * _binom_cdf(k, n) >= conf:
+        k += 1
+    return xs[k - 1], xs[n - k], 1 - 2 * _binom_cdf(k - 1, n)
+
+
+@lru_cache(maxsize=None)
+def _u_counts(m: int, n: int) -> tuple[int, ...]:
+    """How many of the C(m+n, m) orderings give each U = 0..m*n (no ties)."""
+    if m == 0 or n == 0:
+        return (1,)
+    a, b = _u_counts(m - 1, n), _u_counts(m, n - 1)
+    out = [0] * (m * n + 1)
+    for u, c in enumerate(a):  # the largest value is one of x's: it beats all n y's
+        out[u + n] += c
+    for u, c in enumerate(b):
+        out[u] += c
+    return tuple(out)
+
+
+def _u(x: Sequence[float], y: Sequence[float]) -> float:
+    """Mann-Whitney U of x: pairs where x beats y, ties counting one half."""
+    return sum(1.0 if a > b else 0.5 if a == b else 0.0 for a in x for b in y)
+
+
+def mann_whitney(x: Sequence[float], y: Sequence[float], alternative: str = "greater") -> float | None:
+    """p-value of the Mann-Whitney U test that x tends to be larger than y ("greater"), smaller
+    ("less") or either ("two-sided"). Exact for small samples (ties included, by enumerating the
+    splits of the pooled values), else the normal approximation. None with an empty side."""
+    x, y = finite(x), finite(y)
+    m, n = len(x), len(y)
+    if not m or not n:
+        return None
+    u = _u(x, y)
+    pooled = x + y
+    if len(set(pooled)) == len(pooled) and m * n <= 2500:
+        counts = _u_counts(m, n)
+        total = math.comb(m + n, m)
+        ge = sum(counts[int(math.ceil(u)) :]) / total
+        le = sum(counts[: int(math.floor(u)) + 1]) / total
+    elif math.comb(m + n, m) <= _EXACT_SPLITS:
+        us = []
+        for idx in itertools.combinations(range(m + n), m):
+            chosen = set(idx)
+            us.append(_u([pooled[i] for i in idx], [pooled[i] for i in range(m + n) if i not in chosen]))
+        ge = sum(1 for v in us if v >= u - 1e-9) / len(us)
+        le = sum(1 for v in us if v <= u + 1e-9) / len(us)
+    else:
+        mu = m * n / 2
+        ties = {}
+        for v in pooled:
+            ties[v] = ties.get(v, 0) + 1
+        t = sum(c**3 - c for c in ties.values())
+        sd = math.sqrt(m * n / 12 * ((m + n + 1) - t / ((m + n) * (m + n - 1))))
+        if sd == 0:
+            return 1.0
+        ge = 0.5 * math.erfc(((u - 0.5) - mu) / sd / math.sqrt(2))
+        le = 0.5 * math.erfc((mu - (u + 0.5)) / sd / math.sqrt(2))
+    if alternative == "greater":
+        return min(1.0, ge)
+    if alternative == "less":
+        return min(1.0, le)
+    return min(1.0, 2 * min(ge, le))
+
+
+def ratio_ci(
+    base: Sequence[float], cur: Sequence[float], conf: float = 0.90
+) -> tuple[float | None, float | None, float | None, float | None]:
+    """Ratio cur/base as a shift of logs: (Hodges-Lehmann estimate, low, high, achieved confidence).
+
+    The interval is the set of ratios the two-sided Mann-Whitney test does not reject (Moses' interval,
+    from order statistics of the pairwise log differences): distribution-free and consistent with the
+    test. With few repeats the widest interval has the confidence it has (3 against 3: 90%)."""
+    b, c = [v for v in finite(base) if v > 0], [v for v in finite(cur) if v > 0]
+    m, n = len(b), len(c)
+    if not m or not n:
+        return None, None, None, None
+    d = sorted(math.log(y) - math.log(x) for x in b for y in c)
+    est = math.exp(median(d))
+    if m < 2 or n < 2:
+        return est, None, None, None
+    counts = _u_counts(m, n)
+    total = math.comb(m + n, m)
+    cdf = list(itertools.accumulate(counts))
+    k = 1  # [d_(k), d_(mn-k+1)] with confidence 1 - 2 P(U <= k-1)
+    while k + 1 <= m * n - k and 1 - 2 * cdf[k] / total >= conf:
+        k += 1
+    achieved = 1 - 2 * cdf[k - 1] / total
+    return est, math.exp(d[k - 1]), math.exp(d[m * n - k]), achieved
+
+
+@dataclass(frozen=True, kw_only=True)
+class Judgement:
+    """What a comparison of one figure concluded, and on what grounds."""
+
+    verdict: str
+    """regression, improvement, no significant change, or no data."""
+    base: float | None = None
+    """The baseline's median."""
+    cur: float | None = None
+    ratio: float | None = None
+    """cur / base (for losses: the difference cur - base, see `difference`)."""
+    p: float | None = None
+    """One-sided Mann-Whitney p in the direction of the change (None where it was not tested)."""
+    ci: tuple[float, float] | None = None
+    ci_conf: float | None = None
+    n: tuple[int, int] = (0, 0)
+    rule: str = ""
+    """Which rule decided: "test + min effect", "min effect only", "bound"."""
+    why: str = ""
+
+
+def judge_noisy(
+    base: Sequence[float],
+    cur: Sequence[float],
+    *,
+    higher_is_better: bool,
+    alpha: float,
+    min_effect: float,
+    single_min_effect: float,
+) -> Judgement:
+    """A noisy figure (tokens/s, step time): significant (Mann-Whitney, repeats as samples) AND large
+    enough (ratio of medians beyond min_effect); with one repeat on a side, large enough only."""
+    b, c = finite(base), finite(cur)
+    n = (len(b), len(c))
+    if not b or not c:
+        return Judgement(
+            verdict=NO_DATA,
+            n=n,
+            why="no figure on "
+            + ("either side" if not b and not c else "the baseline side" if not b else "the current side"),
+        )
+    mb, mc = median(b), median(c)
+    if mb == 0:
+        return Judgement(verdict=NO_DATA, base=mb, cur=mc, n=n, why="the baseline's figure is 0: no ratio")
+    ratio = mc / mb
+    worse = ratio < 1 if higher_is_better else ratio > 1
+    verdict_if = REGRESSION if worse else IMPROVEMENT
+    if min(n) < 2:
+        big = abs(ratio - 1) >= single_min_effect
+        return Judgement(
+            verdict=verdict_if if big else NO_CHANGE,
+            base=mb,
+            cur=mc,
+            ratio=ratio,
+            n=n,
+            rule="min effect only",
+            why=f"one repeat on a side: the noise cannot be estimated, so only a change of "
+            f"{single_min_effect:.0%} or more counts",
+        )
+    # One-sided, in the direction the medians moved: is current really lower (or higher) than baseline?
+    p = mann_whitney(c, b, "less" if ratio < 1 else "greater")
+    est, lo, hi, conf = ratio_ci(b, c, conf=1 - 2 * alpha)
+    big = abs(ratio - 1) >= min_effect
+    sig = p is not None and p <= alpha
+    if sig and big:
+        verdict, why = (
+            verdict_if,
+            f"p = {p:.3g} <= {alpha:g} and the change is {abs(ratio - 1):.1%} >= {min_effect:.0%}",
+        )
+    elif not sig:
+        verdict, why = NO_CHANGE, f"p = {p:.3g} > {alpha:g}: within the noise of {n[0]} and {n[1]} repeats"
+    else:
+        verdict, why = (
+            NO_CHANGE,
+            f"significant (p = {p:.3g}) but {abs(ratio - 1):.1%} < the minimum effect {min_effect:.0%}",
+        )
+    return Judgement(
+        verdict=verdict,
+        base=mb,
+        cur=mc,
+        ratio=ratio,
+        p=p,
+        ci=(lo, hi) if lo is not None else None,
+        ci_conf=conf,
+        n=n,
+        rule="test + min effect",
+        why=why,
+    )
+
+
+def _spread(xs: list[float]) -> float:
+    """Relative range of one side's repeats (0 for a single value or a zero median)."""
+    m = median(xs)
+    return (max(xs) - min(xs)) / abs(m) if len(xs) > 1 and m else 0.0
+
+
+def judge_bound(
+    base: Sequence[float],
+    cur: Sequence[float],
+    *,
+    tolerance: float,
+    relative: bool = True,
+    both_ways: bool = False,
+) -> Judgement:
+    """A figure that should repeat exactly (allocator bytes, first loss) or nearly (NVML peaks, final
+    loss): a change beyond `tolerance` counts. Higher is worse; with both_ways any change beyond the
+    bound is a regression (the first loss: another model, data or init). The bound widens to what the
+    repeats themselves show (their spread), so a figure that turns out noisy is not held to a bound
+    its own repeats break. relative: tolerance is a fraction of the baseline; else absolute units."""
+    b, c = finite(base), finite(cur)
+    n = (len(b), len(c))
+    if not b or not c:
+        return Judgement(
+            verdict=NO_DATA, n=n, why="no figure on " + ("the baseline side" if not b else "the current side")
+        )
+    mb, mc = median(b), median(c)
+    if relative:
+        if mb == 0:
+            return Judgement(verdict=NO_DATA, base=mb, cur=mc, n=n, why="the baseline's figure is 0: no ratio")
+        change = mc / mb - 1
+        bound = max(tolerance, _spread(b), _spread(c))
+    else:
+        change = mc - mb
+        bound = max(tolerance, *(max(x) - min(x) for x in (b, c)))
+    if abs(change) <= bound:
+        verdict = NO_CHANGE
+    elif change > 0 or both_ways:
+        verdict = REGRESSION
+    else:
+        verdict = IMPROVEMENT
+    shown = f"{change:+.2%}" if relative else f"{change:+.4g}"
+    bshown = f"{bound:.2%}" if relative else f"{bound:.4g}"
+    return Judgement(
+        verdict=verdict,
+        base=mb,
+        cur=mc,
+        ratio=mc / mb if relative else change,
+        n=n,
+        rule="bound",
+        why=f"{shown} against a bound of ±{bshown}",
+    )

@@ -1,0 +1,224 @@
+"""The per-machine cache (bench.cache): what it vouches for is checked against real files, and whatever
+does not check out is built again. The slow test runs `zerobench run` twice on one machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+
+import pytest
+
+from bench import cache, env, run
+from bench.cells import Cell
+
+from .conftest import TINY, write_matrix, zerobench
+
+ENV = {"TORCH_EXTENSIONS_DIR": "/somewhere/ext", "TORCH_CUDA_ARCH_LIST": "9.0"}
+
+
+@pytest.fixture
+def cache_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("ZEROBENCH_CACHE", str(tmp_path / "cache"))
+    return {**ENV, "ZEROBENCH_CACHE": str(tmp_path / "cache")}
+
+
+def test_root_is_overridable_and_follows_xdg(tmp_path):
+    assert cache.root({"ZEROBENCH_CACHE": str(tmp_path), "XDG_CACHE_HOME": "/x"}) == tmp_path
+    assert cache.root({"XDG_CACHE_HOME": "/x"}) == cache.root({"XDG_CACHE_HOME": "/x"}) and str(
+        cache.root({"XDG_CACHE_HOME": "/x"})
+    ) == os.path.join("/x", "zerobench")
+
+
+def test_ops_key_names_the_stack_and_the_build_environment():
+    k = cache.ops_key(ENV, cuda=True, gpus=["NVIDIA H200"])
+    assert k["deepspeed"] == env.version("deepspeed") and k["torch"] == env.version("torch")
+    assert k["TORCH_EXTENSIONS_DIR"] == os.path.realpath("/somewhere/ext") and k["gpus"] == ["NVIDIA H200"]
+    for change in ({"TORCH_EXTENSIONS_DIR": "/elsewhere"}, {"TORCH_CUDA_ARCH_LIST": "8.0"}, {"CUDA_HOME": "/cuda"}):
+        assert cache.ops_key({**ENV, **change}, cuda=True, gpus=["NVIDIA H200"]) != k, change
+    assert cache.ops_key(ENV, cuda=False) != k
+    assert cache.ops_path(k, {"ZEROBENCH_CACHE": "/c"}) != cache.ops_path(cache.ops_key(ENV, cuda=False))
+
+
+def test_torch_cuda_version_is_read_without_importing_torch():
+    r = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.version.cuda)"], capture_output=True, text=True, check=True
+    )
+    assert str(cache._torch_cuda()) == r.stdout.strip()
+
+
+def _libs(tmp_path, op="cpu_adam"):
+    d = tmp_path / "ext" / op
+    d.mkdir(parents=True)
+    (d / f"{op}.so").write_bytes(b"\x7fELF" + b"\0" * 100)
+    return d
+
+
+def _report(d, ok=True):
+    return {"ok": ok, "built": True, "dir": str(d), "libs": [str(p) for p in d.glob("*.so")], "s": 1.0}
+
+
+def test_recorded_ops_are_cached_until_their_library_changes(tmp_path, cache_env):
+    key = cache.ops_key(cache_env, cuda=False)
+    d = _libs(tmp_path)
+    assert cache.ops_missing(key, ["CPUAdamBuilder"], cache_env) == {"CPUAdamBuilder": "not in the cache"}
+    cache.record_ops(key, {"CPUAdamBuilder": _report(d)}, cache_env)
+    assert cache.ops_missing(key, ["CPUAdamBuilder"], cache_env) == {}
+    # Another op of the same stack is still missing; another stack has none.
+    assert list(cache.ops_missing(key, ["CPUAdamBuilder", "FusedAdamBuilder"], cache_env)) == ["FusedAdamBuilder"]
+    other = cache.ops_key({**cache_env, "TORCH_EXTENSIONS_DIR": str(tmp_path / "x")}, cuda=False)
+    assert "CPUAdamBuilder" in cache.ops_missing(other, ["CPUAdamBuilder"], cache_env)
+
+    so = d / "cpu_adam.so"
+    so.write_bytes(so.read_bytes() + b"x")  # rebuilt by someone else, or truncated
+    assert "changed" in cache.ops_missing(key, ["CPUAdamBuilder"], cache_env)["CPUAdamBuilder"]
+    cache.record_ops(key, {"CPUAdamBuilder": _report(d)}, cache_env)
+    assert cache.ops_missing(key, ["CPUAdamBuilder"], cache_env) == {}
+    (d / "lock").write_text("")  # a build that died left torch's lock: the prebuild clears it
+    assert "lock" in cache.ops_missing(key, ["CPUAdamBuilder"], cache_env)["CPUAdamBuilder"]
+    (d / "lock").unlink()
+    so.unlink()
+    assert "gone" in cache.ops_missing(key, ["CPUAdamBuilder"], cache_env)["CPUAdamBuilder"]
+
+
+def test_a_failed_or_corrupt_entry_means_building(tmp_path, cache_env):
+    key = cache.ops_key(cache_env, cuda=False)
+    d = _libs(tmp_path)
+    cache.record_ops(key, {"CPUAdamBuilder": _report(d), "AsyncIOBuilder": {"ok": False}}, cache_env)
+    assert list(cache.ops_missing(key, ["CPUAdamBuilder", "AsyncIOBuilder"], cache_env)) == ["AsyncIOBuilder"]
+    cache.record_ops(key, {"CPUAdamBuilder": {"ok": False}}, cache_env)  # a later failure forgets it
+    assert "CPUAdamBuilder" in cache.ops_missing(key, ["CPUAdamBuilder"], cache_env)
+    cache.record_ops(key, {"CPUAdamBuilder": _report(d)}, cache_env)
+    path = cache.ops_path(key, cache_env)
+    path.write_text(path.read_text()[:40])  # cut short
+    assert "unreadable" in cache.ops_missing(key, ["CPUAdamBuilder"], cache_env)["CPUAdamBuilder"]
+    data = {"key": {**key, "torch": "0.0"}, "ops": {"CPUAdamBuilder": {"libs": {}}}}
+    path.write_text(json.dumps(data))  # another stack's record under this name
+    assert "another stack" in cache.ops_missing(key, ["CPUAdamBuilder"], cache_env)["CPUAdamBuilder"]
+    cache.record_ops(key, {"FusedLambBuilder": {"ok": True, "unavailable": True, "libs": []}}, cache_env)
+    assert cache.ops_missing(key, ["FusedLambBuilder"], cache_env) == {}  # nothing to build on this accelerator
+
+
+def test_checkpoint_is_keyed_and_checked_against_its_manifest(tmp_path, cache_env):
+    key = cache.checkpoint_key("llama-tiny", "bf16")
+    d = cache.checkpoint_dir("llama-tiny", "bf16", cache_env)
+    assert d.parent == tmp_path / "cache" / "checkpoints" and d.name.startswith("llama-tiny-bf16-")
+    assert d != cache.checkpoint_dir("llama-tiny", "fp32", cache_env)
+    assert d != cache.checkpoint_dir("llama-small", "bf16", cache_env)
+    assert cache.checkpoint_problem(d, key) == "not in the cache"
+    d.mkdir(parents=True)
+    (d / "config.json").write_text("{}")
+    (d / "model.safetensors").write_bytes(b"w" * 64)
+    assert cache.checkpoint_problem(d, key) == "no readable manifest"  # an old or half-made folder
+    cache.write_checkpoint_manifest(d, key)
+    assert cache.checkpoint_problem(d, key) is None
+    assert cache.checkpoint_problem(d, {**key, "transformers": "0.0"}) == "built for another key"
+    (d / "model.safetensors").write_bytes(b"w" * 10)
+    assert "changed size" in cache.checkpoint_problem(d, key)
+    (d / "model.safetensors").unlink()
+    assert "missing" in cache.checkpoint_problem(d, key)
+    (d / cache.CHECKPOINT_MANIFEST).write_text("{")
+    assert cache.checkpoint_problem(d, key) == "no readable manifest"
+
+
+def test_prebuild_is_skipped_when_the_cache_vouches_for_every_op(tmp_path, cache_env, monkeypatch):
+    """No helper process at all: the ops' libraries were recorded for this stack and are still there."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    platform = env.probe()
+    items = [run.Planned(Cell(zero_stage=2, offload="optimizer", optimizer="cpuadam"), None, {})]
+    ops = run._needed_ops(items, platform)
+    assert ops == ["CPUAdamBuilder", "ShareMemCommBuilder"]
+    tool_env = run._tool_env(None, None)
+    key = cache.ops_key(tool_env, cuda=platform.cuda, gpus=[g.name for g in platform.gpus])
+    cache.record_ops(key, {"CPUAdamBuilder": _report(_libs(tmp_path)), "ShareMemCommBuilder": _report(
+        _libs(tmp_path, "deepspeed_shm_comm"))}, tool_env)  # fmt: skip
+    lines: list[str] = []
+    costs = run._prebuild(items, tmp_path / "logs", None, platform, lines.append)
+    assert costs == {"ops": {"CPUAdamBuilder": "cached", "ShareMemCommBuilder": "cached"}}
+    assert lines == [] and not (tmp_path / "logs").exists()
+
+
+def test_nothing_is_prepared_for_cells_predicted_not_to_fit(tmp_path, monkeypatch):
+    """Every cell pruned by the memory model: no op is built (a fresh extensions folder and cache would
+    otherwise take minutes), no fork server is started."""
+    monkeypatch.setenv("ZEROBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    m = write_matrix(
+        tmp_path / "m.yaml",
+        "name: pruned\nmodel: llama-tiny\nseq_len: 64\nsteps: {warmup: 1, measured: 2}\n"
+        "axes: {zero_stage: [2], offload: [optimizer], optimizer: [cpuadam], micro_batch: [256]}\n",
+    )
+    lines: list[str] = []
+    _, path, written = run.run(
+        str(m), results=str(tmp_path / "r.jsonl"), progress=False, printer=lines.append, gpu_mem=2 * 2**30
+    )
+    assert [r["status"] for r in written] == ["skipped"] and written[0]["skip"]["rule"] == "predicted-oom"
+    assert not any("building" in line or "fixed costs" in line for line in lines), lines
+    assert not (tmp_path / "ext").exists() and not (tmp_path / "logs").exists()
+
+
+def test_costs_line_says_what_was_paid():
+    line = run._costs_line(
+        {
+            "ops": {"CPUAdamBuilder": "cached", "FusedAdamBuilder": "built"},
+            "ops_s": 41.2,
+            "checkpoints": {"llama-7b bf16": "cached"},
+            "forkserver_import_s": 12.34,
+            "setup_s": 41.9,
+        }
+    )
+    assert line == (
+        "fixed costs: ops: cached CPUAdamBuilder; built FusedAdamBuilder in 41 s; checkpoint llama-7b bf16: "
+        "cached; fork server import 12.3 s (in the background); setup 41.9 s in all"
+    )
+
+
+CPUADAM = TINY + "name: fixedcost\naxes: {zero_stage: [2], offload: [optimizer], optimizer: [cpuadam]}\n"
+
+
+@pytest.mark.slow
+def test_second_run_on_the_machine_pays_no_prebuild(tmp_path):
+    """Two `zerobench run`s in one extensions folder and cache: the first runs the prebuild helper (the
+    ops themselves were built before, so it only finds them built), the second does not start it and
+    spends less on its setup; a corrupted cache record brings the helper back."""
+    ext = tmp_path / "ext"
+    src = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if src and os.path.isdir(src):  # the session's built ops: a copy spares this test the compile
+        subprocess.run(["cp", "-a", src, str(ext)], check=True)
+    e = {"TORCH_EXTENSIONS_DIR": str(ext), "ZEROBENCH_CACHE": str(tmp_path / "cache")}
+    write_matrix(tmp_path / "m.yaml", CPUADAM)
+
+    def go(n: int):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        r = zerobench("run", "m.yaml", "--results", f"r{n}.jsonl", "--no-report", "--no-progress", cwd=tmp_path, env=e)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        recs = [json.loads(x) for x in (tmp_path / f"r{n}.jsonl").read_text().splitlines()]
+        assert [x["status"] for x in recs] == ["started", "ok"], recs[-1].get("reason")
+        assert recs[0]["fixed_costs"] == recs[1]["fixed_costs"]
+        cpu_s = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        return r.stdout, recs[1]["fixed_costs"], cpu_s
+
+    out1, c1, cpu1 = go(1)
+    assert "building DeepSpeed ops once for this machine: CPUAdamBuilder, ShareMemCommBuilder" in out1
+    assert c1["ops"] == {"CPUAdamBuilder": c1["ops"]["CPUAdamBuilder"], "ShareMemCommBuilder": "loaded"}
+    assert c1["ops_s"] > 0 and c1["forkserver_import_s"] > 0
+
+    out2, c2, cpu2 = go(2)
+    assert "building DeepSpeed ops" not in out2 and "ops_s" not in c2, out2
+    assert c2["ops"] == {"CPUAdamBuilder": "cached", "ShareMemCommBuilder": "cached"}
+    assert re.search(r"fixed costs: ops: cached CPUAdamBuilder, ShareMemCommBuilder; fork server import", out2)
+    # What the second run saves is the helper's interpreter and imports of torch and DeepSpeed (~10 s of
+    # CPU here). Its wall time overlaps the fork server's imports, so on a busy 2-core host the setup's
+    # wall time is noise; the CPU the run's processes spent is not.
+    assert cpu2 < cpu1 - 3, (cpu1, cpu2, c1, c2)
+
+    # A corrupted record: the helper runs again and the record is whole again afterwards.
+    (rec,) = (tmp_path / "cache" / "ops").glob("*.json")
+    rec.write_text(rec.read_text()[:25])
+    out3, c3, _ = go(3)
+    assert "unreadable cache record" in out3 and c3["ops"]["CPUAdamBuilder"] in ("loaded", "built")
+    assert json.loads(rec.read_text())["ops"]["CPUAdamBuilder"]["libs"]

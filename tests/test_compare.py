@@ -1,0 +1,328 @@
+"""`zerobench compare`: the decision logic on records of known shape, through the real command (exit
+codes, Markdown), and the statistics under it (bench/stats.py) against exact values."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from bench import compare, stats
+from bench.matrix import CompareSettings, MatrixError, loads
+from bench.results import records_to_frame
+from bench.store import read
+
+from .conftest import zerobench
+
+GiB = 2**30
+PROV = {
+    "host": "fixture",
+    "gpu_name": "NVIDIA H200",
+    "gpu_count": 1,
+    "gpus": [{"index": 0, "name": "NVIDIA H200", "memory_bytes": 141 * GiB}],
+    "driver": "580.1",
+    "versions": {"torch": "2.11.0", "deepspeed": "0.19.6"},
+}
+
+
+def rec(cell: int, repeat: int, *, tps: float, status: str = "ok", alloc: float = 20 * GiB, prov=None, loss=6.6):
+    """One stored record (schema v2) of cell `cell`, repeat `repeat`."""
+    name = f"zero={cell},offload=none,prec=bf16"
+    r = {
+        "schema_version": 2,
+        "run_id": "fixture",
+        "attempt": repeat,
+        "repeat": repeat,
+        "matrix": "m",
+        "cell_id": f"{name}#{cell:010x}",
+        "cell_hash": f"{cell:010x}",
+        "cell_name": name,
+        "cell": {"zero_stage": cell, "precision": "bf16", "model": "llama-1b", "warmup_steps": 1, "measured_steps": 4},
+        "status": status,
+        "reason": "" if status == "ok" else f"synthetic {status}",
+        "started_at": "2026-12-01T00:00:00+00:00",
+        "provenance": prov or PROV,
+    }
+    if status == "ok":
+        step = 8192 / tps if tps else None
+        r["metrics"] = {"tokens_per_s": tps, "step_time_median_s": step, "loss_first": 10.78, "loss_final": loss}
+        r["memory"] = {"torch_max_allocated_bytes": int(alloc), "nvml_proc_peak_bytes": int(alloc + 4 * GiB)}
+        r["step_times_s"] = [1.0] + [step or 0.0] * 4
+    return r
+
+
+def frame(recs):
+    return records_to_frame(recs)
+
+
+def run_cmp(base, cur, **kw):
+    return compare.compare(frame(base), frame(cur), **kw)
+
+
+def verdict(cmp, cell: int = 0) -> compare.CellComparison:
+    return next(c for c in cmp.cells if c.key == f"{cell:010x}")
+
+
+# 1% run-to-run noise, three repeats a side.
+NOISE = (1.0, 1.01, 0.99)
+
+
+def test_genuine_slowdown_with_low_noise_is_flagged():
+    base = [rec(0, i + 1, tps=30_000 * f) for i, f in enumerate(NOISE)]
+    cur = [rec(0, i + 1, tps=27_000 * f) for i, f in enumerate(NOISE)]  # 10% slower
+    c = verdict(run_cmp(base, cur))
+    assert c.verdict == compare.REGRESSION
+    tok = c.figures["tokens_per_s"]
+    assert tok.p == pytest.approx(0.05) and tok.ratio == pytest.approx(0.9)
+    assert tok.ci[0] < 0.9 < tok.ci[1] < 1, "the interval of the ratio excludes 1"
+    assert any("tokens/s" in r for r in c.reasons)
+
+
+def test_aa_pair_is_not_flagged():
+    base = [rec(0, i + 1, tps=30_000 * f) for i, f in enumerate(NOISE)]
+    cur = [rec(0, i + 1, tps=30_000 * f) for i, f in enumerate((1.005, 0.995, 1.0))]
+    cmp = run_cmp(base, cur)
+    assert verdict(cmp).verdict == compare.UNCHANGED and cmp.exit_code == 0
+
+
+def test_separated_but_small_change_is_not_flagged():
+    """Every current repeat slower (p = 0.05), but by 2%: under the minimum effect."""
+    base = [rec(0, i + 1, tps=30_000 * f) for i, f in enumerate((1.0, 1.001, 0.999))]
+    cur = [rec(0, i + 1, tps=29_400 * f) for i, f in enumerate((1.0, 1.001, 0.999))]
+    tok = verdict(run_cmp(base, cur)).figures["tokens_per_s"]
+    assert tok.p == pytest.approx(0.05) and tok.verdict == stats.NO_CHANGE and "minimum effect" in tok.why
+
+
+def test_noisy_cell_with_large_median_change_is_not_flagged():
+    """Medians 10% apart, but the repeats overlap: the test cannot tell it from noise."""
+    base = [rec(0, i + 1, tps=t) for i, t in enumerate((30_000, 26_000, 33_000))]
+    cur = [rec(0, i + 1, tps=t) for i, t in enumerate((27_000, 31_000, 24_000))]
+    tok = verdict(run_cmp(base, cur)).figures["tokens_per_s"]
+    assert tok.ratio < 0.95 and tok.p > 0.05 and tok.verdict == stats.NO_CHANGE
+
+
+def test_one_repeat_uses_the_min_effect_only_and_says_so():
+    base, cur = [rec(0, 1, tps=30_000)], [rec(0, 1, tps=27_000)]  # 10%: inside the one-run bound of 15%
+    cmp = run_cmp(base, cur)
+    tok = verdict(cmp).figures["tokens_per_s"]
+    assert tok.verdict == stats.NO_CHANGE and tok.rule == "min effect only" and tok.p is None
+    assert cmp.single_repeat and "noise cannot be estimated" in compare.markdown(cmp)
+    far = verdict(run_cmp(base, [rec(0, 1, tps=24_000)]))  # 20%
+    assert far.verdict == compare.REGRESSION and far.figures["tokens_per_s"].rule == "min effect only"
+
+
+def test_zero_and_missing_baseline_figures_are_no_data_not_a_crash():
+    base = [rec(0, 1, tps=0.0), rec(1, 1, tps=30_000)]
+    del base[1]["metrics"]["tokens_per_s"]
+    cur = [rec(0, 1, tps=30_000), rec(1, 1, tps=30_000)]
+    cmp = run_cmp(base, cur)
+    for cell in (0, 1):
+        tok = verdict(cmp, cell).figures["tokens_per_s"]
+        assert tok.verdict == stats.NO_DATA and verdict(cmp, cell).verdict != compare.REGRESSION
+    assert "baseline's figure is 0" in verdict(cmp, 0).figures["tokens_per_s"].why
+    compare.markdown(cmp)  # renders
+
+
+def test_new_failure_is_a_regression_and_a_fix_an_improvement():
+    base = [rec(0, r, tps=30_000) for r in (1, 2, 3)] + [rec(1, 1, tps=0, status="cuda_oom")]
+    cur = [rec(0, 1, tps=30_000), rec(0, 2, tps=0, status="cuda_oom"), rec(0, 3, tps=30_000), rec(1, 1, tps=9_000)]
+    cmp = run_cmp(base, cur)
+    assert verdict(cmp, 0).verdict == compare.REGRESSION and "cuda_oom now" in verdict(cmp, 0).reasons[0]
+    assert verdict(cmp, 1).verdict == compare.IMPROVEMENT
+    assert cmp.exit_code == 1
+
+
+def test_environment_mismatch_is_not_comparable_never_a_regression():
+    other = {**PROV, "gpu_name": "NVIDIA H100 80GB HBM3", "versions": {"torch": "2.11.0", "deepspeed": "0.19.7"}}
+    base = [rec(0, r, tps=30_000 * f) for r, f in zip((1, 2, 3), NOISE)]
+    cur = [rec(0, r, tps=15_000 * f, prov=other) for r, f in zip((1, 2, 3), NOISE)]  # half as fast
+    cmp = run_cmp(base, cur)
+    c = verdict(cmp)
+    assert c.verdict == compare.NOT_COMPARABLE and cmp.exit_code == 0
+    assert {d[0] for d in c.environment_diff} == {"GPU", "DeepSpeed"}
+    assert "not comparable" in compare.markdown(cmp)
+
+
+def test_memory_growth_is_flagged_by_its_tight_bound():
+    base = [rec(0, r, tps=30_000 * f) for r, f in zip((1, 2, 3), NOISE)]
+    cur = [rec(0, r, tps=30_000 * f, alloc=20 * GiB * 1.05) for r, f in zip((1, 2, 3), NOISE)]
+    c = verdict(run_cmp(base, cur))
+    assert c.verdict == compare.REGRESSION and c.figures["torch_max_allocated_bytes"].verdict == stats.REGRESSION
+    assert c.figures["tokens_per_s"].verdict == stats.NO_CHANGE
+    # 0.5% more: inside the 1% bound.
+    cur = [rec(0, r, tps=30_000 * f, alloc=20 * GiB * 1.005) for r, f in zip((1, 2, 3), NOISE)]
+    assert verdict(run_cmp(base, cur)).verdict == compare.UNCHANGED
+
+
+def test_final_loss_bound():
+    base = [rec(0, r, tps=30_000, loss=6.60) for r in (1, 2, 3)]
+    assert verdict(run_cmp(base, [rec(0, r, tps=30_000, loss=6.61) for r in (1, 2, 3)])).verdict == compare.UNCHANGED
+    worse = verdict(run_cmp(base, [rec(0, r, tps=30_000, loss=6.68) for r in (1, 2, 3)]))
+    assert worse.verdict == compare.REGRESSION and "final loss" in worse.reasons[0]
+
+
+def test_old_records_without_a_repeat_are_repeat_one():
+    old = rec(0, 1, tps=30_000)
+    del old["repeat"]
+    s = compare.samples(frame([old]))
+    assert s["0000000000"].repeats == 1 and s["0000000000"].values["tokens_per_s"] == [30_000]
+
+
+def test_last_record_of_a_repeat_stands_for_it():
+    """An interrupted repeat re-run by --resume: the re-run is the sample, not both."""
+    recs = [rec(0, 1, tps=30_000), rec(0, 2, tps=0, status="interrupted"), rec(0, 2, tps=31_000)]
+    s = compare.samples(frame(recs))["0000000000"]
+    assert s.repeats == 2 and s.status == "ok" and s.values["tokens_per_s"] == [30_000, 31_000]
+
+
+# -- thresholds -------------------------------------------------------------------------------------
+
+
+def test_thresholds_from_the_matrix_and_a_file(tmp_path):
+    m = tmp_path / "m.yaml"
+    m.write_text("model: llama-tiny\ncompare: {min_effect: 0.1, alpha: 0.1}\n")
+    t = tmp_path / "t.yaml"
+    t.write_text("alpha: 0.02\n")
+    s, source = compare.settings([str(m)], str(t))
+    assert (s.min_effect, s.alpha, s.memory_tolerance) == (0.1, 0.02, CompareSettings().memory_tolerance)
+    assert source == f"defaults + {m} + {t}"
+    t.write_text("min_efect: 0.1\n")
+    with pytest.raises(MatrixError, match="min_efect"):
+        compare.settings([], str(t))
+    assert loads("compare: {min_effect: 0.1}\nrepeats: 3\n").repeats == 3
+    with pytest.raises(MatrixError, match="repeats"):
+        loads("repeats: 0\n")
+
+
+# -- the command ------------------------------------------------------------------------------------
+
+
+def _write(path: Path, recs) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return path
+
+
+def test_cli_exit_codes_and_markdown(tmp_path):
+    base = _write(tmp_path / "base.jsonl", [rec(0, r, tps=30_000 * f) for r, f in zip((1, 2, 3), NOISE)])
+    same = _write(tmp_path / "same.jsonl", [rec(0, r, tps=30_100 * f) for r, f in zip((1, 2, 3), NOISE)])
+    slow = _write(tmp_path / "slow.jsonl", [rec(0, r, tps=26_000 * f) for r, f in zip((1, 2, 3), NOISE)])
+    r = zerobench("compare", str(base), str(same), "--md", str(tmp_path / "aa.md"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = zerobench("compare", str(base), str(slow), "--md", str(tmp_path / "ab.md"), cwd=tmp_path)
+    assert r.returncode == 1 and "regression: zero=0" in r.stdout
+    md = (tmp_path / "ab.md").read_text()
+    assert "**1 regression**" in md and "| 🔴 |" in md
+    assert zerobench("compare", str(base), str(tmp_path / "nope.jsonl"), cwd=tmp_path).returncode == 2
+    empty = _write(tmp_path / "empty.jsonl", [])
+    assert zerobench("compare", str(base), str(empty), cwd=tmp_path).returncode == 2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("alpha: 2\n")
+    r = zerobench("compare", str(base), str(slow), "--thresholds", str(bad), cwd=tmp_path)
+    assert r.returncode == 2 and "alpha" in r.stderr
+
+
+def test_committed_runs_compare():
+    """The two committed runs of the 1.1B cells: one repeat each, so only large changes could count."""
+    root = Path(__file__).resolve().parent.parent / "results"
+    cmp = compare.compare(records_to_frame(read(root / "1b.jsonl")), records_to_frame(read(root / "1b-rerun.jsonl")))
+    z0 = verdict_by_hash(cmp, "0a1eaba46b")
+    assert z0.figures["tokens_per_s"].ratio == pytest.approx(30643 / 34910, rel=1e-3)
+    assert z0.verdict == compare.UNCHANGED, "12% slower with one run a side: inside the noise bound"
+    assert z0.figures["torch_max_allocated_bytes"].verdict == stats.NO_CHANGE
+
+
+def verdict_by_hash(cmp, h):
+    return next(c for c in cmp.cells if c.key == h)
+
+
+# -- statistics -------------------------------------------------------------------------------------
+
+
+def test_mann_whitney_exact():
+    assert stats.mann_whitney([4, 5, 6], [1, 2, 3], "greater") == pytest.approx(1 / 20)
+    assert stats.mann_whitney([4, 5, 6], [1, 2, 3], "two-sided") == pytest.approx(2 / 20)
+    assert stats.mann_whitney([1, 2, 3], [4, 5, 6], "greater") == pytest.approx(1.0)
+    # U = 1 of 9 for x: P(U <= 1) = 2/20 under the null.
+    assert stats.mann_whitney([1, 2.5, 3.5], [2, 4, 5], "less") == pytest.approx(0.2)
+    # Ties enumerate the splits of the pooled values: [1,1] vs [1,2] -> U = 1; half the splits give 1, half 3.
+    assert stats.mann_whitney([1, 1], [1, 2], "less") == pytest.approx(0.5)
+
+
+def test_mann_whitney_normal_approximation_agrees_with_exact():
+    x, y = [float(i) for i in range(0, 40, 2)], [float(i) + 0.5 for i in range(10, 50, 2)]
+    exact = stats.mann_whitney(x, y, "less")  # distinct values: the exact path (20 x 20)
+    n = 12
+    big_x, big_y = x * 1 + [v + 100 for v in x[:n]], y + [v + 100 for v in y[:n]]
+    assert 0 < exact < 0.01
+    assert 0 < stats.mann_whitney(big_x, big_y, "less") < 0.5
+
+
+def test_median_interval_coverage():
+    lo, hi, conf = stats.median_ci(list(range(1, 21)))
+    assert (lo, hi) == (6, 15) and conf == pytest.approx(0.9586, abs=1e-4)
+    lo, hi, conf = stats.median_ci([3.0, 1.0, 2.0])
+    assert (lo, hi) == (1.0, 3.0) and conf == pytest.approx(0.75)
+    assert stats.median_ci([]) == (None, None, None)
+
+
+def test_ratio_interval():
+    est, lo, hi, conf = stats.ratio_ci([100, 101, 99], [90, 91, 89], conf=0.9)
+    assert est == pytest.approx(0.9, abs=0.002) and lo < est < hi < 1 and conf == pytest.approx(0.9)
+    assert stats.ratio_ci([100], [90])[1:] == (None, None, None)
+    assert math.isclose(stats.median([1, 2, None, float("nan"), 3]), 2)
+
+
+# -- reports use the same rule -------------------------------------------------------------------------
+
+
+def _effect(recs) -> dict:
+    from bench.report.analysis import analyse
+
+    a = analyse(frame(recs))
+    (ab,) = [x for x in a.ablations if x.axis == "zero_stage"]
+    return ab.effects[0], a
+
+
+def test_report_says_no_significant_difference_inside_the_noise():
+    recs = [rec(0, r, tps=30_000 * f) for r, f in zip((1, 2, 3), NOISE)]
+    recs += [rec(1, r, tps=30_300 * f) for r, f in zip((1, 2, 3), (0.99, 1.0, 1.01))]  # 1% apart
+    e, a = _effect(recs)
+    assert e["verdict"] == "no significant difference" and "3 repeats" in e["basis"]
+    row = a.cells[a.cells["cell_hash"] == f"{0:010x}"].iloc[0]
+    assert row["repeats"] == 3 and row["tokens_per_s"] == pytest.approx(30_000)
+    assert (row["tokens_per_s_ci_low"], row["tokens_per_s_ci_high"]) == pytest.approx((29_700, 30_300))
+    from bench.report.markdown import render_analysis
+
+    md = render_analysis(a)
+    assert "no significant difference" in md and "30,000 [29,700–30,300, n=3]" in md
+
+
+def test_report_ranks_an_effect_beyond_the_noise():
+    recs = [rec(0, r, tps=30_000 * f) for r, f in zip((1, 2, 3), NOISE)]
+    recs += [rec(1, r, tps=24_000 * f) for r, f in zip((1, 2, 3), NOISE)]
+    e, _ = _effect(recs)
+    assert e["verdict"] == "slower" and e["tokens_ci"][1] < 1
+
+
+def test_report_single_runs_use_the_wide_bound():
+    e, _ = _effect([rec(0, 1, tps=30_000), rec(1, 1, tps=32_000)])  # x1.07, one run each
+    assert e["verdict"] == "no significant difference" and "one run each" in e["basis"]
+
+
+# -- the faults the gate is checked with --------------------------------------------------------------
+
+
+def test_fault_spec():
+    from bench.faults import FaultError, for_worker, parse
+
+    text = "slow=12~abc,mem=512"
+    assert str(for_worker(text, 0, "zero=0#abcdef0123")) == "slow=12@0", "the first spec naming this cell"
+    assert str(for_worker(text, 0, "zero=1#ffff000000")) == "mem=512@0", "a spec without a cell applies to every cell"
+    assert for_worker("raise@2#1,slow=10@3", 0, "x").value == 10.0, "rank 0 skips the rank-1 spec"
+    assert str(for_worker("hang", 0, "x")) == "hang@1"
+    for bad in ("slow", "mem=", "hang=3", "fast=2"):
+        with pytest.raises(FaultError):
+            parse(bad)
+    assert for_worker("", 0, "x") is None
