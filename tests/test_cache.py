@@ -184,9 +184,11 @@ def test_second_run_on_the_machine_pays_no_prebuild(tmp_path):
     """Two `zerobench run`s in one extensions folder and cache: the first runs the prebuild helper (the
     ops themselves were built before, so it only finds them built), the second does not start it and
     spends less on its setup; a corrupted cache record brings the helper back."""
+    from torch.utils.cpp_extension import get_default_build_root
+
     ext = tmp_path / "ext"
-    src = os.environ.get("TORCH_EXTENSIONS_DIR")
-    if src and os.path.isdir(src):  # the session's built ops: a copy spares this test the compile
+    src = get_default_build_root()  # $TORCH_EXTENSIONS_DIR, else torch's default folder
+    if os.path.isdir(src):  # the ops earlier tests built: a copy spares this test the compile
         subprocess.run(["cp", "-a", src, str(ext)], check=True)
     e = {"TORCH_EXTENSIONS_DIR": str(ext), "ZEROBENCH_CACHE": str(tmp_path / "cache")}
     write_matrix(tmp_path / "m.yaml", CPUADAM)
@@ -204,7 +206,9 @@ def test_second_run_on_the_machine_pays_no_prebuild(tmp_path):
 
     out1, c1, cpu1 = go(1)
     assert "building DeepSpeed ops once for this machine: CPUAdamBuilder, ShareMemCommBuilder" in out1
-    assert c1["ops"] == {"CPUAdamBuilder": c1["ops"]["CPUAdamBuilder"], "ShareMemCommBuilder": "loaded"}
+    # Built by this run or found built in the copy: either way the helper ran and the cache was empty.
+    assert set(c1["ops"]) == {"CPUAdamBuilder", "ShareMemCommBuilder"}, c1
+    assert set(c1["ops"].values()) <= {"built", "loaded"}, c1
     assert c1["ops_s"] > 0 and c1["forkserver_import_s"] > 0
 
     out2, c2, cpu2 = go(2)
