@@ -48,6 +48,11 @@ def _fresh_server():
     launch.stop_forkserver()
 
 
+def _import_s(o: launch.Outcome) -> float:
+    """Seconds the worker spent in its import phase (torch, DeepSpeed, transformers), from the telemetry."""
+    return (o.telemetry["phases"].get("import") or {}).get("duration_s") or 0.0
+
+
 def test_forked_worker_matches_spawned_and_skips_the_imports(tmp_path, monkeypatch):
     forked = _run(tmp_path, "forked")
     monkeypatch.setenv("ZEROBENCH_FORKSERVER", "0")
@@ -58,8 +63,11 @@ def test_forked_worker_matches_spawned_and_skips_the_imports(tmp_path, monkeypat
     # Same seed, same code, same process-per-cell: the same loss curve to the last bit.
     assert forked.ranks[0]["losses"] == spawned.ranks[0]["losses"]
     assert forked.ranks[0]["optimizer_class"] == spawned.ranks[0]["optimizer_class"]
-    # The point of it: the forked cell does not import torch, DeepSpeed and transformers again.
-    assert forked.wall_s < spawned.wall_s / 2, (forked.wall_s, spawned.wall_s)
+    # The point of it: the forked cell does not import torch, DeepSpeed and transformers again. Timed as the
+    # worker's import phase, not the whole cell: a busy machine stretches setup and steps of either (a
+    # forked cell once took 81 s against a spawned 14 s beside another suite), the forked import stays empty.
+    imp_forked, imp_spawned = _import_s(forked), _import_s(spawned)
+    assert imp_spawned > 1.0 and imp_forked < imp_spawned / 4, (imp_forked, imp_spawned)
     assert "Traceback" not in (tmp_path / "forked.log").read_text()
 
 
