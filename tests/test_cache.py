@@ -181,8 +181,8 @@ CPUADAM = TINY + "name: fixedcost\naxes: {zero_stage: [2], offload: [optimizer],
 
 @pytest.mark.slow
 def test_second_run_on_the_machine_pays_no_prebuild(tmp_path):
-    """Two `zerobench run`s in one extensions folder and cache: the first runs the prebuild helper (the
-    ops themselves were built before, so it only finds them built), the second does not start it and
+    """Two `zerobench run`s in one extensions folder and cache: the first runs the prebuild helper (which
+    finds the ops built, if earlier tests built them, or builds them), the second does not start it and
     spends less on its setup; a corrupted cache record brings the helper back."""
     from torch.utils.cpp_extension import get_default_build_root
 
