@@ -367,7 +367,8 @@ def _run(
                 )
             attempts[s["cell_hash"]] = max(attempts.get(s["cell_hash"], 0), s.get("attempt", 1))
     items, preds, free = arrange(p.items, hw, margin, prune, order)
-    units = [(it, r) for r in range(1, n_repeats + 1) for it in items if it.skip is None or r == 1]
+    # A cell recorded without running (a rule's skip or a pruned cell, `free`) is recorded once, as repeat 1.
+    units = [(it, r) for r in range(1, n_repeats + 1) for it in items if id(it) not in free or r == 1]
     todo = [(it, r) for it, r in units if (it.cell.hash, r) not in done]
     if resume and prune:
         # An implied_oom record stands for every repeat of its cell (it is written once, as repeat 1).

@@ -160,6 +160,21 @@ def test_nothing_is_prepared_for_cells_predicted_not_to_fit(tmp_path, monkeypatc
     assert not (tmp_path / "ext").exists() and not (tmp_path / "logs").exists()
 
 
+def test_a_pruned_cell_is_recorded_once_whatever_the_repeats(tmp_path, monkeypatch):
+    """With repeats, a pruned cell is one record (as a rule's skip is), and --resume writes no more."""
+    monkeypatch.setenv("ZEROBENCH_CACHE", str(tmp_path / "cache"))
+    m = write_matrix(
+        tmp_path / "m.yaml",
+        "name: pruned\nmodel: llama-tiny\nseq_len: 64\nsteps: {warmup: 1, measured: 2}\nrepeats: 3\n"
+        "axes: {zero_stage: [2], offload: [optimizer], optimizer: [cpuadam], micro_batch: [256]}\n",
+    )
+    kw = dict(results=str(tmp_path / "r.jsonl"), progress=False, printer=lambda _: None, gpu_mem=2 * 2**30)
+    run.run(str(m), **kw)
+    run.run(str(m), resume=True, **kw)
+    recs = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert [(r["status"], r["repeat"]) for r in recs] == [("skipped", 1)], recs
+
+
 def test_costs_line_says_what_was_paid():
     line = run._costs_line(
         {
