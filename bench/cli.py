@@ -54,7 +54,7 @@ def _assumed_platform(n: int | None):
 def cmd_cells(args) -> int:
     from collections import Counter
 
-    from .run import plan
+    from .execute import plan
 
     assumed = getattr(args, "assume_gpus", None)
     p = plan(
@@ -79,7 +79,7 @@ def cmd_cells(args) -> int:
 
 def cmd_run(args) -> int:
     from . import report as _  # noqa: F401 - fail early if the report stack is broken
-    from .run import Stopped, run, stop_on_signals
+    from .execute import Stopped, run, stop_on_signals
 
     src = _resolve(args.matrix)
     gpu_mem = None
@@ -92,7 +92,7 @@ def cmd_run(args) -> int:
             print(f"zerobench run: {e}", file=sys.stderr)
             return 2
     if args.dry_run:
-        from .run import preview
+        from .execute import preview
 
         code = cmd_cells(args)
         print("\n".join(preview(src, filters=args.filter, ds_configs=args.ds_config, gpu_mem=gpu_mem,
@@ -335,7 +335,7 @@ def cmd_estimate(args) -> int:
         return _estimate_check(args)
     from . import env, matrix
     from .estimate.table import as_json, estimate_cells, text
-    from .run import select
+    from .execute import select
 
     if gpu_mem is None or host_mem is None:
         here = env.probe()  # this machine's GPU and host memory, unless given

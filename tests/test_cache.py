@@ -12,8 +12,9 @@ import sys
 
 import pytest
 
-from bench import cache, env, run
+from bench import cache, env
 from bench.cells import Cell
+from bench.execute import prepare, progress, run
 
 from .conftest import TINY, write_matrix, zerobench
 
@@ -128,15 +129,15 @@ def test_prebuild_is_skipped_when_the_cache_vouches_for_every_op(tmp_path, cache
     """No helper process at all: the ops' libraries were recorded for this stack and are still there."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
     platform = env.probe()
-    items = [run.Planned(Cell(zero_stage=2, offload="optimizer", optimizer="cpuadam"), None, {})]
-    ops = run._needed_ops(items, platform)
+    items = [prepare.Planned(Cell(zero_stage=2, offload="optimizer", optimizer="cpuadam"), None, {})]
+    ops = prepare._needed_ops(items, platform)
     assert ops == ["CPUAdamBuilder", "ShareMemCommBuilder"]
-    tool_env = run._tool_env(None, None)
+    tool_env = prepare._tool_env(None, None)
     key = cache.ops_key(tool_env, cuda=platform.cuda, gpus=[g.name for g in platform.gpus])
     cache.record_ops(key, {"CPUAdamBuilder": _report(_libs(tmp_path)), "ShareMemCommBuilder": _report(
         _libs(tmp_path, "deepspeed_shm_comm"))}, tool_env)  # fmt: skip
     lines: list[str] = []
-    costs = run._prebuild(items, tmp_path / "logs", None, platform, lines.append)
+    costs = prepare._prebuild(items, tmp_path / "logs", None, platform, lines.append)
     assert costs == {"ops": {"CPUAdamBuilder": "cached", "ShareMemCommBuilder": "cached"}}
     assert lines == [] and not (tmp_path / "logs").exists()
 
@@ -176,7 +177,7 @@ def test_a_pruned_cell_is_recorded_once_whatever_the_repeats(tmp_path, monkeypat
 
 
 def test_costs_line_says_what_was_paid():
-    line = run._costs_line(
+    line = progress.costs_line(
         {
             "ops": {"CPUAdamBuilder": "cached", "FusedAdamBuilder": "built"},
             "ops_s": 41.2,

@@ -1,7 +1,7 @@
 """Packing cells onto one host: each cell gets a disjoint set of the host's GPUs and runs in a thread of
 the orchestrator beside the others, at most one cell per GPU.
 
-run -> pool (which unit goes on which GPUs, when) -> launch (the one child protocol, per cell)
+session -> local (which unit goes on which GPUs, when) -> launch (the one child protocol, per cell)
 
 The rule, first come first served: units start in the order they are given. The first unit that cannot
 start (fewer free GPUs than it needs, or the most cells already running) waits, and no unit behind it
@@ -10,7 +10,7 @@ running cells to end, never for the stream; the price is GPUs left idle while it
 keeps cells of one width together packs best. Units are drawn from their iterator only when they can be
 placed, so an iterator may decide its next unit from the outcomes so far.
 
-Signals reach only the main thread: a stop there (Ctrl-C, SIGTERM as bench.run.Stopped, or an error) asks
+Signals reach only the main thread: a stop there (Ctrl-C, SIGTERM as bench.execute.Stopped, or an error) asks
 every running cell to stop (launch.StopRequest), waits for each to be recorded, and raises again.
 """
 
