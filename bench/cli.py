@@ -20,6 +20,12 @@ def _matrix_arg(p):
     )
 
 
+def _executors() -> list[str]:
+    from .execute.registry import EXECUTORS
+
+    return sorted(EXECUTORS)
+
+
 def _positive(v: str) -> int:
     n = int(v)
     if n < 1:
@@ -134,6 +140,7 @@ def cmd_run(args) -> int:
                 order=args.order,
                 gpus_available=args.gpus_available,
                 pack=args.pack,
+                executor=args.executor,
             )
         except Stopped as e:
             print(
@@ -448,6 +455,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="run cells side by side, each on its own GPUs, at most one cell per GPU; each record names its GPUs, "
         "port and the cells beside it (default: pack when more than one GPU is available)",
+    )
+    r.add_argument(
+        "--executor",
+        choices=_executors(),
+        default="local",
+        help="what runs the cells: local (this host, cells packed on its GPUs); the orchestrator writes every "
+        "record whichever runs them, so --resume works across executors (default: local)",
     )
     r.add_argument("--results", metavar="PATH", help="results file (default: results/<matrix name>.jsonl)")
     r.add_argument("--logs", metavar="DIR", help="worker logs (default: results/logs/<results name>/)")

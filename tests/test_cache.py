@@ -153,7 +153,7 @@ def test_nothing_is_prepared_for_cells_predicted_not_to_fit(tmp_path, monkeypatc
         "axes: {zero_stage: [2], offload: [optimizer], optimizer: [cpuadam], micro_batch: [256]}\n",
     )
     lines: list[str] = []
-    _, path, written = run.run(
+    _, path, written = run(
         str(m), results=str(tmp_path / "r.jsonl"), progress=False, printer=lines.append, gpu_mem=2 * 2**30
     )
     assert [r["status"] for r in written] == ["skipped"] and written[0]["skip"]["rule"] == "predicted-oom"
@@ -170,8 +170,8 @@ def test_a_pruned_cell_is_recorded_once_whatever_the_repeats(tmp_path, monkeypat
         "axes: {zero_stage: [2], offload: [optimizer], optimizer: [cpuadam], micro_batch: [256]}\n",
     )
     kw = dict(results=str(tmp_path / "r.jsonl"), progress=False, printer=lambda _: None, gpu_mem=2 * 2**30)
-    run.run(str(m), **kw)
-    run.run(str(m), resume=True, **kw)
+    run(str(m), **kw)
+    run(str(m), resume=True, **kw)
     recs = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert [(r["status"], r["repeat"]) for r in recs] == [("skipped", 1)], recs
 

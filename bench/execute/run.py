@@ -16,6 +16,7 @@ from ..estimate import DEFAULT_MARGIN
 from ..store import Store, check_writable
 from . import launch, local
 from .plan import Plan, _check_faults, default_results_path, host_platform, plan
+from .registry import EXECUTORS
 from .session import Options, Session
 
 __all__ = ["run", "new_run_id"]
@@ -45,6 +46,7 @@ def run(
     order: str = "early",
     gpus_available: int | None = None,
     pack: bool | None = None,
+    executor: str = "local",
 ) -> tuple[Plan, Path, list[dict]]:
     """Run a matrix; return the plan, the results path and the records written by this call.
 
@@ -66,9 +68,12 @@ def run(
     gpus_available (default: every GPU NVML shows, as CUDA_VISIBLE_DEVICES limits them; 1 slot on a CPU
     host) is how many GPUs the run uses; on a CPU host, N slots run N CPU cells side by side. pack
     (default: when more than one) runs cells side by side on disjoint GPU sets (bench.execute.local),
-    else one at a time."""
+    else one at a time. executor (bench.execute.registry.EXECUTORS) runs the attempts; this process
+    writes every record."""
     if order not in schedule.ORDERS:
         raise ValueError(f"order {order!r}: one of {', '.join(schedule.ORDERS)}")
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor {executor!r}: one of {', '.join(sorted(EXECUTORS))}")
     platform = host_platform(gpus_available)
     p = plan(matrix_path, filters, platform=platform, ds_configs=ds_configs)
     _check_faults(p, {**os.environ, **(extra_env or {})}.get("ZEROBENCH_FAULT"))
@@ -80,7 +85,7 @@ def run(
         matrix_path=matrix_path, resume=resume, logs=logs, progress=progress, extra_env=extra_env,
         printer=printer, on_record=on_record, prune=prune, gpu_mem=gpu_mem, margin=margin,
         repeats=repeats or p.matrix.repeats, order=order, platform=platform,
-        slots=_slots(platform, gpus_available, pack),
+        slots=_slots(platform, gpus_available, pack), executor=executor,
     )  # fmt: skip
     # One run per results file: a second run (or a --resume) beside this one would measure every cell
     # twice, number both attempts 1, share their log files and take each other's started cells for dead.

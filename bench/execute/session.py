@@ -23,9 +23,11 @@ from ..status import Status
 from ..store import Store, StoreWriteError
 from . import launch, local
 from .attempt import attempt, now
+from .executor import Attempt, Shape, dispatch
 from .plan import Plan, Planned, arrange, hardware, prediction, prune_skip
 from .prepare import prepare
 from .progress import Progress, line
+from .registry import executor_for
 from .signals import Stopped, stop_on_signals
 
 __all__ = ["Options", "Session"]
@@ -51,6 +53,7 @@ class Options:
     order: str
     platform: env.Platform
     slots: local.Slots
+    executor: str = "local"  # a name in bench.execute.registry.EXECUTORS
 
 
 class Session:
@@ -199,6 +202,16 @@ class Session:
                 self.pending[it.cell.hash] = it
             yield self.i, (it, repeat)
 
+    def attempts_left(self):
+        """The units left as the executor's attempts (drawn as the executor asks for them)."""
+        for u in self.draw():
+            it, repeat = u[1]
+            shape = Shape(gpus_per_node=self.width(u))
+            yield Attempt(key=u, cell=it.cell, ds_config=it.ds_config, repeat=repeat, shape=shape, run=self._runner(u))
+
+    def _runner(self, u: Unit):
+        return lambda _placement: self.unit(u)
+
     def admit(self, u: Unit) -> bool:
         """At placement (this thread): a unit implied out of memory while it waited for its GPUs does not
         run; any other has begun, and no later outcome implies it."""
@@ -329,8 +342,11 @@ class Session:
                     prepare(list(will_run.values()), o.logs, o.extra_env, o.platform, o.printer, o.slots) or None
                 )
                 self.imply_stored()
-                local.run_units(
-                    self.draw(), o.slots, need=self.width, work=self.unit, done=self.unit_done, admit=self.admit
+                dispatch(
+                    executor_for(o.executor, o.slots),
+                    self.attempts_left(),
+                    done=lambda a, ended: self.unit_done(a.key, ended),
+                    admit=lambda a: self.admit(a.key),
                 )
                 finished = True
         except Stopped as e:
