@@ -118,6 +118,7 @@ def cmd_run(args) -> int:
         def on_record(rec):
             to_wandb([rec], project=args.wandb_project, directory=args.wandb_dir)
 
+    from .execute import HarnessError
     from .store import StoreWriteError
 
     stopped = None
@@ -150,6 +151,8 @@ def cmd_run(args) -> int:
             if e.results_path is not None and e.results_path.exists() and not args.no_report:
                 _write_run_report(args, e.results_path)
             return e.exit_code
+        except HarnessError as e:  # run() said why it stopped and what --resume does
+            stopped, results_path, written = e, Path(e.results_path or args.results or "results"), []
         except StoreWriteError as e:  # run() said what was written and what was lost, once cells began
             if not getattr(e, "reported", False):
                 print(f"zerobench run: stopped before any cell: {e.strerror}", file=sys.stderr)

@@ -5,11 +5,13 @@ loop's state; attempt: one attempt of one cell; prepare: one-off costs; progress
 signals: a clean stop; local: cells packed on one host's GPUs; launch: the one child protocol.
 """
 
+from .attempt import HarnessError
 from .plan import Plan, Planned, default_results_path, plan, preview
 from .run import new_run_id, run
 from .signals import Stopped, stop_on_signals
 
 __all__ = [
+    "HarnessError",
     "Plan",
     "Planned",
     "Stopped",

@@ -8,6 +8,7 @@ outcome the launcher classified, or an error record when zerobench itself failed
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import time
 import traceback
 from pathlib import Path
@@ -17,7 +18,23 @@ from ..record import Record
 from . import launch
 from .local import Lane
 
-__all__ = ["now", "attempt"]
+__all__ = ["HarnessError", "now", "attempt"]
+
+# Errors writing zerobench's own files (the log, the attempt folder, the spec): the harness's, not the cell's.
+HARNESS_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EFBIG}
+
+
+class HarnessError(RuntimeError):
+    """zerobench could not do its own part of an attempt (its files could not be written): not the cell's
+    outcome. The run stops; the cell has no outcome, so --resume runs it again."""
+
+    results_path = None  # set by the session that stops on it
+
+    def __init__(self, cell: Cell | None, err: OSError):
+        where = f" ({err.filename})" if err.filename else ""
+        what = f" for {cell.name}" if cell is not None else ""
+        super().__init__(f"zerobench could not write its own files{what}{where}: {err.strerror}")
+        self.cell, self.err = cell, err
 
 
 def now() -> str:
@@ -53,11 +70,19 @@ def attempt(
         return Record.from_outcome(
             started, out, ds_config=ds_config, log=str(log_path), ended_at=now(), variant=variant, beside=beside
         )
+    except OSError as e:
+        if e.errno in HARNESS_ERRNOS:
+            raise HarnessError(cell, e) from e
+        return _error(started, e, log_path)
     except Exception as e:  # noqa: BLE001 - a bug of ours in one cell must not lose the others
-        return Record.error(
-            started,
-            f"zerobench failed around this cell: {type(e).__name__}: {e}",
-            ended_at=now(),
-            traceback=traceback.format_exc()[-6000:],
-            log=str(log_path),
-        )
+        return _error(started, e, log_path)
+
+
+def _error(started: Record, e: Exception, log_path: Path) -> Record:
+    return Record.error(
+        started,
+        f"zerobench failed around this cell: {type(e).__name__}: {e}",
+        ended_at=now(),
+        traceback=traceback.format_exc()[-6000:],
+        log=str(log_path),
+    )

@@ -18,6 +18,7 @@ from . import launch, local
 from .plan import Plan, _check_faults, default_results_path, host_platform, plan
 from .registry import EXECUTORS
 from .session import Options, Session
+from .settings import check_settings
 
 __all__ = ["run", "new_run_id"]
 
@@ -76,7 +77,9 @@ def run(
         raise ValueError(f"executor {executor!r}: one of {', '.join(sorted(EXECUTORS))}")
     platform = host_platform(gpus_available)
     p = plan(matrix_path, filters, platform=platform, ds_configs=ds_configs)
-    _check_faults(p, {**os.environ, **(extra_env or {})}.get("ZEROBENCH_FAULT"))
+    environ = {**os.environ, **(extra_env or {})}
+    check_settings(environ)  # before anything runs: a bad value would otherwise be every cell's error
+    _check_faults(p, environ.get("ZEROBENCH_FAULT"))
     results_path = Path(results) if results else default_results_path(p)
     check_writable(results_path)
     store = Store(results_path)

@@ -22,12 +22,13 @@ from ..record import Record, Search, parse
 from ..status import Status
 from ..store import Store, StoreWriteError
 from . import launch, local
-from .attempt import attempt, now
+from .attempt import HARNESS_ERRNOS, HarnessError, attempt, now
 from .executor import Attempt, Shape, dispatch
 from .plan import Plan, Planned, arrange, hardware, prediction, prune_skip
 from .prepare import prepare
 from .progress import Progress, line
 from .registry import executor_for
+from .settings import stall_s
 from .signals import Stopped, stop_on_signals
 
 __all__ = ["Options", "Session"]
@@ -285,7 +286,7 @@ class Session:
             self.prog.start(i, cell)
             rec = attempt(
                 started, cell, ds_config, log_path=log_path, gpus=gpus, lane=lane,
-                stall_s=float(os.environ.get("ZEROBENCH_STALL_S", 600)), extra_env=o.extra_env,
+                stall_s=stall_s({**os.environ, **(o.extra_env or {})}), extra_env=o.extra_env,
                 sample_interval_s=telemetry.interval_for(o.platform.cuda),
             )  # fmt: skip
             if search_after is not None:
@@ -355,9 +356,27 @@ class Session:
         except StoreWriteError as e:
             self.say_write_error(e)
             raise
+        except HarnessError as e:
+            self.say_harness_error(e)
+            raise
+        except OSError as e:
+            if e.errno not in HARNESS_ERRNOS:
+                raise
+            err = HarnessError(None, e)  # before any cell: writing the run's own files (logs, helpers)
+            self.say_harness_error(err)
+            raise err from e
         finally:
             launch.stop_forkserver()
             self.prog.close(time.time() - self.t_run, len(self.written), finished)
+
+    def say_harness_error(self, e: HarnessError) -> None:
+        """The run stops on a failure of zerobench's own (not a cell's): say it, and what --resume does."""
+        e.results_path = self.store.path
+        self.o.printer(f"zerobench: stopped: {e}")
+        self.o.printer(
+            f"  written to {self.store.path} by this run: {len(self.written)} outcome(s); the cell it stopped in "
+            "has none: once the folder can be written, `--resume` runs it again"
+        )
 
     def say_write_error(self, e: StoreWriteError) -> None:
         e.reported = True
