@@ -20,6 +20,12 @@ def _matrix_arg(p):
     )
 
 
+def _executors() -> list[str]:
+    from .execute.registry import EXECUTORS
+
+    return sorted(EXECUTORS)
+
+
 def _positive(v: str) -> int:
     n = int(v)
     if n < 1:
@@ -54,7 +60,7 @@ def _assumed_platform(n: int | None):
 def cmd_cells(args) -> int:
     from collections import Counter
 
-    from .run import plan
+    from .execute import plan
 
     assumed = getattr(args, "assume_gpus", None)
     p = plan(
@@ -79,7 +85,7 @@ def cmd_cells(args) -> int:
 
 def cmd_run(args) -> int:
     from . import report as _  # noqa: F401 - fail early if the report stack is broken
-    from .run import Stopped, run, stop_on_signals
+    from .execute import Stopped, run, stop_on_signals
 
     src = _resolve(args.matrix)
     gpu_mem = None
@@ -92,7 +98,7 @@ def cmd_run(args) -> int:
             print(f"zerobench run: {e}", file=sys.stderr)
             return 2
     if args.dry_run:
-        from .run import preview
+        from .execute import preview
 
         code = cmd_cells(args)
         print("\n".join(preview(src, filters=args.filter, ds_configs=args.ds_config, gpu_mem=gpu_mem,
@@ -112,6 +118,7 @@ def cmd_run(args) -> int:
         def on_record(rec):
             to_wandb([rec], project=args.wandb_project, directory=args.wandb_dir)
 
+    from .execute import HarnessError
     from .store import StoreWriteError
 
     stopped = None
@@ -134,6 +141,7 @@ def cmd_run(args) -> int:
                 order=args.order,
                 gpus_available=args.gpus_available,
                 pack=args.pack,
+                executor=args.executor,
             )
         except Stopped as e:
             print(
@@ -143,6 +151,8 @@ def cmd_run(args) -> int:
             if e.results_path is not None and e.results_path.exists() and not args.no_report:
                 _write_run_report(args, e.results_path)
             return e.exit_code
+        except HarnessError as e:  # run() said why it stopped and what --resume does
+            stopped, results_path, written = e, Path(e.results_path or args.results or "results"), []
         except StoreWriteError as e:  # run() said what was written and what was lost, once cells began
             if not getattr(e, "reported", False):
                 print(f"zerobench run: stopped before any cell: {e.strerror}", file=sys.stderr)
@@ -335,7 +345,7 @@ def cmd_estimate(args) -> int:
         return _estimate_check(args)
     from . import env, matrix
     from .estimate.table import as_json, estimate_cells, text
-    from .run import select
+    from .execute import select
 
     if gpu_mem is None or host_mem is None:
         here = env.probe()  # this machine's GPU and host memory, unless given
@@ -448,6 +458,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="run cells side by side, each on its own GPUs, at most one cell per GPU; each record names its GPUs, "
         "port and the cells beside it (default: pack when more than one GPU is available)",
+    )
+    r.add_argument(
+        "--executor",
+        choices=_executors(),
+        default="local",
+        help="what runs the cells: local (this host, cells packed on its GPUs); the orchestrator writes every "
+        "record whichever runs them, so --resume works across executors (default: local)",
     )
     r.add_argument("--results", metavar="PATH", help="results file (default: results/<matrix name>.jsonl)")
     r.add_argument("--logs", metavar="DIR", help="worker logs (default: results/logs/<results name>/)")

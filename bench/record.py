@@ -342,7 +342,7 @@ class StartedBy(BaseModel):
 
 
 class FixedCosts(BaseModel):
-    """What the run paid once before its cells (bench.run.prepare), the same on every record of the run:
+    """What the run paid once before its cells (bench.execute.prepare), the same on every record of the run:
     what the machine's cache (bench.cache) spared it, what it built, and how long that took."""
 
     model_config = _OPEN
@@ -364,7 +364,7 @@ class FixedCosts(BaseModel):
 
 
 class Placement(BaseModel):
-    """Where on the host the cell ran, and beside which cells (cells packed side by side, bench.pool)."""
+    """Where on the host the cell ran, and beside which cells (cells packed side by side, bench.execute.local)."""
 
     model_config = _CLOSED
     gpus: list[int] | None = None
@@ -640,8 +640,8 @@ class Record(BaseModel):
         variant: str | None = None,
         beside: list[str] | None = None,
     ) -> "Record":
-        """The attempt as the launcher classified it (a bench.launch.Outcome) with the ranks' documents;
-        beside: the cells that ran during its measured phase, where it ran in a pool (bench.pool)."""
+        """The attempt as the launcher classified it (a bench.execute.launch.Outcome) with the ranks' documents;
+        beside: the cells that ran during its measured phase, where it ran in a pool (bench.execute.local)."""
         docs, bad = [], []
         for d in sorted(out.ranks, key=lambda d: d.get("rank", 0) if isinstance(d.get("rank"), int) else 0):
             try:

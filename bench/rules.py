@@ -17,7 +17,7 @@ from .env import Platform, version_tuple
 __all__ = ["Rule", "RULES", "check", "Skip", "PRUNED"]
 
 PRUNED = "predicted-oom"
-"""The rule id of a cell the memory model predicts not to fit (bench.run.prune_skip): pruned, not ruled out."""
+"""The rule id of a cell the memory model predicts not to fit (bench.execute.plan.prune_skip): pruned, not ruled out."""
 
 # Optimizer facts come from bench.axes.OPTIMIZERS; the rules say what they stop, why, and the source.
 ONEBIT = tuple(name for name, spec in OPTIMIZERS.items() if spec.onebit)

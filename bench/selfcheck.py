@@ -14,8 +14,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import env, launch, telemetry
-from . import run as run_mod
+from . import env, telemetry
+from .execute import launch
+from .execute.attempt import attempt, now
+from .execute.plan import plan
+from .execute.prepare import prepare
+from .execute.run import new_run_id
 from .record import Record
 from .results import fixed_cost_s
 from .store import Store, check_writable
@@ -41,17 +45,17 @@ VARIANTS = (
 def selfcheck(
     matrix_path: str, *, filters: list[str] | None = None, results: str | None = None, printer=print
 ) -> tuple[Path, list[dict]]:
-    p = run_mod.plan(matrix_path, filters)
+    p = plan(matrix_path, filters)
     path = Path(results) if results else Path("results") / f"selfcheck-{p.matrix.name}.jsonl"
     check_writable(path)
     store = Store(path)
     logs = path.parent / "logs" / path.stem
-    run_id = run_mod.new_run_id()
+    run_id = new_run_id()
     platform = env.probe()
     written = []
     with store.hold("zerobench selfcheck"):  # as a run: one writer per results file
         try:
-            run_mod.prepare(p.runnable, logs, None, platform, printer)
+            prepare(p.runnable, logs, None, platform, printer)
             written = _variants(p, matrix_path, store, logs, run_id, platform, printer)
         finally:
             launch.stop_forkserver()
@@ -66,26 +70,10 @@ def _variants(p, matrix_path, store, logs, run_id, platform, printer) -> list[di
         gpus = list(range(it.cell.gpus)) if platform.cuda else None
         for name, kw in VARIANTS:
             # No started record is stored: a selfcheck is not resumed.
-            started = Record.started(
-                it.cell, run_id=run_id, attempt=1, matrix_file=str(matrix_path), started_at=run_mod.now()
-            )
+            started = Record.started(it.cell, run_id=run_id, attempt=1, matrix_file=str(matrix_path), started_at=now())
             log = logs / f"{it.cell.hash}.{name}.log"
             kw = {"sample_interval_s": telemetry.interval_for(platform.cuda), **kw}
-            try:  # as in run: a failure of ours around one cell is an error record, not the end
-                out = launch.run_cell(it.cell, it.ds_config, log_path=log, gpus=gpus, **kw)
-                rec = Record.from_outcome(
-                    started, out, ds_config=it.ds_config, log=str(log), ended_at=run_mod.now(), variant=name
-                )
-            except Exception as e:  # noqa: BLE001
-                import traceback
-
-                rec = Record.error(
-                    started,
-                    f"zerobench failed around this cell: {type(e).__name__}: {e}",
-                    ended_at=run_mod.now(),
-                    traceback=traceback.format_exc()[-6000:],
-                    log=str(log),
-                )
+            rec = attempt(started, it.cell, it.ds_config, log_path=log, gpus=gpus, variant=name, **kw)
             rec = store.append(rec)
             written.append(rec)
             printer(f"{name:<13} {rec['status']:<8} {it.cell.name}  {_median(rec) or 0:.4f} s/step")

@@ -166,7 +166,7 @@ def check_writable(path: str | os.PathLike) -> None:
 class Store:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        # Cells packed side by side (bench.pool) append from their threads: one append at a time, or a
+        # Cells packed side by side (bench.execute.local) append from their threads: one append at a time, or a
         # failed one's cut back to "its" previous end would cut off a neighbour's record.
         self._lock = threading.Lock()
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from bench import axes, dsconfig, matrix, results, rules, run
+from bench import axes, dsconfig, matrix, results, rules
 from bench.cells import AxisValues, Cell
+from bench.execute import prepare
 from bench.report import analysis
 
 
@@ -35,7 +36,8 @@ def test_optimizer_facts_are_derived():
     assert set(dsconfig.OPTIMIZER_SECTIONS) == {n for n, s in specs.items() if not s.client}
     assert set(dsconfig.CLIENT_OPTIMIZERS) == {n for n, s in specs.items() if s.client}
     assert all(specs[n].module and specs[n].hf_optim for n in dsconfig.CLIENT_OPTIMIZERS)
-    assert run._OPS == {"fusedadam": "FusedAdamBuilder", "cpuadam": "CPUAdamBuilder", "fusedlamb": "FusedLambBuilder"}
+    ops = {"fusedadam": "FusedAdamBuilder", "cpuadam": "CPUAdamBuilder", "fusedlamb": "FusedLambBuilder"}
+    assert prepare._OPS == ops
     assert rules.ONEBIT == ("onebitadam", "zerooneadam", "onebitlamb")
     assert rules.BNB == ("paged_adamw", "paged_adamw_8bit", "adamw_8bit")
 

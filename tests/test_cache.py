@@ -12,8 +12,9 @@ import sys
 
 import pytest
 
-from bench import cache, env, run
+from bench import cache, env
 from bench.cells import Cell
+from bench.execute import prepare, progress, run
 
 from .conftest import TINY, write_matrix, zerobench
 
@@ -128,15 +129,15 @@ def test_prebuild_is_skipped_when_the_cache_vouches_for_every_op(tmp_path, cache
     """No helper process at all: the ops' libraries were recorded for this stack and are still there."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
     platform = env.probe()
-    items = [run.Planned(Cell(zero_stage=2, offload="optimizer", optimizer="cpuadam"), None, {})]
-    ops = run._needed_ops(items, platform)
+    items = [prepare.Planned(Cell(zero_stage=2, offload="optimizer", optimizer="cpuadam"), None, {})]
+    ops = prepare._needed_ops(items, platform)
     assert ops == ["CPUAdamBuilder", "ShareMemCommBuilder"]
-    tool_env = run._tool_env(None, None)
+    tool_env = prepare._tool_env(None, None)
     key = cache.ops_key(tool_env, cuda=platform.cuda, gpus=[g.name for g in platform.gpus])
     cache.record_ops(key, {"CPUAdamBuilder": _report(_libs(tmp_path)), "ShareMemCommBuilder": _report(
         _libs(tmp_path, "deepspeed_shm_comm"))}, tool_env)  # fmt: skip
     lines: list[str] = []
-    costs = run._prebuild(items, tmp_path / "logs", None, platform, lines.append)
+    costs = prepare._prebuild(items, tmp_path / "logs", None, platform, lines.append)
     assert costs == {"ops": {"CPUAdamBuilder": "cached", "ShareMemCommBuilder": "cached"}}
     assert lines == [] and not (tmp_path / "logs").exists()
 
@@ -152,7 +153,7 @@ def test_nothing_is_prepared_for_cells_predicted_not_to_fit(tmp_path, monkeypatc
         "axes: {zero_stage: [2], offload: [optimizer], optimizer: [cpuadam], micro_batch: [256]}\n",
     )
     lines: list[str] = []
-    _, path, written = run.run(
+    _, path, written = run(
         str(m), results=str(tmp_path / "r.jsonl"), progress=False, printer=lines.append, gpu_mem=2 * 2**30
     )
     assert [r["status"] for r in written] == ["skipped"] and written[0]["skip"]["rule"] == "predicted-oom"
@@ -169,14 +170,14 @@ def test_a_pruned_cell_is_recorded_once_whatever_the_repeats(tmp_path, monkeypat
         "axes: {zero_stage: [2], offload: [optimizer], optimizer: [cpuadam], micro_batch: [256]}\n",
     )
     kw = dict(results=str(tmp_path / "r.jsonl"), progress=False, printer=lambda _: None, gpu_mem=2 * 2**30)
-    run.run(str(m), **kw)
-    run.run(str(m), resume=True, **kw)
+    run(str(m), **kw)
+    run(str(m), resume=True, **kw)
     recs = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert [(r["status"], r["repeat"]) for r in recs] == [("skipped", 1)], recs
 
 
 def test_costs_line_says_what_was_paid():
-    line = run._costs_line(
+    line = progress.costs_line(
         {
             "ops": {"CPUAdamBuilder": "cached", "FusedAdamBuilder": "built"},
             "ops_s": 41.2,

@@ -6,8 +6,9 @@ import statistics
 
 import pytest
 
-from bench import dsconfig, launch
+from bench import dsconfig
 from bench.cells import Cell
+from bench.execute import launch
 
 pytestmark = pytest.mark.slow
 

@@ -8,8 +8,10 @@ import threading
 
 import pytest
 
-from bench import dsconfig, launch
+from bench import dsconfig
 from bench.cells import Cell
+from bench.execute import launch
+from bench.execute.launch import forkserver as server_side
 from bench.worker import forkserver
 
 CELL = Cell(
@@ -36,7 +38,7 @@ def _ops_built(tmp_path_factory):
     `zerobench run` does: in a fresh extensions folder the first cell would otherwise time a compile
     (268 s against 24 s in a fresh checkout's suite), not the fork."""
     from bench import env
-    from bench.run import Planned, _prebuild
+    from bench.execute.prepare import Planned, _prebuild
 
     _prebuild([Planned(CELL, None, None)], tmp_path_factory.mktemp("prebuild"), None, env.probe(), print)
 
@@ -74,12 +76,12 @@ def test_forked_worker_matches_spawned_and_skips_the_imports(tmp_path, monkeypat
 def test_a_dead_server_is_replaced(tmp_path):
     first = _run(tmp_path, "a")
     assert first.started_by["mode"] == "fork"
-    old = launch._servers[None]  # a CPU host's one server (no GPU set)
+    old = server_side._servers[None]  # a CPU host's one server (no GPU set)
     old.proc.kill()
     old.proc.wait()
     second = _run(tmp_path, "b")
     assert second.status.value == "ok" and second.started_by["mode"] == "fork"
-    assert launch._servers[None] is not old and launch._servers[None].proc.pid != old.proc.pid
+    assert server_side._servers[None] is not old and server_side._servers[None].proc.pid != old.proc.pid
 
 
 def test_an_environment_read_at_import_gets_a_fresh_interpreter(tmp_path):

@@ -105,8 +105,9 @@ axes: {zero_stage: [0], optimizer: [fusedadam], precision: [bf16]}
 
 def test_wrong_optimizer_name_is_refused_on_gpu(tmp_path):
     """The rule offload-runs-cpuadam, shown on the GPU: DeepSpeed swaps FusedAdam for DeepSpeedCPUAdam."""
-    from bench import dsconfig, launch
+    from bench import dsconfig
     from bench.cells import Cell
+    from bench.execute import launch
 
     cell = Cell(
         model="llama-tiny",

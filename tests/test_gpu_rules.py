@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from bench import dsconfig, env, launch, rules
+from bench import dsconfig, env, rules
 from bench.axes import OPTIMIZERS
 from bench.cells import Cell, Lora, Qlora
+from bench.execute import launch
 
 pytestmark = pytest.mark.gpu
 

@@ -1,4 +1,4 @@
-"""Packing cells on one host (bench.pool): disjoint GPU sets, first come first served, stops that reach
+"""Packing cells on one host (bench.execute.local): disjoint GPU sets, first come first served, stops that reach
 every running cell; and what it relies on (ports held per running cell, serialized appends)."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from bench import launch, pool
 from bench.cells import Cell
+from bench.execute import local as pool
+from bench.execute.launch import ports
 from bench.record import Record
 from bench.store import Store
 
@@ -207,21 +208,21 @@ def test_neighbours_are_the_cells_running_during_a_window():
 
 def test_a_held_port_is_not_handed_to_a_second_cell(monkeypatch):
     env = {"ZEROBENCH_PORT": "29611"}
-    p1 = launch._hold_port(env, first=True)
-    p2 = launch._hold_port(env, first=True)
+    p1 = ports._hold_port(env, first=True)
+    p2 = ports._hold_port(env, first=True)
     try:
         assert (p1, p2) == (29611, 29612)  # a pinned port taken by a neighbour: the next one up
     finally:
-        launch._release_port(p1)
-        launch._release_port(p2)
-    assert launch._hold_port(env, first=True) == 29611  # released: free again
-    launch._release_port(29611)
+        ports._release_port(p1)
+        ports._release_port(p2)
+    assert ports._hold_port(env, first=True) == 29611  # released: free again
+    ports._release_port(29611)
     # The OS may call one port free twice: a held one is never handed out again.
-    monkeypatch.setattr(launch, "free_port", iter([40001, 40001, 40002]).__next__)
-    q1 = launch._hold_port({}, first=True)
-    q2 = launch._hold_port({}, first=True)
-    launch._release_port(q1)
-    launch._release_port(q2)
+    monkeypatch.setattr(ports, "free_port", iter([40001, 40001, 40002]).__next__)
+    q1 = ports._hold_port({}, first=True)
+    q2 = ports._hold_port({}, first=True)
+    ports._release_port(q1)
+    ports._release_port(q2)
     assert (q1, q2) == (40001, 40002)
 
 

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import json
 
-from bench import cache, env, run
+from bench import cache, env
 from bench.cells import Cell, Lora, Qlora
+from bench.execute import prepare
 
 
 def test_qlora_checkpoint_is_built_once_per_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("ZEROBENCH_CACHE", str(tmp_path / "cache"))
     cell = Cell(model="llama-tiny", peft="qlora", precision="bf16", lora=Lora(r=4), qlora=Qlora(), gpus=2)
-    items = [run.Planned(cell=cell, skip=None, ds_config={}), run.Planned(cell=cell, skip=None, ds_config={})]
+    items = [prepare.Planned(cell=cell, skip=None, ds_config={}), prepare.Planned(cell=cell, skip=None, ds_config={})]
     lines: list[str] = []
-    costs = run._checkpoints(items, tmp_path / "logs", None, env.probe(), lines.append)
+    costs = prepare._checkpoints(items, tmp_path / "logs", None, env.probe(), lines.append)
     ckpt = cache.checkpoint_dir("llama-tiny", "bf16")
     assert json.loads((ckpt / "config.json").read_text())["model_type"] == "llama"
     assert any(p.suffix == ".safetensors" for p in ckpt.iterdir())
@@ -29,7 +30,7 @@ def test_qlora_checkpoint_is_built_once_per_machine(tmp_path, monkeypatch):
     # The next run: found in the cache, no helper process.
     log.unlink()
     lines.clear()
-    assert run._checkpoints(items, tmp_path / "logs", None, env.probe(), lines.append) == {
+    assert prepare._checkpoints(items, tmp_path / "logs", None, env.probe(), lines.append) == {
         "checkpoints": {"llama-tiny bf16": "cached"}
     }
     assert lines == [] and not log.exists()
@@ -37,6 +38,6 @@ def test_qlora_checkpoint_is_built_once_per_machine(tmp_path, monkeypatch):
     # Damaged weights: built again, the same weights (its own seed), whoever builds it.
     f = next(ckpt.glob("*.safetensors"))
     f.write_bytes(f.read_bytes()[:100])
-    costs = run._checkpoints(items, tmp_path / "logs", None, env.probe(), lines.append)
+    costs = prepare._checkpoints(items, tmp_path / "logs", None, env.probe(), lines.append)
     assert costs["checkpoints"] == {"llama-tiny bf16": "built"} and "changed size" in lines[0], lines
     assert next(ckpt.glob("*.safetensors")).read_bytes() == weights

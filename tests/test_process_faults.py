@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import faults, hostmem, launch
+from bench import faults, hostmem
 from bench.cells import Cell
-from bench.launch import Outcome, _classify
+from bench.execute import launch
+from bench.execute.launch import folders
+from bench.execute.launch.outcome import Outcome, _classify
 from bench.record import Record
 from bench.status import Status
 from bench.worker import ops
@@ -248,14 +250,39 @@ def test_warnings_reach_the_reports_notes(tmp_path):
 def test_attempt_folders_of_a_dead_orchestrator_are_swept(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead_tag = launch._owner_tag(gone.pid)  # taken while it lives (or as it exits)
+    dead_tag = folders._owner_tag(gone.pid)  # taken while it lives (or as it exits)
     gone.wait()
     dead, mine, alien = (tmp_path / f"zerobench-{n}" for n in ("dead", "mine", "alien"))
     for d in (dead, mine, alien):
         d.mkdir()
         (d / "spec.json").write_text("{}")
     (dead / "owner").write_text(dead_tag if not dead_tag.endswith(" 0") else f"{gone.pid} 1.00")
-    (mine / "owner").write_text(launch._owner_tag(os.getpid()))  # a run still going: keep
+    (mine / "owner").write_text(folders._owner_tag(os.getpid()))  # a run still going: keep
     launch.sweep_attempt_folders()
     assert not dead.exists()
     assert mine.exists() and alien.exists(), "a live run's folder, or one without an owner, is not ours to remove"
+
+
+def test_the_sweep_leaves_folders_it_cannot_prove_dead(tmp_path, monkeypatch):
+    """Runs in other PID namespaces (containers sharing the temp dir) name PIDs that mean nothing here: their
+    folders stay unless very old; a folder without zerobench's exact owner marker is never ours to remove."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a PID dead in our namespace, as another container's live orchestrator looks from here
+    tag = json.loads(folders._owner_tag(os.getpid()))
+    foreign, old_foreign, plain, dead = (
+        tmp_path / f"zerobench-{n}" for n in ("foreign", "oldforeign", "plain", "dead")
+    )
+    for d in (foreign, old_foreign, plain, dead):
+        d.mkdir()
+    other_ns = {**tag, "pid": gone.pid, "pid_ns": (tag["pid_ns"] or 0) + 1}
+    (foreign / "owner").write_text(json.dumps(other_ns))
+    (old_foreign / "owner").write_text(json.dumps(other_ns))
+    week_ago = time.time() - folders._FOREIGN_MAX_AGE_S - 60
+    os.utime(old_foreign / "owner", (week_ago, week_ago))
+    (plain / "owner").write_text(f"{gone.pid} 1.00")  # "PID CREATE_TIME" without the marker: not provably ours
+    (dead / "owner").write_text(json.dumps({**tag, "pid": gone.pid}))  # our namespace, owner dead
+    launch.sweep_attempt_folders()
+    assert foreign.exists(), "a live run in another PID namespace lost its attempt folder"
+    assert plain.exists(), "a folder without zerobench's marker was deleted"
+    assert not old_foreign.exists() and not dead.exists()

@@ -15,7 +15,7 @@ import pytest
 
 from bench import cells, env, record, results, rules
 from bench.cli import main as cli
-from bench.launch import Outcome
+from bench.execute.launch import Outcome
 from bench.record import SCHEMA_VERSION, Record, WorkerDoc
 from bench.status import Status
 from bench.store import Store, read

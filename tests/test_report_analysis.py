@@ -115,7 +115,7 @@ def test_the_headline_says_how_many_skipped_cells_were_pruned(tmp_path):
     GiB = 2**30
     pred = {"gpu_bytes": 200 * GiB, "gpu_memory_bytes": 140 * GiB, "gpu_verdict": "won't fit", "margin": 0.1}
     pred |= {"host_bytes": GiB, "host_memory_bytes": 100 * GiB, "host_verdict": "fits"}
-    from bench.run import prune_skip
+    from bench.execute.plan import prune_skip
 
     pruned = prune_skip(pred)
     assert pruned is not None and pruned.rule == rules.PRUNED

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench import dsconfig, env, launch, rules
+from bench import dsconfig, env, rules
 from bench.cells import Cell
+from bench.execute import launch
 
 pytestmark = pytest.mark.slow
 

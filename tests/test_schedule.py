@@ -13,10 +13,10 @@ from bench import compare, schedule
 from bench.axes import AXES, LARGER, heavier_or_equal
 from bench.cells import Cell
 from bench.estimate import check
+from bench.execute.progress import Progress as _Progress
 from bench.record import Record, parse
 from bench.report import analysis, markdown
 from bench.results import records_to_frame
-from bench.run import _Progress
 from bench.status import Status
 from tests.conftest import ROOT, TINY, write_matrix, zerobench
 from tests.test_compare import rec

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import run as run_mod  # noqa: E402
+from bench.execute import plan  # noqa: E402
 from bench.store import read  # noqa: E402
 
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--md", metavar="PATH", help="also write the table here")
     args = ap.parse_args(argv)
 
-    p = run_mod.plan(args.matrix, args.filter)
+    p = plan(args.matrix, args.filter)
     cells = p.runnable
     if len(cells) != 1 or cells[0].cell.gpus != 1:
         print(

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     # and a build in progress releases its lock in the extensions folder.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     if args.prebuild or args.checkpoint:
-        # A one-off helper of the orchestrator (bench.launch.run_tool): if the orchestrator dies, stop
+        # A one-off helper of the orchestrator (bench.execute.launch.run_tool): if the orchestrator dies, stop
         # with everything this started (the compiler of a prebuild), not minutes later.
         watch_parent(int(os.environ.get("ZEROBENCH_PARENT_PID") or 0) or None, group=True)
     if args.prebuild:

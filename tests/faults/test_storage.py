@@ -474,3 +474,66 @@ def test_record_from_a_newer_zerobench(tmp_path, ledger):
         assert "r.jsonl:9: schema_version 99 is newer than this zerobench reads" in r.stderr and "upgrade" in r.stderr
     assert not (tmp_path / "rep").exists()
     ledger.account(p, all_skipped(m), runs=2)
+
+
+# -- settings from the environment -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, value, what",
+    [
+        ("ZEROBENCH_STALL_S", "abc", "not seconds"),
+        ("ZEROBENCH_STALL_S", "-1", "out of range 1-604800"),
+        ("ZEROBENCH_PORT", "99999", "out of range 1024-65000"),
+        ("ZEROBENCH_PORT", "abc", "not a whole number"),
+        ("ZEROBENCH_FORKSERVER", "yes", "not 0 or 1"),
+    ],
+)
+def test_a_bad_setting_stops_the_run_before_the_first_cell(tmp_path, ledger, name, value, what):
+    ledger.fault(f"setting-{name.lower()}-{value}", f"{name}={value} in the environment")
+    m = write_matrix(tmp_path / "m.yaml", SKIPPED)
+    r = run(tmp_path, "run", m.name, "--results", "r.jsonl", env={name: value})
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert name in r.stderr and what in r.stderr, r.stderr
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+# -- the harness's own failures --------------------------------------------------------------------
+
+
+def _exhaust_inodes(folder: Path) -> list[Path]:
+    """Create empty files until the file system has no inode left: the next new file is ENOSPC."""
+    made = []
+    with contextlib.suppress(OSError):
+        while True:
+            p = folder / f"filler{len(made)}"
+            p.touch()
+            made.append(p)
+    return made
+
+
+@pytest.mark.slow
+@needs_mount
+def test_a_logs_folder_that_is_full_stops_the_run_and_leaves_the_cell_to_resume(tmp_path, ledger):
+    ledger.fault("logs-folder-full", "the logs folder has no room for a cell's log (ENOSPC): zerobench's own file")
+    m = write_matrix(tmp_path / "m.yaml", TINY)
+    [cell] = names(m)
+    p = tmp_path / "r.jsonl"
+    with tmpfs(tmp_path / "disk", "1m,nr_inodes=64") as disk:
+        logs = disk / "logs"
+        logs.mkdir()
+        for name in ("forkserver.log", "prebuild.log", "prebuild.json"):  # what comes before the cell fits
+            (logs / name).touch()
+        fillers = _exhaust_inodes(disk)
+        r = run(tmp_path, "run", m.name, "--results", str(p), "--logs", str(logs), "--no-report")
+        assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+        out = r.stdout + r.stderr
+        assert "could not write its own files" in out and "No space left on device" in out, out[-3000:]
+        assert "--resume" in out
+        assert [x["status"] for x in whole_lines(p)] == ["started"], "the harness's failure became the cell's outcome"
+        for f in fillers:
+            f.unlink()
+        r = run(tmp_path, "run", m.name, "--results", str(p), "--logs", str(logs), "--resume", "--no-report")
+        assert r.returncode == 0, r.stderr[-2000:]
+        recs = ledger.account(p, {cell: {"ok"}}, runs=2)
+    assert [x["status"] for x in recs] == ["started", "interrupted", "started", "ok"]

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import dsconfig, hostmem, launch
+from bench import dsconfig, hostmem
 from bench.cells import Cell
+from bench.execute import launch
 from bench.record import Record
 from bench.store import Store, read
 

@@ -1,7 +1,7 @@
 """Packing cells onto one host: each cell gets a disjoint set of the host's GPUs and runs in a thread of
 the orchestrator beside the others, at most one cell per GPU.
 
-run -> pool (which unit goes on which GPUs, when) -> launch (the one child protocol, per cell)
+session -> local (which unit goes on which GPUs, when) -> launch (the one child protocol, per cell)
 
 The rule, first come first served: units start in the order they are given. The first unit that cannot
 start (fewer free GPUs than it needs, or the most cells already running) waits, and no unit behind it
@@ -10,7 +10,7 @@ running cells to end, never for the stream; the price is GPUs left idle while it
 keeps cells of one width together packs best. Units are drawn from their iterator only when they can be
 placed, so an iterator may decide its next unit from the outcomes so far.
 
-Signals reach only the main thread: a stop there (Ctrl-C, SIGTERM as bench.run.Stopped, or an error) asks
+Signals reach only the main thread: a stop there (Ctrl-C, SIGTERM as bench.execute.Stopped, or an error) asks
 every running cell to stop (launch.StopRequest), waits for each to be recorded, and raises again.
 """
 
@@ -21,11 +21,12 @@ import queue
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import TypeVar
 
+from .executor import Attempt, Finished, Handle, Shape, dispatch
 from .launch import StopRequest
 
-__all__ = ["Slots", "Lane", "Neighbours", "Halted", "lane", "run_units"]
+__all__ = ["Slots", "Lane", "LocalExecutor", "Neighbours", "Halted", "lane", "run_units"]
 
 U = TypeVar("U")
 R = TypeVar("R")
@@ -54,6 +55,12 @@ class Slots:
         self._free = [i for i in self._free if i not in got]
         self._out.append(got)
         return got
+
+    def fits(self, n: int) -> bool:
+        """Whether n ids could be taken now (take(n) would not return None)."""
+        if n > len(self.ids):
+            raise ValueError(f"a cell needs {n} GPUs; this host has {len(self.ids)}")
+        return n >= 1 and len(self._free) >= n and len(self._out) < self.max_cells
 
     def room(self) -> bool:
         """Whether some cell could start now (a slot free, fewer than max_cells sets out)."""
@@ -106,23 +113,70 @@ def lane() -> Lane | None:
     return getattr(_here, "lane", None)
 
 
-@dataclass
-class _Ended(Generic[U, R]):
-    thread: threading.Thread
-    unit: U
-    value: R | None = None
-    error: BaseException | None = None
+class LocalExecutor:
+    """One host: each attempt on a free disjoint set of its GPUs (or CPU slots), in a thread of this
+    process, at most one attempt per GPU; first come first served (the module's rule)."""
 
+    def __init__(self, slots: Slots):
+        self.ids, self.slots = slots, slots.max_cells
+        self.neighbours = Neighbours()
+        self._ended: queue.Queue[Finished] = queue.Queue()
+        self._running: dict[threading.Thread, Lane] = {}
 
-def _serve(ln: Lane, unit, work, ended: queue.Queue) -> None:
-    _here.lane = ln
-    try:
-        ended.put(_Ended(threading.current_thread(), unit, value=work(unit)))
-    except BaseException as e:  # noqa: BLE001 - handed to the main thread, which decides
-        ended.put(_Ended(threading.current_thread(), unit, error=e))
+    def room(self) -> bool:
+        return self.ids.room()
 
+    def fits(self, shape: Shape) -> bool:
+        return self.ids.fits(shape.width)
 
-_END = object()
+    def running(self) -> int:
+        return len(self._running)
+
+    def submit(self, attempt: Attempt) -> Handle:
+        ids = self.ids.take(attempt.shape.width)
+        if ids is None:
+            raise RuntimeError(f"no room for {attempt.shape}: submit only what fits")
+        ln = Lane(ids, self.neighbours)
+        handle = Handle(attempt, ln)
+        t = threading.Thread(target=self._serve, args=(handle,), name=f"zerobench-cell-{ids}", daemon=True)
+        self._running[t] = ln
+        t.start()
+        return handle
+
+    def _serve(self, handle: Handle) -> None:
+        _here.lane = handle.placement
+        try:
+            self._ended.put(Finished(handle, value=handle.attempt.run(handle.placement)))
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread, which decides
+            self._ended.put(Finished(handle, error=e))
+
+    def _reap(self, f: Finished) -> Finished:
+        t = next(t for t, ln in self._running.items() if ln is f.handle.placement)
+        t.join()
+        self.ids.give(self._running.pop(t).slots)
+        return f
+
+    def collect(self, timeout_s: float) -> list[Finished]:
+        """The next attempt to end, within timeout_s (one at a time: the next placement sees its outcome)."""
+        try:
+            return [self._reap(self._ended.get(timeout=timeout_s))]
+        except queue.Empty:
+            return []
+
+    def cancel(self, why: BaseException) -> list[Finished]:
+        """Ask every running cell to stop as `why` stopped the main thread (Ctrl-C, SIGTERM: each is
+        recorded interrupted; an error: the same), wait for each, and hand on what ended whole meanwhile."""
+        exc = (
+            why
+            if isinstance(why, KeyboardInterrupt)
+            else Halted(f"stopped: the run failed beside it ({type(why).__name__}: {str(why)[:300]})")
+        )
+        for ln in self._running.values():
+            ln.stop.request(copy.copy(exc))  # one exception object per thread: each gets its own traceback
+        ended = []
+        while self._running:
+            ended.append(self._reap(self._ended.get()))  # bounded: a stopped worker is killed within its grace
+        return [f for f in ended if f.error is None]
 
 
 def run_units(
@@ -141,51 +195,17 @@ def run_units(
     runs here, in its turn. admit(unit), in this thread at the moment a unit is placed, may still turn it
     away (False): what ended while it waited for its slots decided it. A unit's exception stops the others
     and is raised here once they are recorded; so is anything raised in this thread (a signal)."""
-    items = iter(units)
-    ended: queue.Queue[_Ended] = queue.Queue()
-    running: dict[threading.Thread, Lane] = {}
-    neighbours = Neighbours()
-    head = None
-    try:
-        while True:
-            # Draw the next unit only when one could start: the outcomes that come in before then may
-            # decide it (a cell implied out of memory leaves the queue instead of running).
-            if head is None and (slots.room() or not running):
-                head = next(items, _END)
-            if head is _END and not running:
-                return
-            if head is not None and head is not _END:
-                n = need(head)
-                if n == 0:
-                    unit, head = head, None
-                    done(unit, work(unit))
-                    continue
-                ids = slots.take(n)
-                if ids is not None and admit is not None and not admit(head):
-                    slots.give(ids)
-                    head = None
-                    continue
-                if ids is not None:
-                    ln = Lane(ids, neighbours)
-                    t = threading.Thread(
-                        target=_serve, args=(ln, head, work, ended), name=f"zerobench-cell-{ids}", daemon=True
-                    )
-                    running[t] = ln
-                    head = None
-                    t.start()
-                    continue
-            try:
-                e = ended.get(timeout=poll_s)  # with a timeout: a signal is handled within poll_s
-            except queue.Empty:
-                continue
-            e.thread.join()
-            slots.give(running.pop(e.thread).slots)
-            if e.error is not None:
-                raise e.error
-            done(e.unit, e.value)
-    except BaseException as stop:
-        _stop_all(running, ended, stop, done)
-        raise
+    attempts = (
+        Attempt(key=u, cell=None, ds_config=None, repeat=1, shape=Shape(need(u)), run=lambda _p, u=u: work(u))
+        for u in units
+    )
+    dispatch(
+        LocalExecutor(slots),
+        attempts,
+        done=lambda a, value: done(a.key, value),
+        admit=None if admit is None else (lambda a: admit(a.key)),
+        poll_s=poll_s,
+    )
 
 
 class Halted(KeyboardInterrupt):
@@ -194,24 +214,3 @@ class Halted(KeyboardInterrupt):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
-
-
-def _stop_all(running: dict[threading.Thread, Lane], ended: queue.Queue, why: BaseException, done) -> None:
-    """Ask every running cell to stop as `why` stopped this thread (Ctrl-C, SIGTERM: each is recorded
-    interrupted; an error: the same), wait for each, and hand on what ended whole meanwhile."""
-    exc = (
-        why
-        if isinstance(why, KeyboardInterrupt)
-        else Halted(f"stopped: the run failed beside it ({type(why).__name__}: {str(why)[:300]})")
-    )
-    for ln in running.values():
-        ln.stop.request(copy.copy(exc))  # one exception object per thread: each gets its own traceback
-    while running:
-        e = ended.get()  # bounded: a stopped cell's worker is killed within its grace period
-        e.thread.join()
-        running.pop(e.thread)
-        if e.error is None:
-            try:
-                done(e.unit, e.value)
-            except Exception:  # noqa: BLE001 - the record is stored; the stop that is under way wins
-                pass

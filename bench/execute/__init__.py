@@ -1,0 +1,24 @@
+"""Running a matrix: plan, prepare, the loop (a session on an executor), one attempt per cell, the console.
+
+run: the public run(); plan: what runs, in which order, and what is implied or pruned; session: the
+loop's state; attempt: one attempt of one cell; prepare: one-off costs; progress: the console;
+signals: a clean stop; local: cells packed on one host's GPUs; launch: the one child protocol.
+"""
+
+from .attempt import HarnessError
+from .plan import Plan, Planned, default_results_path, plan, preview
+from .run import new_run_id, run
+from .signals import Stopped, stop_on_signals
+
+__all__ = [
+    "HarnessError",
+    "Plan",
+    "Planned",
+    "Stopped",
+    "default_results_path",
+    "new_run_id",
+    "plan",
+    "preview",
+    "run",
+    "stop_on_signals",
+]

@@ -1,0 +1,226 @@
+"""What a run decides before anything runs: the cells and their configs, rule skips, the memory model's
+predictions and prunes, the order; and the preview of it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import dsconfig, env, faults, hostmem, matrix, rules, schedule
+from ..axes import AUTO
+from ..cells import Cell
+from ..estimate import DEFAULT_MARGIN, Hardware, Verdict, predict, verdict
+from ..problems import ConfigError, InputError, Problem
+
+
+@dataclass(frozen=True)
+class Planned:
+    cell: Cell
+    skip: rules.Skip | None
+    ds_config: dict | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    matrix: matrix.Matrix
+    source: str
+    items: tuple[Planned, ...]
+
+    @property
+    def runnable(self) -> list[Planned]:
+        return [p for p in self.items if p.skip is None]
+
+
+def select(cells: list[Cell], filters: list[str] | None) -> list[Cell]:
+    """Keep cells whose id matches every filter (a regular expression or plain text, e.g. zero=3)."""
+    for f in filters or []:
+        try:
+            rx = re.compile(f)
+        except re.error as e:
+            raise ConfigError(
+                [
+                    Problem(
+                        "--filter",
+                        repr(f),
+                        f"not a regular expression: {e}",
+                        "put a backslash before ( ) [ ] + * ? to match them as text, e.g. --filter 'peft=lora'",
+                    )
+                ]
+            ) from None
+        cells = [c for c in cells if rx.search(c.id)]
+    return cells
+
+
+def plan(
+    matrix_path: str,
+    filters: list[str] | None = None,
+    platform: env.Platform | None = None,
+    ds_configs: list[str] | None = None,
+) -> Plan:
+    """Load, validate and expand a matrix, and decide for each cell: run (with its config) or skip (why).
+
+    ds_configs replaces the matrix's ds_config axis with these user DeepSpeed files."""
+    m = matrix.load(matrix_path, ds_configs=ds_configs)
+    platform = platform or env.probe()
+    items = []
+    for cell in select(matrix.expand(m), filters):
+        skip = rules.check(cell, platform)
+        # micro_batch: auto is a search: each probe gets its own config when it runs.
+        items.append(Planned(cell, skip, None if skip or cell.micro_batch == AUTO else dsconfig.build(cell)))
+    return Plan(m, str(matrix_path), tuple(items))
+
+
+def hardware(platform: env.Platform, gpu_mem: int | None = None) -> Hardware:
+    """What predictions are judged against: the first GPU's memory (NVML's total at the run's start) or
+    gpu_mem, and the host's memory. No GPU and no gpu_mem: nothing to judge a GPU cell against."""
+    gpu = gpu_mem or (platform.gpus[0].memory_bytes if platform.cuda and platform.gpus else None)
+    return Hardware(
+        gpu_memory_bytes=gpu or None,
+        host_memory_bytes=(platform.host_memory_bytes or None) if gpu else None,
+        gpu_name=platform.gpus[0].name if platform.cuda and platform.gpus else None,
+    )
+
+
+def prediction(cell: Cell, ds_config: dict | None, hw: Hardware, margin: float) -> dict | None:
+    """The record's `predicted` for a cell, where a GPU is known and the model can read the cell."""
+    if not hw.gpu_memory_bytes:
+        return None
+    try:
+        e = predict(cell, ds_config, hw)
+    except ValueError:
+        return None  # a model without a known shape
+    return {
+        **e.to_dict(),
+        "gpu_memory_bytes": hw.gpu_memory_bytes,
+        "host_memory_bytes": hw.host_memory_bytes,
+        "margin": margin,
+        "gpu_verdict": verdict(e.gpu_bytes, hw.gpu_memory_bytes, margin),
+        "host_verdict": verdict(e.host_bytes, hw.host_memory_bytes, margin),
+    }
+
+
+def prune_skip(pred: dict | None) -> rules.Skip | None:
+    """A Skip when the prediction says the cell cannot fit (GPU or host), beyond the margin."""
+    if not pred:
+        return None
+    GiB = 2**30
+    for where, need, have, v in (
+        ("GPU", pred["gpu_bytes"], pred["gpu_memory_bytes"], pred["gpu_verdict"]),
+        ("host", pred["host_bytes"], pred["host_memory_bytes"], pred["host_verdict"]),
+    ):
+        if v == Verdict.PRUNE:
+            return rules.Skip(
+                rules.PRUNED,
+                f"predicted OOM: needs {need / GiB:.1f} of {have / GiB:.1f} GiB ({where} memory, "
+                f"more than {1 + pred['margin']:.0%} of it)",
+                "run it anyway with --no-prune; or a smaller micro_batch, gradient checkpointing, a higher "
+                "ZeRO stage or offload",
+                "bench.estimate, the memory model (reports/memory-model.md)",
+            )
+    return None
+
+
+def default_results_path(p: Plan) -> Path:
+    return Path("results") / f"{p.matrix.name}.jsonl"
+
+
+def arrange(
+    items: list[Planned], hw: Hardware, margin: float, prune: bool, order: str
+) -> tuple[list[Planned], dict[int, dict | None], set[int]]:
+    """The plan's cells in the order they run, with what the memory model says of each before anything
+    runs (by id(item): for the order, the records and the ETA) and the cells recorded without running
+    (by id(item): a rule's skip, or pruned)."""
+    preds = {
+        id(it): None if it.skip or it.cell.micro_batch == AUTO else prediction(it.cell, it.ds_config, hw, margin)
+        for it in items
+    }
+    free = {id(it) for it in items if it.skip is not None or (prune and prune_skip(preds[id(it)]) is not None)}
+    items = list(items)
+    if order == "early":
+        items = [
+            items[j]
+            for j in schedule.order(
+                [it.cell for it in items],
+                free=[id(it) in free for it in items],
+                risky=[_risky(preds[id(it)], prune) for it in items],
+                mem=[(preds[id(it)] or {}).get("gpu_bytes") for it in items],
+            )
+        ]
+    return items, preds, free
+
+
+def preview(
+    matrix_path: str,
+    *,
+    filters: list[str] | None = None,
+    ds_configs: list[str] | None = None,
+    gpu_mem: int | None = None,
+    margin: float = DEFAULT_MARGIN,
+    prune: bool = True,
+    order: str = "early",
+    gpus_available: int | None = None,
+) -> list[str]:
+    """What `zerobench run` would do, without running anything: each cell in the order it would run, and
+    whether it would run, be pruned (the memory model: it cannot fit) or skipped (a rule); a cell the
+    model is unsure of is marked so (it may run out of memory and then imply the heavier ones)."""
+    platform = host_platform(gpus_available)  # as the run would see this host
+    p = plan(matrix_path, filters, platform=platform, ds_configs=ds_configs)
+    hw = hardware(platform, gpu_mem)
+    items, preds, free = arrange(p.items, hw, margin, prune, order)
+    GiB = 2**30
+    judged = f"{hw.gpu_memory_bytes / GiB:.1f} GiB of GPU memory" if hw.gpu_memory_bytes else "no GPU known"
+    lines = [f"run order ({order}), judged against {judged} (margin {margin:.0%}):"]
+    counts: dict[str, int] = {}
+    for n, it in enumerate(items, 1):
+        pred = preds[id(it)] or {}
+        what = (
+            "skip"
+            if it.skip is not None
+            else "pruned"
+            if id(it) in free
+            else "run?"
+            if _risky(pred or None, prune) and hw.gpu_memory_bytes
+            else "run"
+        )
+        counts[what] = counts.get(what, 0) + 1
+        mem = f"{pred['gpu_bytes'] / GiB:6.1f} GiB" if pred.get("gpu_bytes") else " " * 10
+        lines.append(f"  {n:5d}  {what:6s} {mem}  {it.cell.id}")
+    legend = {"run": "to run", "run?": "to run, may not fit", "pruned": "pruned", "skip": "skipped by a rule"}
+    lines.append("  " + ", ".join(f"{counts[k]} {legend[k]}" for k in legend if k in counts))
+    return lines
+
+
+def _risky(pred: dict | None, prune: bool) -> bool:
+    """Might run out of GPU memory: the model is uncertain, knows no GPU to judge against, or (not pruning)
+    says it will not fit."""
+    v = (pred or {}).get("gpu_verdict")
+    return v in (None, Verdict.UNCERTAIN, Verdict.UNKNOWN) or (v == Verdict.PRUNE and not prune)
+
+
+def _check_faults(p: Plan, text: str | None) -> None:
+    """A fault the suite injects (ZEROBENCH_FAULT) that would never fire is an input error, not a silent pass."""
+    if not text:
+        return
+    limit, total = hostmem.cgroup_limit(), hostmem.host_memory()
+    problems = faults.check(
+        text, [it.cell for it in p.runnable], memory_limited=bool(limit and total and limit < total)
+    )
+    if problems:
+        raise ConfigError([Problem(file="ZEROBENCH_FAULT", where=spec, what=what) for spec, what in problems])
+
+
+def host_platform(gpus_available: int | None) -> env.Platform:
+    """This host as the run sees it: on a GPU host, its first gpus_available GPUs (the rules skip a cell
+    that needs more)."""
+    platform = env.probe()
+    if platform.cuda and gpus_available is not None:
+        if gpus_available > len(platform.gpus):
+            raise InputError(
+                f"--gpus-available {gpus_available}: this host shows {len(platform.gpus)} GPU(s) "
+                f"({', '.join(str(g.index) for g in platform.gpus)}); give at most that many"
+            )
+        import dataclasses
+
+        platform = dataclasses.replace(platform, gpus=platform.gpus[:gpus_available])
+    return platform

@@ -1,0 +1,115 @@
+"""The console: one line per outcome, a bar with the ETA on a terminal, the summary and the fixed costs."""
+
+from __future__ import annotations
+
+from .. import schedule
+from ..cells import Cell
+from ..status import Status
+
+
+def _fmt_bytes(b) -> str:
+    return "-" if not b else f"{b / 2**30:.2f} GiB"
+
+
+def line(i: int, n: int, rec: dict) -> str:
+    m = rec.get("metrics") or {}
+    mem = rec.get("memory") or {}
+    peak = mem.get("nvml_proc_peak_bytes") or mem.get("host_rss_peak_bytes")
+    bits = [f"[{i}/{n}]", f"{rec['status']:<11}", rec["cell_name"]]
+    if rec.get("repeat", 1) > 1:
+        bits.append(f"(repeat {rec['repeat']})")
+    if rec["status"] == "ok":
+        losses = rec.get("losses") or []
+        bits += [
+            f"{rec.get('wall_s', 0):.1f}s",
+            f"{m.get('tokens_per_s', 0):,.0f} tok/s",
+            f"loss {losses[0]:.2f}->{losses[-1]:.2f}" if losses else "",
+            f"peak {_fmt_bytes(peak)}",
+        ]
+    elif rec.get("reason"):
+        bits.append(f"- {rec['reason'][:160]}")
+    return "  ".join(b for b in bits if b)
+
+
+def costs_line(c: dict) -> str:
+    """The run's fixed costs in one line: what was cached, what was built and in how long."""
+    bits = []
+    ops = c.get("ops") or {}
+    if ops:
+        by: dict[str, list[str]] = {}
+        for op, how in ops.items():
+            by.setdefault(how, []).append(op)
+        took = f" in {c['ops_s']:.0f} s" if c.get("ops_s") is not None else ""
+        bits.append("ops: " + "; ".join(f"{how} {', '.join(names)}" for how, names in by.items()) + took)
+    for name, how in (c.get("checkpoints") or {}).items():
+        took = f" in {c['checkpoints_s']:.0f} s" if how != "cached" and c.get("checkpoints_s") is not None else ""
+        bits.append(f"checkpoint {name}: {how}{took}")
+    if c.get("forkserver_import_s") is not None:
+        bits.append(f"fork server import {c['forkserver_import_s']:.1f} s (in the background)")
+    else:
+        bits.append(f"fork server: {c.get('forkserver') or 'none'}")
+    return f"fixed costs: {'; '.join(bits)}; setup {c['setup_s']:.1f} s in all"
+
+
+class Progress:
+    """A bar over the matrix (current cell, ETA) on a terminal; one line per finished cell always."""
+
+    def __init__(self, total: int, enabled: bool, printer):
+        self.total, self.printer = total, printer
+        self.counts: dict[str, int] = {}  # outcomes by status, for the summary
+        self.bar = None
+        if enabled and total:
+            try:
+                from rich.progress import (
+                    BarColumn,
+                    MofNCompleteColumn,
+                    Progress,
+                    TextColumn,
+                    TimeElapsedColumn,
+                    TimeRemainingColumn,
+                )
+
+                self.bar = Progress(
+                    TextColumn("{task.description}"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeElapsedColumn(),
+                    TextColumn("ETA"),
+                    TimeRemainingColumn(),
+                )
+                if not self.bar.console.is_terminal:
+                    self.bar = None
+                else:
+                    self.task = self.bar.add_task("starting", total=total)
+                    self.bar.start()
+            except ImportError:
+                self.bar = None
+
+    def start(self, i: int, cell: Cell) -> None:
+        if self.bar:
+            self.bar.update(self.task, description=f"cell {i}/{self.total}: {cell.name}")
+
+    def done(self, i: int, rec: dict, elapsed: float | None = None, eta: float | None = None) -> None:
+        text = line(i, self.total, rec)
+        if elapsed is not None:
+            text += f"  [{schedule.duration(elapsed)} elapsed, ETA {schedule.duration(eta)}]"
+        self.counts[rec["status"]] = self.counts.get(rec["status"], 0) + 1
+        if self.bar:
+            self.bar.update(self.task, total=self.total)
+            self.bar.console.print(text, markup=False, highlight=False)
+            self.bar.advance(self.task)
+        else:
+            self.printer(text)
+
+    def close(self, seconds: float, recorded: int, finished: bool) -> None:
+        if self.bar:
+            self.bar.stop()
+        ran = sum(n for st, n in self.counts.items() if Status(st).ran)
+        parts = [f"{ran} ran"] + [
+            f"{self.counts[st.value]} {st.value}" for st in Status if not st.ran and self.counts.get(st.value)
+        ]
+        what = ", ".join(parts)
+        if finished:
+            self.printer(f"matrix done: {self.total} cells in {seconds:.0f} s ({what})")
+        else:
+            self.printer(f"matrix stopped after {recorded} of {self.total} cells ({seconds:.0f} s; {what})")

@@ -1,0 +1,126 @@
+"""The orchestrator's entry: validate everything, then run each cell in its own process and record it.
+
+plan (bench.execute.plan) -> prepare -> the session's loop (bench.execute.session) on an executor -> the
+summary. Never imports torch. No exception escapes for a cell that failed: every end is a record.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import uuid
+from pathlib import Path
+
+from .. import env, schedule
+from ..estimate import DEFAULT_MARGIN
+from ..store import Store, check_writable
+from . import launch, local
+from .plan import Plan, _check_faults, default_results_path, host_platform, plan
+from .registry import EXECUTORS
+from .session import Options, Session
+from .settings import check_settings
+
+__all__ = ["run", "new_run_id"]
+
+
+def new_run_id() -> str:
+    """Sortable and unique: UTC start time plus a random suffix."""
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+
+
+def run(
+    matrix_path: str,
+    *,
+    results: str | None = None,
+    filters: list[str] | None = None,
+    resume: bool = False,
+    logs_dir: str | None = None,
+    progress: bool = True,
+    extra_env: dict[str, str] | None = None,
+    ds_configs: list[str] | None = None,
+    printer=print,
+    on_record=None,
+    prune: bool = True,
+    gpu_mem: int | None = None,
+    margin: float = DEFAULT_MARGIN,
+    repeats: int | None = None,
+    order: str = "early",
+    gpus_available: int | None = None,
+    pack: bool | None = None,
+    executor: str = "local",
+) -> tuple[Plan, Path, list[dict]]:
+    """Run a matrix; return the plan, the results path and the records written by this call.
+
+    repeats (default: the matrix's `repeats`) runs every runnable cell that many times, interleaved:
+    each cell's first repeat, then each one's second, so a drift of the machine over the run (clocks,
+    temperature, a neighbour) spreads over all cells instead of landing on the last ones. A skipped
+    cell is recorded once. order (bench.schedule.ORDERS): "early" runs cells in bench.schedule.order's
+    order, "matrix" in the matrix's. With prune, a cell that runs out of memory implies the cells not yet
+    run that need at least as much in every respect (bench.schedule): each recorded once as implied_oom,
+    naming it. on_record(record) is called with each outcome as it is stored (live export,
+    e.g. to W&B); a failure there is printed and the run goes on. Where a GPU is known (NVML at the
+    start, or gpu_mem), each record carries the memory model's prediction, and with prune a cell
+    predicted not to fit (beyond the margin) is recorded as skipped instead of run. Raises InputError
+    before anything runs when the results file cannot be written or another run holds it, and
+    StoreWriteError when a record could not be written whole (a full disk): the run stops there, having
+    printed what it wrote and what it lost. SIGINT and SIGTERM raise Stopped (with the results path)
+    after the running cell is recorded as interrupted.
+
+    gpus_available (default: every GPU NVML shows, as CUDA_VISIBLE_DEVICES limits them; 1 slot on a CPU
+    host) is how many GPUs the run uses; on a CPU host, N slots run N CPU cells side by side. pack
+    (default: when more than one) runs cells side by side on disjoint GPU sets (bench.execute.local),
+    else one at a time. executor (bench.execute.registry.EXECUTORS) runs the attempts; this process
+    writes every record."""
+    if order not in schedule.ORDERS:
+        raise ValueError(f"order {order!r}: one of {', '.join(schedule.ORDERS)}")
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor {executor!r}: one of {', '.join(sorted(EXECUTORS))}")
+    platform = host_platform(gpus_available)
+    p = plan(matrix_path, filters, platform=platform, ds_configs=ds_configs)
+    environ = {**os.environ, **(extra_env or {})}
+    check_settings(environ)  # before anything runs: a bad value would otherwise be every cell's error
+    _check_faults(p, environ.get("ZEROBENCH_FAULT"))
+    results_path = Path(results) if results else default_results_path(p)
+    check_writable(results_path)
+    store = Store(results_path)
+    logs = Path(logs_dir) if logs_dir else results_path.parent / "logs" / results_path.stem
+    o = Options(
+        matrix_path=matrix_path, resume=resume, logs=logs, progress=progress, extra_env=extra_env,
+        printer=printer, on_record=on_record, prune=prune, gpu_mem=gpu_mem, margin=margin,
+        repeats=repeats or p.matrix.repeats, order=order, platform=platform,
+        slots=_slots(platform, gpus_available, pack), executor=executor,
+    )  # fmt: skip
+    # One run per results file: a second run (or a --resume) beside this one would measure every cell
+    # twice, number both attempts 1, share their log files and take each other's started cells for dead.
+    with store.hold("zerobench run --resume" if resume else "zerobench run"):
+        s = Session(p, store, o, new_run_id())
+        launch.sweep_attempt_folders()  # what a SIGKILLed run before this one could not remove
+        _say_hardware(o, s)
+        s.load()
+        s.go()
+    return p, results_path, [r.to_dict() for r in s.written]
+
+
+def _say_hardware(o: Options, s: Session) -> None:
+    if o.platform.cuda and not o.platform.nvml:
+        o.printer(
+            "warning: this GPU host has no NVML (pip install nvidia-ml-py): records will "
+            "carry the torch allocator's memory only, not NVML's process and device memory, power or utilisation"
+        )
+    hw = s.hw
+    if hw.gpu_memory_bytes:
+        o.printer(
+            f"memory model: judging cells against {hw.gpu_memory_bytes / 2**30:.1f} GiB of GPU memory"
+            + (f" and {hw.host_memory_bytes / 2**30:.1f} GiB of host memory" if hw.host_memory_bytes else "")
+            + (
+                f", margin {o.margin:.0%}; cells predicted not to fit are skipped (--no-prune runs them)"
+                if o.prune
+                else ""
+            )
+        )
+
+
+def _slots(platform: env.Platform, gpus_available: int | None, pack: bool | None) -> local.Slots:
+    """What cells are placed on: the GPUs' physical indexes, or on a CPU host slots 0..N-1."""
+    ids = [g.index for g in platform.gpus] if platform.cuda else list(range(gpus_available or 1))
+    return local.Slots(ids, max_cells=None if (len(ids) > 1 if pack is None else pack) else 1)
