@@ -30,6 +30,10 @@ AxisValues.__doc__ = "The axis values of a cell (bench.axes.AXES): " + "; ".join
 )
 
 
+# Axes whose value lives in a settings block (bench.axes.Axis.block).
+_BLOCK_AXES = tuple(a for a in axes.AXES if a.block)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Lora:
     """LoRA adapter settings (also used by QLoRA)."""
@@ -114,6 +118,15 @@ class Cell(AxisValues):
     timeout_s: float = field(default=1800.0, compare=False)
     matrix: str = field(default="", compare=False)
 
+    def __post_init__(self) -> None:
+        # A settings block, where the cell has one, is what its PEFT axes read: one truth, and the hash
+        # reads the block (so records written before these axes existed parse to the same cell).
+        for a in _BLOCK_AXES:
+            block = getattr(self, a.block)
+            if block is not None:
+                value = getattr(block, a.block_field)
+                object.__setattr__(self, a.name, axes.lora_targets_name(value) if a.name == "lora_targets" else value)
+
     # -- identity -----------------------------------------------------------------------------
     def canonical(self) -> dict[str, Any]:
         """Everything that changes the measurement, as plain JSON-able data."""
@@ -125,6 +138,8 @@ class Cell(AxisValues):
         for a in axes.AXES:
             if not a.hashed_at_default and d[a.name] == a.default:
                 d.pop(a.name)
+            elif a.block and d[a.block] is not None:
+                d.pop(a.name)  # the block holds it
         if d["adaptive"] is None:
             d.pop("adaptive")
         return d

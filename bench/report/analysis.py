@@ -44,7 +44,6 @@ _FIXED = [
     *[(a.name, a.short) for a in SHOWN if not a.ablate],
     ("lr", "lr"),
     ("attn", "attn"),
-    ("lora_alpha", "lora_alpha"),
 ]
 _SHORT = {c: s for c, _, s in AXES} | dict(_FIXED)
 # Values in the table's order (ZeRO 0..3, none before offloads, ...); others after, by value.
@@ -380,19 +379,34 @@ def _context_labels(keys: pd.DataFrame, cols: list[str]) -> pd.Series:
 _CELL_FIELDS = ["cell_name", "cell_hash", "status", "reason", "tokens_per_s", "peak_memory_bytes"]
 
 
+# PEFT settings (axes with a block) and peft_variant describe one adapter: comparing PEFT variants holds
+# none of the settings equal (peft: none has none), and comparing one setting holds peft, not the variant
+# (whose name carries the rank and quantization).
+_PEFT_SETTINGS = {a.name for a in SHOWN if a.block}
+
+
+def _held_equal(cols: list[str], axis: str) -> list[str]:
+    """The columns that must match for two cells to differ only in `axis`."""
+    if axis == "peft_variant":
+        return [c for c in cols if c != axis and c not in _PEFT_SETTINGS]
+    if axis in _PEFT_SETTINGS:
+        return [c for c in cols if c not in (axis, "peft_variant")] + ["peft"]
+    return [c for c in cols if c != axis]
+
+
 def _ablations(cells: pd.DataFrame, samples: dict) -> list[Ablation]:
     ran = cells[~cells["status"].isin(NOT_RUN)]
     if ran.empty:
         return []
     context_cols = [c for c, _, _ in AXES if c in cells] + [c for c, _ in _FIXED if c in cells]
     # Strings make None/NaN groupable and comparable; labels show only what differs somewhere.
-    keys = ran[context_cols].astype(str)
+    keys = ran[context_cols + (["peft"] if "peft" in ran and "peft" not in context_cols else [])].astype(str)
     varying = [c for c in context_cols if keys[c].nunique() > 1]
     out = []
     for axis, title, _ in AXES:
         if axis not in varying:
             continue
-        others = [c for c in context_cols if c != axis and not (axis == "peft_variant" and c == "lora_alpha")]
+        others = _held_equal(context_cols, axis)
         gid = keys.groupby(others, sort=False, dropna=False).ngroup()
         comparable = keys[axis].groupby(gid).transform("nunique") >= 2
         if not comparable.any():
