@@ -380,8 +380,8 @@ _CELL_FIELDS = ["cell_name", "cell_hash", "status", "reason", "tokens_per_s", "p
 
 
 # PEFT settings (axes with a block) and peft_variant describe one adapter: comparing PEFT variants holds
-# none of the settings equal (peft: none has none), and comparing one setting holds peft, not the variant
-# (whose name carries the rank and quantization).
+# none of the settings equal (peft: none has none; alpha was never held equal there), and comparing one
+# setting holds peft equal, not the variant (whose name carries the rank and quantization).
 _PEFT_SETTINGS = {a.name for a in SHOWN if a.block}
 
 
@@ -451,6 +451,9 @@ def _effects(sub: pd.DataFrame, gid: pd.Series, axis: str, values: list, samples
     ref = values[0]
     wide_t = ok.pivot_table(index="_g", columns=axis, values="tokens_per_s", aggfunc="first")
     wide_m = ok.pivot_table(index="_g", columns=axis, values="peak_memory_bytes", aggfunc="first")
+    # What the knob does to learning and to what trains (the PEFT settings move these, not memory alone).
+    wide_l = _wide(ok, axis, "loss_final")
+    wide_p = _wide(ok, axis, "params_trainable")
     wide_k: dict = {}
     if samples:  # which cells each group holds, to find their repeats
         keys = ok.assign(_k=[compare.cell_key(r) for r in ok[["cell_hash", "variant"]].to_dict("records")])
@@ -458,6 +461,7 @@ def _effects(sub: pd.DataFrame, gid: pd.Series, axis: str, values: list, samples
     out = []
     for v in values[1:]:
         row = {"value": v, "reference": ref, "n": 0, "tokens_ratio": None, "memory_ratio": None}
+        row.update(loss_delta=_median_of(wide_l, v, ref, "-"), trainable_ratio=_median_of(wide_p, v, ref, "/"))
         row.update(verdict=None, basis="")
         if ref in wide_t.columns and v in wide_t.columns:
             t = (wide_t[v] / wide_t[ref]).dropna()
@@ -472,6 +476,20 @@ def _effects(sub: pd.DataFrame, gid: pd.Series, axis: str, values: list, samples
                 row.update(_significance(pairs, t.to_numpy(), samples))
         out.append(row)
     return out
+
+
+def _wide(ok: pd.DataFrame, axis: str, col: str) -> pd.DataFrame:
+    if col not in ok or ok[col].isna().all():
+        return pd.DataFrame()
+    return ok.pivot_table(index="_g", columns=axis, values=col, aggfunc="first")
+
+
+def _median_of(wide: pd.DataFrame, v, ref, op: str) -> float | None:
+    """The median over groups of value v's figure minus (or over) the reference value's; None without pairs."""
+    if ref not in wide.columns or v not in wide.columns:
+        return None
+    d = (wide[v] - wide[ref] if op == "-" else wide[v] / wide[ref]).dropna()
+    return float(d.median()) if len(d) else None
 
 
 def _significance(pairs: list[tuple[str, str]], ratios, samples: dict) -> dict:
