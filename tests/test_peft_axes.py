@@ -6,6 +6,7 @@ from __future__ import annotations
 from bench import matrix, rules
 from bench.cells import Cell, Lora, Qlora
 from bench.env import Platform
+from bench.estimate import predict, shape_of, trainable_params
 
 from .conftest import write_matrix
 from .test_dsconfig import GPU_HOST
@@ -94,3 +95,22 @@ def test_a_target_set_outside_the_named_ones_is_a_matrix_problem(tmp_path):
         assert [p.where for p in e.problems] == ["axes.lora_targets[0]"]
     else:
         raise AssertionError("qkvo was accepted")
+
+
+def test_the_memory_model_follows_rank_targets_and_double_quant():
+    shape = shape_of("llama-1b")
+
+    def terms(**kw):
+        c = Cell(model="llama-1b", **kw)
+        return predict(c).gpu_terms, trainable_params(c, shape)
+
+    small, t_small = terms(peft="lora", lora=Lora(r=4, targets=("q_proj", "k_proj", "v_proj")))
+    big, t_big = terms(peft="lora", lora=Lora(r=64))
+    assert t_big > 16 * t_small  # 16x the rank, and every linear
+    assert small["optimizer_state"] == 8 * t_small and big["optimizer_state"] == 8 * t_big  # AdamW's moments
+    dq, _ = terms(peft="qlora", lora=Lora(), qlora=Qlora(double_quant=True))
+    single, _ = terms(peft="qlora", lora=Lora(), qlora=Qlora(double_quant=False))
+    saved_bits = (single["qlora_quant_constants"] - dq["qlora_quant_constants"]) * 8 / shape.linear_params
+    assert abs(saved_bits - 0.373) < 0.001  # 0.5 bit/param - (8/64 + 32/(64*256))
+    fp4, _ = terms(peft="qlora", lora=Lora(), qlora=Qlora(quant_type="fp4"))
+    assert fp4["weights"] == dq["weights"]  # same 4-bit storage, another code book
