@@ -136,10 +136,8 @@ class Cell(AxisValues):
         # Axes added after results were first published are left out at their default, so a cell
         # keeps the hash (and its history, baselines and --resume) it had before the axis existed.
         for a in axes.AXES:
-            if not a.hashed_at_default and d[a.name] == a.default:
+            if a.name in d and not a.hashed_at_default and d[a.name] == a.default:
                 d.pop(a.name)
-            elif a.block and d[a.block] is not None:
-                d.pop(a.name)  # the block holds it
         if d["adaptive"] is None:
             d.pop("adaptive")
         return d
@@ -166,6 +164,11 @@ class Cell(AxisValues):
     # -- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        # A PEFT axis is written once: in its block where the cell has one, else only off its default
+        # (records keep the shape they had before these axes, and from_dict reads the block back).
+        for a in _BLOCK_AXES:
+            if d[a.block] is not None or d[a.name] == a.default:
+                d.pop(a.name)
         for k in ("lora", "qlora"):
             if d[k] is not None:
                 d[k] = {kk: list(v) if isinstance(v, tuple) else v for kk, v in d[k].items()}
