@@ -758,7 +758,7 @@ def _applicable(combo: dict, stated) -> dict:
     """An axis that means nothing for this combination (Axis.applies: LoRA rank with peft: none) takes its
     default, so crossing it does not multiply cells; a value an include states is kept, for the rules."""
     for a in AXIS_TABLE:
-        if a.applies is not None and a.name not in stated and not a.applies(combo):
+        if a.name not in stated and not _applies(a.name, combo):
             combo[a.name] = a.default
     return combo
 
@@ -798,7 +798,13 @@ def _described(path: str, combo: dict) -> dict:
 
 
 def _matches(combo: dict, pick: Pick) -> bool:
-    return all(combo[k] in vals for k, vals in pick.values().items())
+    # A setting that does not apply to the combination (lora_r with peft: none) matches nothing there.
+    return all(combo[k] in vals and _applies(k, combo) for k, vals in pick.values().items())
+
+
+def _applies(axis: str, combo: dict) -> bool:
+    a = AXIS[axis]
+    return a.applies is None or a.applies(combo)
 
 
 def _blocks(m: Matrix, combo: dict) -> dict:

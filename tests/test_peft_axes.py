@@ -40,6 +40,15 @@ def test_axes_write_the_blocks_and_peft_none_is_not_multiplied(tmp_path):
     assert all(c.lora.alpha == 16 for c in lora)  # the block gives what the axes leave unset
 
 
+def test_an_exclude_on_a_lora_setting_leaves_the_full_fine_tuning_cell(tmp_path):
+    cells = _cells(tmp_path, SWEEP + "exclude:\n  - {lora_r: 16}\n")
+    assert sorted((c.peft, c.lora.r if c.lora else None) for c in cells) == [
+        ("lora", 4),
+        ("lora", 4),
+        ("none", None),
+    ]
+
+
 def test_a_block_setting_and_the_same_axis_value_are_one_cell(tmp_path):
     by_block = _cells(tmp_path, "model: llama-tiny\naxes: {peft: [lora]}\nlora: {r: 64, alpha: 16}\n")
     by_axis = _cells(tmp_path, "model: llama-tiny\naxes: {peft: [lora], lora_r: [64], lora_alpha: [16]}\n")
