@@ -30,6 +30,9 @@ __all__ = [
     "UnderOffload",
     "OPTIMIZERS",
     "peft_variant",
+    "LORA_TARGETS",
+    "lora_target_modules",
+    "lora_targets_name",
     "ZERO_STAGES",
     "OFFLOADS",
     "PRECISIONS",
@@ -219,6 +222,32 @@ class Shown:
     UNLESS_DEFAULT = "unless-default"
 
 
+# -- PEFT settings ----------------------------------------------------------------------------
+# The lora_targets axis's named sets of a Llama block's linear layers (peft LoraConfig target_modules).
+# "all-linear" is peft's own keyword: every linear layer but the LM head.
+LORA_TARGETS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "qkv": ("q_proj", "k_proj", "v_proj"),
+        "attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+        "mlp": ("gate_proj", "up_proj", "down_proj"),
+        "all-linear": ("all-linear",),
+    }
+)
+
+
+def lora_target_modules(name: str | list | tuple) -> tuple[str, ...]:
+    """The module names a lora_targets value (a named set, or module names) adapts."""
+    if isinstance(name, (list, tuple)):
+        return tuple(name)
+    return LORA_TARGETS.get(name) or tuple(name.split(","))
+
+
+def lora_targets_name(targets: tuple[str, ...] | list[str]) -> str:
+    """The lora_targets value of a LoRA block's module names: its set's name, else the names joined."""
+    targets = tuple(targets)
+    return next((k for k, v in LORA_TARGETS.items() if v == targets), ",".join(targets))
+
+
 def peft_variant(peft: str, r: Any, quant_type: str | None) -> str:
     """none | lora-r8 | qlora-nf4-r8: the PEFT value with the settings that change its cost."""
     if peft == "none":
@@ -246,11 +275,15 @@ class NamePart:
     """Shown.ALWAYS, or Shown.UNLESS_DEFAULT (axes added later, so older names stay as published)."""
     text: Callable[[Any, Any], str] = _str
     """The value as the name writes it, given (value, cell)."""
+    unshown: Callable[[Any, Any], bool] | None = None
+    """Shown.UNLESS_DEFAULT: whether (value, cell) leaves the part out, where that is more than "value is the
+    default" (the rank is already in peft=lora-r8; alpha is left out at 32 and at 2r)."""
 
     def part(self, cell: Any) -> str | None:
         value = getattr(cell, self.name)
-        if self.shown == Shown.UNLESS_DEFAULT and value == self.default:
-            return None
+        if self.shown == Shown.UNLESS_DEFAULT:
+            if (self.unshown or (lambda v, c: v == self.default))(value, cell):
+                return None
         return f"{self.short}={self.text(value, cell)}"
 
 
@@ -283,6 +316,15 @@ class Axis(NamePart):
     A cell that runs out of GPU memory implies the cells heavier than it along these (bench.schedule)."""
     host_heavier: str | tuple[tuple, ...] | None = None
     """The same for host memory (a host OOM implies the cells heavier than it on the host)."""
+    block: str | None = None
+    """The Cell's settings block (lora, qlora) that holds the value as its field `block_field`: the block
+    is what the cell hash reads, so a value set by the matrix's block and the same value on the axis are one
+    cell. The matrix's block gives the value where the axis is not listed (as `setting` does)."""
+    block_field: str | None = None
+    applies: Callable[[Mapping[str, Any]], bool] | None = None
+    """Whether the axis means anything for a cell, given its axis values (LoRA settings with peft: none do
+    not). Where it does not, crossing leaves the value at its default instead of multiplying cells; an
+    include that names a value there makes a cell the rules reject."""
     hashed_at_default: bool = False
     """The cell hash includes the value even at its default. Only for axes older than the first published
     results: an axis added later is left out of the hash at its default, so every existing cell keeps its
@@ -395,6 +437,98 @@ AXES: tuple[Axis, ...] = (
         hashed_at_default=True,
         text=lambda v, c: peft_variant(v, c.lora.r if c.lora else "?", c.qlora.quant_type if c.qlora else None),
         doc="Train all weights, a LoRA adapter, or a LoRA adapter over 4-bit base weights (QLoRA).",
+    ),
+    *(
+        # No gpu_heavier direction yet: a larger rank or target set is heavier on paper, but no GPU run has
+        # checked it, and an implied OOM on a wrong direction would drop cells unrun.
+        Axis(order=order, block=block, block_field=fld, shown=Shown.UNLESS_DEFAULT, setting=f"{block}.{fld}", **kw)
+        for order, block, fld, kw in (
+            (
+                61,
+                "lora",
+                "r",
+                dict(
+                    name="lora_r",
+                    label="LoRA rank",
+                    short="r",
+                    type=int,
+                    default=16,
+                    minimum=1,
+                    applies=lambda v: v["peft"] != "none",
+                    unshown=lambda v, c: v == 16 or c.lora is not None,  # peft=lora-r8 shows it
+                    doc="LoRA rank r: adapter parameters, their optimizer state and activations grow linearly "
+                    "with it; a small rank may not fit the data's patterns.",
+                ),
+            ),
+            (
+                62,
+                "lora",
+                "alpha",
+                dict(
+                    name="lora_alpha",
+                    label="LoRA alpha",
+                    short="alpha",
+                    type=int,
+                    default=32,
+                    minimum=1,
+                    applies=lambda v: v["peft"] != "none",
+                    # Names leave out the default 32 and alpha/r = 2 (the default's scale, e.g. r=8 alpha=16).
+                    unshown=lambda v, c: v in (32, 2 * c.lora_r),
+                    doc="LoRA scale numerator: the update is scaled by alpha/r. No memory or speed effect; it "
+                    "changes how fast the adapter learns (names show it unless it is 32 or 2r).",
+                ),
+            ),
+            (
+                63,
+                "lora",
+                "targets",
+                dict(
+                    name="lora_targets",
+                    label="LoRA targets",
+                    short="targets",
+                    type=str,
+                    default="all-linear",
+                    values=tuple(LORA_TARGETS),
+                    applies=lambda v: v["peft"] != "none",
+                    doc="Which linear layers get an adapter (LORA_TARGETS): fewer layers, fewer trainable "
+                    "parameters and less optimizer state, and less the adapter can change.",
+                ),
+            ),
+            (
+                64,
+                "qlora",
+                "quant_type",
+                dict(
+                    name="qlora_quant",
+                    label="QLoRA quantization",
+                    short="quant",
+                    type=str,
+                    default="nf4",
+                    values=("nf4", "fp4"),
+                    applies=lambda v: v["peft"] == "qlora",
+                    unshown=lambda v, c: v == "nf4" or c.qlora is not None,  # peft=qlora-fp4-r16 shows it
+                    doc="4-bit data type of the base weights: NF4 (normal-float, the QLoRA paper's) or FP4. "
+                    "Same storage; they differ in quantization error, so in loss.",
+                ),
+            ),
+            (
+                65,
+                "qlora",
+                "double_quant",
+                dict(
+                    name="qlora_double_quant",
+                    label="QLoRA double quantization",
+                    short="dq",
+                    type=bool,
+                    default=True,
+                    values=(False, True),
+                    applies=lambda v: v["peft"] == "qlora",
+                    text=lambda v, c: "on" if v else "off",
+                    doc="Quantize the 4-bit weights' fp32 absmax constants to 8 bits: about 0.37 bit per "
+                    "parameter less (0.5 -> 0.127), for a little dequantization time.",
+                ),
+            ),
+        )
     ),
     Axis(
         name="engine",

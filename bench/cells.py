@@ -30,6 +30,10 @@ AxisValues.__doc__ = "The axis values of a cell (bench.axes.AXES): " + "; ".join
 )
 
 
+# Axes whose value lives in a settings block (bench.axes.Axis.block).
+_BLOCK_AXES = tuple(a for a in axes.AXES if a.block)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Lora:
     """LoRA adapter settings (also used by QLoRA)."""
@@ -114,6 +118,15 @@ class Cell(AxisValues):
     timeout_s: float = field(default=1800.0, compare=False)
     matrix: str = field(default="", compare=False)
 
+    def __post_init__(self) -> None:
+        # A settings block, where the cell has one, is what its PEFT axes read: one truth, and the hash
+        # reads the block (so records written before these axes existed parse to the same cell).
+        for a in _BLOCK_AXES:
+            block = getattr(self, a.block)
+            if block is not None:
+                value = getattr(block, a.block_field)
+                object.__setattr__(self, a.name, axes.lora_targets_name(value) if a.name == "lora_targets" else value)
+
     # -- identity -----------------------------------------------------------------------------
     def canonical(self) -> dict[str, Any]:
         """Everything that changes the measurement, as plain JSON-able data."""
@@ -123,7 +136,7 @@ class Cell(AxisValues):
         # Axes added after results were first published are left out at their default, so a cell
         # keeps the hash (and its history, baselines and --resume) it had before the axis existed.
         for a in axes.AXES:
-            if not a.hashed_at_default and d[a.name] == a.default:
+            if a.name in d and not a.hashed_at_default and d[a.name] == a.default:
                 d.pop(a.name)
         if d["adaptive"] is None:
             d.pop("adaptive")
@@ -151,6 +164,11 @@ class Cell(AxisValues):
     # -- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        # A PEFT axis is written once: in its block where the cell has one, else only off its default
+        # (records keep the shape they had before these axes, and from_dict reads the block back).
+        for a in _BLOCK_AXES:
+            if d[a.block] is not None or d[a.name] == a.default:
+                d.pop(a.name)
         for k in ("lora", "qlora"):
             if d[k] is not None:
                 d[k] = {kk: list(v) if isinstance(v, tuple) else v for kk, v in d[k].items()}

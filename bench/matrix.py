@@ -21,7 +21,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from . import dsconfig, env, presets
 from .axes import AXES as AXIS_TABLE
-from .axes import AXIS, Offload
+from .axes import AXIS, Offload, lora_target_modules, lora_targets_name
 from .cells import Adaptive, Cell, Lora, Qlora
 from .problems import MAX_DEPTH, ConfigError, Problem, read_text
 
@@ -743,12 +743,24 @@ def _cross(m: Matrix) -> list[dict]:
         a.name: getattr(m.axes, a.name) or [_setting(m, a.setting)] if a.setting else getattr(m.axes, a.name)
         for a in AXIS_TABLE
     }
-    combos = [dict(zip(axes, vals)) for vals in itertools.product(*axes.values())]
+    if "lora_targets" in axes and not m.axes.lora_targets:  # the block may list module names
+        axes["lora_targets"] = [lora_targets_name(lora_target_modules(axes["lora_targets"][0]))]
+    combos = [_applicable(dict(zip(axes, vals)), ()) for vals in itertools.product(*axes.values())]
     for pick in m.include:
         # An include entry is a partial assignment: axes it leaves out take every value from axes.
-        chosen = {**axes, **pick.values()}
-        combos += [dict(zip(chosen, vals)) for vals in itertools.product(*chosen.values())]
+        stated = pick.values()
+        chosen = {**axes, **stated}
+        combos += [_applicable(dict(zip(chosen, vals)), stated) for vals in itertools.product(*chosen.values())]
     return combos
+
+
+def _applicable(combo: dict, stated) -> dict:
+    """An axis that means nothing for this combination (Axis.applies: LoRA rank with peft: none) takes its
+    default, so crossing it does not multiply cells; a value an include states is kept, for the rules."""
+    for a in AXIS_TABLE:
+        if a.name not in stated and not _applies(a.name, combo):
+            combo[a.name] = a.default
+    return combo
 
 
 def _setting(m: Matrix, path: str):
@@ -786,18 +798,32 @@ def _described(path: str, combo: dict) -> dict:
 
 
 def _matches(combo: dict, pick: Pick) -> bool:
-    return all(combo[k] in vals for k, vals in pick.values().items())
+    # A setting that does not apply to the combination (lora_r with peft: none) matches nothing there.
+    return all(combo[k] in vals and _applies(k, combo) for k, vals in pick.values().items())
+
+
+def _applies(axis: str, combo: dict) -> bool:
+    a = AXIS[axis]
+    return a.applies is None or a.applies(combo)
+
+
+def _blocks(m: Matrix, combo: dict) -> dict:
+    """The cell's LoRA and QLoRA blocks: the PEFT axes' values, the rest from the matrix's blocks."""
+    peft = combo["peft"]
+    lora = Lora(
+        r=combo["lora_r"],
+        alpha=combo["lora_alpha"],
+        dropout=m.lora.dropout,
+        targets=lora_target_modules(combo["lora_targets"]),
+    )
+    qlora = Qlora(
+        quant_type=combo["qlora_quant"], double_quant=combo["qlora_double_quant"], quant_storage=m.qlora.quant_storage
+    )
+    return {"lora": lora if peft != "none" else None, "qlora": qlora if peft == "qlora" else None}
 
 
 def expand(m: Matrix) -> list[Cell]:
     """The cells of a matrix: axes crossed, plus include, minus exclude; duplicates removed, order kept."""
-    lora = Lora(
-        r=m.lora.r,
-        alpha=m.lora.alpha,
-        dropout=m.lora.dropout,
-        targets=(m.lora.targets,) if isinstance(m.lora.targets, str) else tuple(m.lora.targets),
-    )
-    qlora = Qlora(quant_type=m.qlora.quant_type, double_quant=m.qlora.double_quant, quant_storage=m.qlora.quant_storage)
     fixed = dict(
         model=m.model,
         data=m.data,
@@ -818,10 +844,7 @@ def expand(m: Matrix) -> list[Cell]:
             continue
         if combo["ds_config"] is not None:
             combo = {**combo, **_described(combo["ds_config"], combo)}
-        peft = combo["peft"]
-        cell = Cell(
-            **{**fixed, **combo}, lora=lora if peft != "none" else None, qlora=qlora if peft == "qlora" else None
-        )
+        cell = Cell(**{**fixed, **combo}, **_blocks(m, combo))
         if cell.hash not in seen:
             seen.add(cell.hash)
             cells.append(cell)

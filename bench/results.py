@@ -11,7 +11,7 @@ import itertools
 import os
 from collections.abc import Iterable
 
-from .axes import SHOWN
+from .axes import SHOWN, lora_targets_name
 from .cells import Cell
 from .record import STEP_PARTS, Provenance, Record, WorkerFacts, parse
 from .status import Status
@@ -152,10 +152,12 @@ def _row(rec: Record) -> dict:
         row["warmup_steps"], row["measured_steps"] = taken.warmup, taken.measured
     for col, field_ in STEPS_COLUMNS.items():
         row[col] = getattr(taken, field_) if taken is not None else None
-    lora = cell.get("lora") or {}
-    row["lora_r"] = lora.get("r")
-    row["lora_alpha"] = lora.get("alpha")
-    row["qlora_quant_type"] = (cell.get("qlora") or {}).get("quant_type")
+    # PEFT settings from the cell's blocks: empty where they do not apply (no adapter, no 4-bit weights).
+    for a in SHOWN:
+        if a.block:
+            value = (cell.get(a.block) or {}).get(a.block_field)
+            row[a.name] = lora_targets_name(value) if a.name == "lora_targets" and value else value
+    row["qlora_quant_type"] = row["qlora_quant"]
     if rec.metrics:
         row.update(rec.metrics.model_dump(exclude_unset=True))
     if rec.memory:

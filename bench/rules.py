@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .axes import OPTIMIZERS, Offload, OptimizerSpec, UnderOffload
+from .axes import AXES, OPTIMIZERS, Offload, OptimizerSpec, UnderOffload
 from .cells import Cell
 from .env import Platform, version_tuple
 
@@ -23,6 +23,11 @@ PRUNED = "predicted-oom"
 ONEBIT = tuple(name for name, spec in OPTIMIZERS.items() if spec.onebit)
 BNB = tuple(name for name, spec in OPTIMIZERS.items() if spec.package == "bitsandbytes")
 _PLAIN = OptimizerSpec(cls="", under_offload=UnderOffload.RUNS)  # a name outside the table: no limits known
+
+
+def _set_off_default(c: Cell, block: str) -> list[str]:
+    """The axes of a settings block (lora, qlora) this cell sets away from their defaults."""
+    return [a.name for a in AXES if a.block == block and getattr(c, a.name) != a.default]
 
 
 def _opt(c: Cell) -> OptimizerSpec:
@@ -86,6 +91,21 @@ RULES: tuple[Rule, ...] = (
         "bitsandbytes optimizers and 4-bit quantization need a CUDA GPU",
         "run it on a GPU",
         "bitsandbytes kernels are CUDA-only in this harness",
+    ),
+    # -- PEFT settings -------------------------------------------------------------------------
+    Rule(
+        "lora-settings-need-peft",
+        lambda c, p: c.peft == "none" and bool(_set_off_default(c, "lora")),
+        "LoRA settings ({lora}) do nothing with peft: none (every weight trains; there is no adapter)",
+        "use peft: lora or qlora with them, or leave them out of this include",
+        "peft LoraConfig applies only to an adapter (bench/worker/setup.py builds one for lora and qlora only)",
+    ),
+    Rule(
+        "qlora-settings-need-qlora",
+        lambda c, p: c.peft != "qlora" and bool(_set_off_default(c, "qlora")),
+        "QLoRA settings ({qlora}) do nothing without peft: qlora (no weight is quantized to 4 bits)",
+        "use peft: qlora with them, or leave them out of this include",
+        "transformers BitsAndBytesConfig is built for qlora cells only (bench/worker/setup.py)",
     ),
     Rule(
         "bnb-installed",
@@ -209,6 +229,11 @@ def check(cell: Cell, platform: Platform) -> Skip | None:
     """The first rule that stops this cell, or None if it can run."""
     for rule in RULES:
         if rule.when(cell, platform):
-            reason = rule.reason.format(opt=cell.optimizer, ds=platform.versions.get("deepspeed"))
+            reason = rule.reason.format(
+                opt=cell.optimizer,
+                ds=platform.versions.get("deepspeed"),
+                lora=", ".join(_set_off_default(cell, "lora")),
+                qlora=", ".join(_set_off_default(cell, "qlora")),
+            )
             return Skip(rule.name, reason, rule.fix, rule.source)
     return None

@@ -5,6 +5,7 @@ floor (bench.estimate.paper) stays beside it."""
 from .fitted import FITTED, Constants
 from .model import Estimate, Hardware, predict, zero_settings
 from .paper import model_states, zero_ratio
+from .shapes import Shape, shape_of, trainable_params
 from .verdict import DEFAULT_MARGIN, Verdict, verdict
 
 __all__ = [
@@ -13,9 +14,12 @@ __all__ = [
     "Estimate",
     "FITTED",
     "Hardware",
+    "Shape",
     "Verdict",
     "model_states",
     "predict",
+    "shape_of",
+    "trainable_params",
     "verdict",
     "zero_ratio",
     "zero_settings",

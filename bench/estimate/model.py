@@ -26,7 +26,7 @@ from typing import Any
 
 from ..axes import OPTIMIZERS, Offload, optimizer_offloaded, params_offloaded
 from .fitted import FITTED, Constants
-from .shapes import Shape, shape_of
+from .shapes import Shape, adapted, shape_of, trainable_params
 
 __all__ = ["Hardware", "Estimate", "predict", "zero_settings", "GiB"]
 
@@ -43,8 +43,9 @@ CUBLAS_WORKSPACE = 64 * MiB
 # signs (1 bit per parameter each: the worker's, the received ones, the server's).
 ONEBIT_STEP_TEMPORARIES = 8
 ONEBIT_CUPY_BYTES = 3 / 8
-# bitsandbytes' 4-bit weights: two 4-bit values per byte; absmax per block of 64 in 8 bits with double
-# quantization (plus an fp32 absmax per 256 blocks), else an fp32 absmax per block of 64.
+# bitsandbytes' 4-bit weights, NF4 and FP4 alike (qlora_quant changes the code book, not the storage): two
+# 4-bit values per byte; absmax per block of 64 in 8 bits with double quantization (plus an fp32 absmax per
+# 256 blocks: 0.127 bit/param), else an fp32 absmax per block of 64 (0.5 bit/param).
 NF4_BYTES = 0.5
 NF4_CONSTANTS_DOUBLE = 1 / 64 + 4 / (64 * 256)
 NF4_CONSTANTS_SINGLE = 4 / 64
@@ -204,12 +205,11 @@ def predict(cell: Any, ds_config: dict | None = None, hw: Hardware | None = None
 
     # -- parameters -----------------------------------------------------------------------------
     lora_n = lora_r = 0
-    if cell.peft in ("lora", "qlora") and cell.lora is not None:
-        trainable = s.lora_params(cell.lora.r, tuple(cell.lora.targets))
+    trainable = trainable_params(cell, s)
+    frozen = 0
+    if adapted(cell):
         lora_n, lora_r = s.lora_targets(tuple(cell.lora.targets)), cell.lora.r
         frozen = s.params  # the base weights under the adapter
-    else:
-        trainable, frozen = s.params, 0
     total = frozen + trainable
     shard3 = n if stage == 3 else 1
     if cell.peft == "qlora":

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 from .. import presets
 
-__all__ = ["Shape", "shape_of"]
+__all__ = ["Shape", "shape_of", "trainable_params", "adapted"]
 
 # The linear layers of one block, as (name, in features, out features) given the shape's sizes.
 _LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -90,6 +91,20 @@ class Shape:
     def lora_targets(self, targets: tuple[str, ...]) -> int:
         """Adapted linears per block."""
         return len(_LINEARS) if tuple(targets) == ("all-linear",) else sum(t in _LINEARS for t in targets)
+
+
+def adapted(cell: Any) -> bool:
+    """The cell trains a LoRA adapter (lora, qlora) with its base weights frozen."""
+    return cell.peft in ("lora", "qlora") and cell.lora is not None
+
+
+def trainable_params(cell: Any, shape: Shape) -> int:
+    """Parameters the optimizer steps: the LoRA adapters (rank and target set from the cell's lora block)
+    under PEFT, else every parameter. What the memory and step-time models multiply optimizer state,
+    gradients and the optimizer step by."""
+    if adapted(cell):
+        return shape.lora_params(cell.lora.r, tuple(cell.lora.targets))
+    return shape.params
 
 
 @functools.lru_cache(maxsize=64)

@@ -44,7 +44,6 @@ _FIXED = [
     *[(a.name, a.short) for a in SHOWN if not a.ablate],
     ("lr", "lr"),
     ("attn", "attn"),
-    ("lora_alpha", "lora_alpha"),
 ]
 _SHORT = {c: s for c, _, s in AXES} | dict(_FIXED)
 # Values in the table's order (ZeRO 0..3, none before offloads, ...); others after, by value.
@@ -380,19 +379,34 @@ def _context_labels(keys: pd.DataFrame, cols: list[str]) -> pd.Series:
 _CELL_FIELDS = ["cell_name", "cell_hash", "status", "reason", "tokens_per_s", "peak_memory_bytes"]
 
 
+# PEFT settings (axes with a block) and peft_variant describe one adapter: comparing PEFT variants holds
+# none of the settings equal (peft: none has none; alpha was never held equal there), and comparing one
+# setting holds peft equal, not the variant (whose name carries the rank and quantization).
+_PEFT_SETTINGS = {a.name for a in SHOWN if a.block}
+
+
+def _held_equal(cols: list[str], axis: str) -> list[str]:
+    """The columns that must match for two cells to differ only in `axis`."""
+    if axis == "peft_variant":
+        return [c for c in cols if c != axis and c not in _PEFT_SETTINGS]
+    if axis in _PEFT_SETTINGS:
+        return [c for c in cols if c not in (axis, "peft_variant")] + ["peft"]
+    return [c for c in cols if c != axis]
+
+
 def _ablations(cells: pd.DataFrame, samples: dict) -> list[Ablation]:
     ran = cells[~cells["status"].isin(NOT_RUN)]
     if ran.empty:
         return []
     context_cols = [c for c, _, _ in AXES if c in cells] + [c for c, _ in _FIXED if c in cells]
     # Strings make None/NaN groupable and comparable; labels show only what differs somewhere.
-    keys = ran[context_cols].astype(str)
+    keys = ran[context_cols + (["peft"] if "peft" in ran and "peft" not in context_cols else [])].astype(str)
     varying = [c for c in context_cols if keys[c].nunique() > 1]
     out = []
     for axis, title, _ in AXES:
         if axis not in varying:
             continue
-        others = [c for c in context_cols if c != axis and not (axis == "peft_variant" and c == "lora_alpha")]
+        others = _held_equal(context_cols, axis)
         gid = keys.groupby(others, sort=False, dropna=False).ngroup()
         comparable = keys[axis].groupby(gid).transform("nunique") >= 2
         if not comparable.any():
@@ -437,6 +451,9 @@ def _effects(sub: pd.DataFrame, gid: pd.Series, axis: str, values: list, samples
     ref = values[0]
     wide_t = ok.pivot_table(index="_g", columns=axis, values="tokens_per_s", aggfunc="first")
     wide_m = ok.pivot_table(index="_g", columns=axis, values="peak_memory_bytes", aggfunc="first")
+    # What the knob does to learning and to what trains (the PEFT settings move these, not memory alone).
+    wide_l = _wide(ok, axis, "loss_final")
+    wide_p = _wide(ok, axis, "params_trainable")
     wide_k: dict = {}
     if samples:  # which cells each group holds, to find their repeats
         keys = ok.assign(_k=[compare.cell_key(r) for r in ok[["cell_hash", "variant"]].to_dict("records")])
@@ -444,6 +461,7 @@ def _effects(sub: pd.DataFrame, gid: pd.Series, axis: str, values: list, samples
     out = []
     for v in values[1:]:
         row = {"value": v, "reference": ref, "n": 0, "tokens_ratio": None, "memory_ratio": None}
+        row.update(loss_delta=_median_of(wide_l, v, ref, "-"), trainable_ratio=_median_of(wide_p, v, ref, "/"))
         row.update(verdict=None, basis="")
         if ref in wide_t.columns and v in wide_t.columns:
             t = (wide_t[v] / wide_t[ref]).dropna()
@@ -458,6 +476,20 @@ def _effects(sub: pd.DataFrame, gid: pd.Series, axis: str, values: list, samples
                 row.update(_significance(pairs, t.to_numpy(), samples))
         out.append(row)
     return out
+
+
+def _wide(ok: pd.DataFrame, axis: str, col: str) -> pd.DataFrame:
+    if col not in ok or ok[col].isna().all():
+        return pd.DataFrame()
+    return ok.pivot_table(index="_g", columns=axis, values=col, aggfunc="first")
+
+
+def _median_of(wide: pd.DataFrame, v, ref, op: str) -> float | None:
+    """The median over groups of value v's figure minus (or over) the reference value's; None without pairs."""
+    if ref not in wide.columns or v not in wide.columns:
+        return None
+    d = (wide[v] - wide[ref] if op == "-" else wide[v] / wide[ref]).dropna()
+    return float(d.median()) if len(d) else None
 
 
 def _significance(pairs: list[tuple[str, str]], ratios, samples: dict) -> dict:

@@ -146,6 +146,8 @@ def _ablations(a: Analysis) -> list[str]:
                         fmt.ratio(e["tokens_ratio"]),
                         escape(e.get("verdict") or ""),
                         fmt.ratio(e["memory_ratio"]),
+                        fmt.ratio(e.get("trainable_ratio")),
+                        _delta(e.get("loss_delta")),
                         str(e["n"]),
                     ]
                 )
@@ -158,13 +160,22 @@ def _ablations(a: Analysis) -> list[str]:
         [
             "## One knob at a time",
             "",
-            "Median ratio over groups of ok cells that differ only in that knob; the verdict is `zerobench "
-            "compare`'s rule applied to tokens/s:",
+            "Median ratio over groups of ok cells that differ only in that knob (final loss: the median "
+            "difference); the verdict is `zerobench compare`'s rule applied to tokens/s:",
             "",
         ]
-        + _table(["knob", "value", "tokens/s", "verdict", "peak memory", "groups"], "llrlrr", rows)
+        + _table(
+            ["knob", "value", "tokens/s", "verdict", "peak memory", "trainable params", "final loss", "groups"],
+            "llrlrrrr",
+            rows,
+        )
         + ([f"Verdict basis: {escape('; '.join(bases))}.", ""] if bases else [])
     )
+
+
+def _delta(d: float | None) -> str:
+    """A difference in final loss (the value's minus the reference's), signed."""
+    return "" if d is None else f"{d:+.3f}"
 
 
 def _zero_scaling(a: Analysis) -> list[str]:
