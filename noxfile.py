@@ -3,7 +3,8 @@
 nox -s bench                       # the embedded CPU smoke matrix, then its report
 nox -s bench -- matrices/1b.yaml   # any matrix; arguments go to `zerobench run`
 nox -s tests                       # CPU test suite, the quick part (unit tests, reports, checks)
-nox -s slow_tests                  # CPU: real DeepSpeed cells end to end and the fault suite (CI runs both)
+nox -s slow_tests                  # CPU: real DeepSpeed cells end to end and the fault suite
+nox -s ci                          # what CI runs after lint: both suites in one environment
 nox -s ds_tables                   # after a DeepSpeed upgrade: regenerate bench/dsconfig_keys.json
 nox -s regress -- BASELINE MATRIX  # run MATRIX, then compare it with BASELINE (fails on a regression)
 """
@@ -62,13 +63,40 @@ def _system_packages(session):
     )
 
 
+QUICK = "not gpu and not slow"
+SLOW = "slow and not gpu"
+
+
+def _quick_suite(session):
+    session.run("pytest", "-m", QUICK, *session.posargs)
+
+
+def _slow_suite(session):
+    """The `serial` slow tests first and alone (they time something, copy the machine's built DeepSpeed ops,
+    or are the first to build them), then the rest two at a time, one file per pytest-xdist worker: most of
+    a slow test's time is its cells' start-up in child processes, which a second worker overlaps. Exit
+    code 5 (nothing selected) is fine: arguments may pick tests of only one part."""
+    session.run("pytest", "-m", f"{SLOW} and serial", *session.posargs, success_codes=[0, 5])
+    session.run(
+        "pytest",
+        "-m",
+        f"{SLOW} and not serial",
+        "-n",
+        "2",
+        "--dist",
+        "loadfile",
+        *session.posargs,
+        success_codes=[0, 5],
+    )
+
+
 @nox.session(python="3.11")
 def tests(session):
     """Run the quick CPU suite: everything but the `slow` tests (real DeepSpeed cells end to end, the fault
-    suite) and the GPU ones. `nox -s slow_tests` runs the slow ones; CI runs both."""
+    suite) and the GPU ones. `nox -s slow_tests` runs the slow ones; `nox -s ci` runs both."""
     _system_packages(session)
     _install(session, "test")
-    session.run("pytest", "-m", "not gpu and not slow", *session.posargs)
+    _quick_suite(session)
 
 
 @nox.session(python="3.11")
@@ -76,7 +104,17 @@ def slow_tests(session):
     """Run the slow CPU tests: real tiny DeepSpeed cells through every path, and the fault suite."""
     _system_packages(session)
     _install(session, "test")
-    session.run("pytest", "-m", "slow and not gpu", *session.posargs)
+    _slow_suite(session)
+
+
+@nox.session(python="3.11")
+def ci(session):
+    """Run what CI runs after lint: the quick suite, then the slow one, in one environment (torch, DeepSpeed
+    and the rest installed once, not once per suite)."""
+    _system_packages(session)
+    _install(session, "test")
+    _quick_suite(session)
+    _slow_suite(session)
 
 
 @nox.session(python="3.11")

@@ -11,6 +11,7 @@ from .conftest import TINY, write_matrix
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # "alone" must be alone: another test beside it would be the copy
 def test_alone_then_beside_a_copy_gives_a_ratio(tmp_path, monkeypatch, capsys):
     m = write_matrix(tmp_path / "i.yaml", TINY + "axes: {zero_stage: [0, 1]}\n")
     monkeypatch.chdir(tmp_path)

@@ -15,7 +15,9 @@ import pytest
 
 from ..conftest import TINY, write_matrix, zerobench
 
-pytestmark = pytest.mark.slow
+# serial: its first 2-rank cells build DeepSpeed's CPU ops that the other serial tests copy; its
+# hang watchdog and wall-clock limit are timings.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 # fault id: (the cell, the fault, allowed final statuses, what is injected)
 CELLS = {

@@ -20,7 +20,8 @@ import pytest
 from ..conftest import TINY, write_matrix
 from .procs import SIGNALS, Run, attempt_dirs, cell_stepping, compiler_running, env, forkserver_running, wait_for
 
-pytestmark = pytest.mark.slow
+# serial: it copies the machine's built DeepSpeed ops (a build beside it would leave a partial copy).
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 PHASES = {
     "prebuild": "while the op prebuild compiles (a fresh extensions folder)",

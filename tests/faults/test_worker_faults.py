@@ -21,7 +21,8 @@ from bench.store import Store, read
 
 from ..conftest import ROOT, TINY, write_matrix, zerobench
 
-pytestmark = pytest.mark.slow
+# serial: it copies the machine's built DeepSpeed ops (a build beside it would leave a partial copy).
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 FAKE_NVML = Path(__file__).parent / "fake_nvml"
 
