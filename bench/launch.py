@@ -29,6 +29,7 @@ import psutil
 
 from . import faults, hostmem, telemetry
 from .cells import Cell
+from .safefile import open_append, safe_open_new
 from .status import Status
 
 __all__ = [
@@ -268,7 +269,7 @@ class ForkServer:
         # Cells packed on one host (bench.pool) share a server from their threads: one reader at a time.
         self._lock = threading.RLock()
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
+        with os.fdopen(open_append(log_path), "ab") as log:
             # Its own session: a Ctrl-C at the terminal is for the orchestrator, which stops the cell itself.
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "bench.worker.forkserver"],
@@ -491,7 +492,7 @@ def run_tools(tools: list[tuple[list[str], Path, dict[str, str], float]]) -> lis
     try:
         for args, log_path, env, timeout_s in tools:
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(log_path, "wb") as log, holding_signals():
+            with os.fdopen(safe_open_new(log_path), "wb") as log, holding_signals():
                 proc = subprocess.Popen(
                     [sys.executable, *args],
                     stdout=log,
@@ -621,7 +622,7 @@ def run_cell(
             new = _hold_port(env, first=False)
             _release_port(port)
             notes.append(f"the rendezvous port {port} was in use; relaunched on port {new}")
-            with open(log_path, "ab") as log:
+            with os.fdopen(open_append(log_path), "ab") as log:
                 log.write(f"\n--- zerobench: port {port} was in use; relaunching on port {new} ---\n".encode())
             port = new
         out.warnings = notes + out.warnings
@@ -682,7 +683,8 @@ def _launch(
     t0 = time.time()
     killed_for: str | None = None
     stop: BaseException | None = None
-    with open(log_path, "ab" if again else "wb") as log:
+    # Never through a link planted at the log's predictable name (a shared logs folder).
+    with os.fdopen(open_append(log_path) if again else safe_open_new(log_path), "ab") as log:
         with holding_signals():  # a worker started is a worker this function will stop
             if server is not None:
                 proc = server.start(["--spec", str(spec_path)], env, log_path)
