@@ -613,6 +613,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:  # `zerobench cells ... | head`
         return 0
+    except KeyboardInterrupt:  # a report or a compare stopped at the terminal: what was written is whole
+        print(f"\nzerobench {args.cmd}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

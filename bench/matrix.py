@@ -629,6 +629,11 @@ def _path_problems(raw: dict, file: str, lines: dict) -> list[Problem]:
             )
         )
     model, data = raw.get("model", "llama-tiny"), raw.get("data", "builtin")
+    for key, value in (("model", model), ("data", data)):
+        if isinstance(value, str) and _too_long(value):
+            out.append(Problem(file, key, _TOO_LONG, "give a shorter path", lines.get((key,))))
+            raw = {**raw, key: "llama-tiny" if key == "model" else "builtin"}  # said; not looked up again
+    model, data = raw.get("model", "llama-tiny"), raw.get("data", "builtin")
     if isinstance(model, str) and model not in PRESETS and not Path(model).is_dir():
         out.append(
             Problem(
@@ -664,11 +669,26 @@ def _path_problems(raw: dict, file: str, lines: dict) -> list[Problem]:
     return out
 
 
+_TOO_LONG = "a part of this path is over 255 bytes, longer than a file name can be"
+
+
+def _too_long(path: str) -> bool:
+    """A path the file system cannot look up (ENAMETOOLONG): said as a problem, not raised from a stat."""
+    return any(len(os.fsencode(part)) > 255 for part in Path(path).parts)
+
+
 def _semantic_problems(m: Matrix, file: str, lines: dict) -> list[Problem]:
     """Checks that need the whole file (cross-field) or the file system."""
     out = _path_problems(m.model_dump(), file, lines)
     for i, path in enumerate(m.axes.ds_config):
         if path is None:
+            continue
+        if _too_long(path):
+            out.append(
+                Problem(
+                    file, f"axes.ds_config[{i}]", _TOO_LONG, "give a shorter path", lines.get(("axes", "ds_config"))
+                )
+            )
             continue
         if not Path(path).is_file():
             out.append(

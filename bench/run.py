@@ -321,12 +321,35 @@ def _slots(platform: env.Platform, gpus_available: int | None, pack: bool | None
     return pool.Slots(ids, max_cells=None if (len(ids) > 1 if pack is None else pack) else 1)
 
 
+def _check_folder(path: Path, what: str) -> None:
+    """Before the first cell: a folder the run will write into must be a folder it can create or write
+    (nothing is created here; a read-only mount, a file in its place, a name too long are said at once)."""
+    try:
+        above = next((a for a in (path, *path.parents) if a.exists()), None)
+    except OSError as e:
+        raise InputError(f"{what}: {e.strerror}; give a shorter path") from None
+    if above is not None and not above.is_dir():
+        raise InputError(f"{what}: {above} is a file, not a folder; give a folder path")
+    if above is not None and not os.access(above, os.W_OK):
+        why = "a read-only file system" if _read_only(above) else "no write permission"
+        raise InputError(f"{what}: {above} is not writable ({why}); give a folder this user can write")
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def _run(
     p, store, matrix_path, resume, logs_dir, progress, extra_env, printer, on_record, prune, gpu_mem, margin, n_repeats,
     order, platform, slots,
 ):  # fmt: skip
     results_path = store.path
     logs = Path(logs_dir) if logs_dir else results_path.parent / "logs" / results_path.stem
+    _check_folder(logs, "--logs" if logs_dir else f"the logs folder {logs} (--logs)")
+    _check_folder(cache.root(), "ZEROBENCH_CACHE" if os.environ.get("ZEROBENCH_CACHE") else "the cache folder")
     run_id = new_run_id()
     launch.sweep_attempt_folders()  # what a SIGKILLed run before this one could not remove
     if platform.cuda and not platform.nvml:

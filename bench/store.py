@@ -208,6 +208,34 @@ def _warn_skipped(path, not_json: list[int], foreign: list[str]) -> None:
         )
 
 
+def _finite(record: dict) -> dict:
+    """The record with every NaN or infinity as null (JSON has neither; other readers refuse them), and
+    a warning saying which fields were so; losses are left out of the warning (a diverged cell's NaN loss
+    is what its status says)."""
+    where: list[str] = []
+
+    def fix(v, at: str):
+        if isinstance(v, float) and not math.isfinite(v):
+            if not at.startswith("losses"):
+                where.append(f"{at} was {v}")
+            return None
+        if isinstance(v, dict):
+            return {k: fix(x, f"{at}.{k}" if at else str(k)) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [fix(x, f"{at}[{i}]") for i, x in enumerate(v)]
+        return v
+
+    out = fix(record, "")
+    if where:
+        note = (
+            "not finite, written as null: "
+            + ", ".join(where[:5])
+            + (f" and {len(where) - 5} more" if len(where) > 5 else "")
+        )
+        out["warnings"] = [*(out.get("warnings") or []), note]
+    return out
+
+
 def _write_all(fd: int, data: bytes) -> None:
     """os.write until every byte is written: a write may be short (a full disk, a file size limit)."""
     view = memoryview(data)
@@ -227,11 +255,11 @@ def _short(p) -> str:
 def check_writable(path: str | os.PathLike) -> None:
     """Raise InputError (with what to do) when the results file cannot be created or appended to."""
     p = Path(path)
-    if p.is_dir():
-        raise InputError(f"results file {p} is a folder; give a file path, e.g. {p / 'results.jsonl'}")
     try:
         check_regular(p, missing_ok=True)  # before anything is created beside it
     except NotRegularFile as e:
+        if p.is_dir():
+            raise InputError(f"results file {p} is a folder; give a file path, e.g. {p / 'results.jsonl'}") from None
         raise InputError(f"results file {p} {e.strerror}; give --results a .jsonl file path") from None
     except OSError as e:
         if e.errno != errno.ENOTDIR:  # a file above it: said below
@@ -263,7 +291,8 @@ class Store:
         the file is then cut back to its size before this call, so no torn record is left behind."""
         if isinstance(record, Record):
             record = record.to_dict()
-        data = (json.dumps(record, default=str, separators=(",", ":")) + "\n").encode()
+        record = _finite(record)
+        data = (json.dumps(record, default=str, separators=(",", ":"), allow_nan=False) + "\n").encode()
         with self._lock:
             return self._append(record, data)
 
