@@ -298,7 +298,10 @@ def cmd_compare(args) -> int:
     text = compare.markdown(cmp)
     if args.md:
         Path(args.md).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.md).write_text(text, encoding="utf-8", newline="\n")
+        from .safefile import write_atomic
+
+        with write_atomic(args.md) as f:  # a link at the path is replaced, not written through
+            f.write(text)
         counts = ", ".join(f"{n} {v}" for v, n in cmp.counts().items())
         print(f"compare: {counts}; Markdown: {args.md}")
         for c in cmp.regressions:

@@ -2,13 +2,17 @@
 
 A record is either whole on disk or reported lost: `Store.append` writes the whole line (a short write,
 e.g. on a full disk, is continued) and, when the file system refuses, cuts the file back to where it was
-and raises `StoreWriteError`. One run at a time writes a results file: `Store.hold()` takes a lock on
-`<results>.lock` for the run (flock: the kernel drops it when the holder dies, so a killed run leaves no
-lock that blocks the next), and a second run on the file gets `ResultsInUse`.
+and raises `StoreWriteError`. One run at a time writes a results file: `Store.hold()` takes an flock on
+the results file itself for the run (the kernel drops it when the holder dies, so a killed run leaves no
+lock that blocks the next; and it is the file that is locked, not its name, so a second run through a
+symlink or a hard link is refused too), and a second run on the file gets `ResultsInUse`. No figure is
+written as NaN or Infinity (JSON has neither): such a value is written as null, with a warning.
 
 Readers tolerate a torn last line (a run killed mid-write); the writer seals such a line first so
 the next record starts clean. Lines that are JSON but not records of zerobench (another tool's, a hand
-edit, a field of the wrong type) are skipped and named in one warning, never read as a cell. Reading
+edit, a field of the wrong type or out of range) are skipped and named in one warning, never read as a
+cell; lines that are not JSON are counted in one warning. A path that is not a regular file (a device, a
+FIFO) is refused before a byte is read. Reading
 upgrades every record to the current schema version (bench.record); writing writes that version.
 Resume reads the same file.
 """
