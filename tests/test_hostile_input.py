@@ -142,7 +142,7 @@ def test_logs_on_a_read_only_mount(tmp_path):
 
 
 def test_ctrl_c_during_report(tmp_path, recs):
-    p = _write(tmp_path / "r.jsonl", recs * 4000)  # a report that takes seconds
+    p = _write(tmp_path / "r.jsonl", recs * 15000)  # a report that takes well over the wait below
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     proc = subprocess.Popen(
         [os.sys.executable, "-m", "bench", "report", str(p), "-o", "rep/r"],
@@ -151,7 +151,8 @@ def test_ctrl_c_during_report(tmp_path, recs):
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(2.0)
+    time.sleep(1.5)
+    assert proc.poll() is None, "the report ended before the Ctrl-C: give it more records"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, (proc.returncode, err[-2000:])
