@@ -308,7 +308,10 @@ def cmd_compare(args) -> int:
     text = compare.markdown(cmp)
     if args.md:
         Path(args.md).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.md).write_text(text, encoding="utf-8", newline="\n")
+        from .safefile import write_atomic
+
+        with write_atomic(args.md) as f:  # a link at the path is replaced, not written through
+            f.write(text)
         counts = ", ".join(f"{n} {v}" for v, n in cmp.counts().items())
         print(f"compare: {counts}; Markdown: {args.md}")
         for c in cmp.regressions:
@@ -630,6 +633,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:  # `zerobench cells ... | head`
         return 0
+    except KeyboardInterrupt:  # a report or a compare stopped at the terminal: what was written is whole
+        print(f"\nzerobench {args.cmd}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

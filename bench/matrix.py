@@ -494,6 +494,45 @@ def _shape_problem(text: str, file: str) -> Problem | None:
     return None
 
 
+def _duplicate_keys(text: str, file: str) -> list[Problem]:
+    """A key given twice in one mapping (YAML loaders keep the later silently, hiding a typo'd edit)."""
+    out: list[Problem] = []
+    seen: set[int] = set()
+
+    def walk(node, path):
+        if id(node) in seen:  # an alias: walked where it was defined
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict = {}
+            for k, v in node.value:
+                key = k.value if isinstance(k, yaml.ScalarNode) else None
+                if key is not None and k.tag != "tag:yaml.org,2002:merge":
+                    line = k.start_mark.line + 1
+                    if key in first:
+                        where = _fmt_loc(path + (key,))
+                        out.append(
+                            Problem(
+                                file,
+                                where,
+                                f"key {key!r} is given twice (lines {first[key]} and {line}); YAML would keep the "
+                                "second silently",
+                                "keep one of them",
+                                line,
+                            )
+                        )
+                    first.setdefault(key, line)
+                walk(v, path + (key,))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                walk(v, path + (i,))
+
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    if root is not None:
+        walk(root, ())
+    return out
+
+
 def loads(text: str, file: str = "<matrix>", ds_configs: list[str] | None = None) -> Matrix:
     """Parse and validate a matrix from YAML text; raise MatrixError listing every problem.
 
@@ -502,6 +541,9 @@ def loads(text: str, file: str = "<matrix>", ds_configs: list[str] | None = None
         shape = _shape_problem(text, file)
         if shape:
             raise MatrixError([shape])
+        dupes = _duplicate_keys(text, file)
+        if dupes:
+            raise MatrixError(dupes)
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
@@ -587,6 +629,11 @@ def _path_problems(raw: dict, file: str, lines: dict) -> list[Problem]:
             )
         )
     model, data = raw.get("model", "llama-tiny"), raw.get("data", "builtin")
+    for key, value in (("model", model), ("data", data)):
+        if isinstance(value, str) and _too_long(value):
+            out.append(Problem(file, key, _TOO_LONG, "give a shorter path", lines.get((key,))))
+            raw = {**raw, key: "llama-tiny" if key == "model" else "builtin"}  # said; not looked up again
+    model, data = raw.get("model", "llama-tiny"), raw.get("data", "builtin")
     if isinstance(model, str) and model not in PRESETS and not Path(model).is_dir():
         out.append(
             Problem(
@@ -622,11 +669,26 @@ def _path_problems(raw: dict, file: str, lines: dict) -> list[Problem]:
     return out
 
 
+_TOO_LONG = "a part of this path is over 255 bytes, longer than a file name can be"
+
+
+def _too_long(path: str) -> bool:
+    """A path the file system cannot look up (ENAMETOOLONG): said as a problem, not raised from a stat."""
+    return any(len(os.fsencode(part)) > 255 for part in Path(path).parts)
+
+
 def _semantic_problems(m: Matrix, file: str, lines: dict) -> list[Problem]:
     """Checks that need the whole file (cross-field) or the file system."""
     out = _path_problems(m.model_dump(), file, lines)
     for i, path in enumerate(m.axes.ds_config):
         if path is None:
+            continue
+        if _too_long(path):
+            out.append(
+                Problem(
+                    file, f"axes.ds_config[{i}]", _TOO_LONG, "give a shorter path", lines.get(("axes", "ds_config"))
+                )
+            )
             continue
         if not Path(path).is_file():
             out.append(

@@ -8,8 +8,12 @@ read their file: a path that is not a small UTF-8 text file is a problem too, no
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+from .safefile import kind as kind_of
+from .safefile import open_regular
 
 __all__ = ["Problem", "InputError", "ConfigError", "read_text", "MAX_CONFIG_BYTES", "MAX_DEPTH"]
 
@@ -56,18 +60,25 @@ def read_text(path: str | os.PathLike, kind: str, example: str) -> str:
         return ConfigError([Problem(str(path), "", what, fix)])
 
     p = Path(path)
-    if p.is_dir():
-        raise fail(f"is a folder, not a {kind} file", f"give the path of the file, e.g. {example}")
-    if not p.is_file():
-        raise fail(f"no such {kind} file", f"give a path such as {example}")
     try:
-        size = p.stat().st_size
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise fail(f"no such {kind} file", f"give a path such as {example}") from None
+    except OSError as e:  # a name over 255 characters, a file where a folder should be, no permission
+        raise fail(f"cannot be opened: {e.strerror}", f"give a path such as {example}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise fail(f"is a folder, not a {kind} file", f"give the path of the file, e.g. {example}")
+    if not stat.S_ISREG(st.st_mode):
+        raise fail(f"is {kind_of(st.st_mode)}, not a {kind} file", f"give a regular file, e.g. {example}")
+    try:
+        size = st.st_size
         if size > MAX_CONFIG_BYTES:
             raise fail(
                 f"is {size / 2**20:.1f} MiB; a {kind} file is a few KB, and at most {MAX_CONFIG_BYTES >> 20} MiB",
                 f"check the path: is this the {kind} file you meant?",
             )
-        data = p.read_bytes()
+        with os.fdopen(open_regular(p), "rb") as f:  # never waits on a FIFO swapped in since the stat
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as e:
         raise fail(f"cannot be read: {e.strerror}", "check the file's permissions") from None
     nul = data.find(b"\0")

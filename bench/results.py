@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import sys
 from collections.abc import Iterable
 
 from .axes import SHOWN, lora_targets_name
@@ -254,8 +255,21 @@ def load(*paths: str | os.PathLike, include_all_attempts: bool = True):
             files += [os.path.join(p, name) for name in sorted(os.listdir(p)) if name.endswith(".jsonl")]
         else:
             files.append(p)
-    df = records_to_frame(itertools.chain.from_iterable(map(read_records, files)))
+    df = records_to_frame(itertools.chain.from_iterable(map(read_records, _distinct(files))))
     return df if include_all_attempts else latest(df)
+
+
+def _distinct(files: list[str]) -> list[str]:
+    """Each results file once, however it was named (twice, through a link, a folder and a file in it):
+    read twice, its records would count double."""
+    seen: dict[str, str] = {}
+    for f in files:
+        real = os.path.realpath(f)
+        if real in seen:
+            print(f"zerobench: {f} is the same file as {seen[real]}; read once", file=sys.stderr)
+        else:
+            seen[real] = f
+    return list(seen.values())
 
 
 def latest(df):

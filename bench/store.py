@@ -2,13 +2,17 @@
 
 A record is either whole on disk or reported lost: `Store.append` writes the whole line (a short write,
 e.g. on a full disk, is continued) and, when the file system refuses, cuts the file back to where it was
-and raises `StoreWriteError`. One run at a time writes a results file: `Store.hold()` takes a lock on
-`<results>.lock` for the run (flock: the kernel drops it when the holder dies, so a killed run leaves no
-lock that blocks the next), and a second run on the file gets `ResultsInUse`.
+and raises `StoreWriteError`. One run at a time writes a results file: `Store.hold()` takes an flock on
+the results file itself for the run (the kernel drops it when the holder dies, so a killed run leaves no
+lock that blocks the next; and it is the file that is locked, not its name, so a second run through a
+symlink or a hard link is refused too), and a second run on the file gets `ResultsInUse`. No figure is
+written as NaN or Infinity (JSON has neither): such a value is written as null, with a warning.
 
 Readers tolerate a torn last line (a run killed mid-write); the writer seals such a line first so
 the next record starts clean. Lines that are JSON but not records of zerobench (another tool's, a hand
-edit, a field of the wrong type) are skipped and named in one warning, never read as a cell. Reading
+edit, a field of the wrong type or out of range) are skipped and named in one warning, never read as a
+cell; lines that are not JSON are counted in one warning. A path that is not a regular file (a device, a
+FIFO) is refused before a byte is read. Reading
 upgrades every record to the current schema version (bench.record); writing writes that version.
 Resume reads the same file.
 """
@@ -21,6 +25,7 @@ import datetime as dt
 import errno
 import fcntl
 import json
+import math
 import os
 import socket
 import sys
@@ -35,6 +40,7 @@ from pydantic import ValidationError
 from .cells import Cell, Lora, Qlora
 from .problems import InputError
 from .record import SCHEMA_VERSION, Record, RecordVersionError, upgrade
+from .safefile import NotRegularFile, check_regular, open_append, open_regular, safe_open_new
 from .status import Status
 
 __all__ = ["Store", "read", "read_records", "SCHEMA_VERSION", "StoreWriteError", "ResultsInUse", "check_writable"]
@@ -75,6 +81,34 @@ def _field_problem(d: dict, fields: dict, at: str) -> str | None:
     return None
 
 
+# Fields of the right type whose value the reports still cannot use: bounds checked on read, so one
+# hand-edited or damaged record is skipped with a warning instead of crashing a report or a compare.
+_CELL_MIN = {"seq_len": 1, "micro_batch": 1, "grad_accum": 1, "gpus": 1, "warmup_steps": 0, "measured_steps": 0}
+_FINITE_METRICS = ("tokens_per_s", "samples_per_s", "step_time_median_s", "step_time_p90_s", "step_time_mean_s")
+
+
+def _range_problem(rec: Record) -> str | None:
+    cell = rec.cell
+    if cell.get("zero_stage", 0) not in (0, 1, 2, 3):
+        return f"cell.zero_stage: {cell['zero_stage']!r:.20} is not a ZeRO stage (0-3)"
+    for k, low in _CELL_MIN.items():
+        if isinstance(cell.get(k), int) and cell[k] < low:
+            return f"cell.{k}: {cell[k]} is below {low}"
+    for k in ("started_at", "ended_at"):
+        v = getattr(rec, k)
+        try:
+            v is None or dt.datetime.fromisoformat(v)
+        except ValueError:
+            return f"{k}: {v!r:.40} is not an ISO 8601 time"
+    for k in _FINITE_METRICS:
+        v = getattr(rec.metrics, k, None) if rec.metrics else None
+        if v is not None and not (math.isfinite(v) and v >= 0):
+            return f"metrics.{k}: {v} is not a finite figure of 0 or more"
+    if rec.wall_s is not None and not (math.isfinite(rec.wall_s) and rec.wall_s >= 0):
+        return f"wall_s: {rec.wall_s} is not a finite time"
+    return None
+
+
 class StoreWriteError(OSError):
     """A record could not be written whole; the file was cut back to its previous end (or, where even that
     failed, ends in a torn line that readers skip)."""
@@ -92,40 +126,82 @@ def read(path: str | os.PathLike, *, warn=True) -> list[dict]:
 
 def read_records(path: str | os.PathLike, *, warn=True) -> Iterator[Record]:
     """As read(), as bench.record.Record values one at a time (each line is validated once, here; a
-    report of 10k records keeps only its rows, not 10k models, alive)."""
-    p = Path(path)
-    if not p.exists():
+    report of 10k records keeps only its rows, not 10k models, alive). A path that is not a regular
+    file (a device, a FIFO) is an InputError before a byte is read."""
+    data = _read_results_bytes(path)
+    if data is None:
         return
-    lines = p.read_bytes().decode(errors="replace").split("\n")
+    # utf-8-sig: a byte-order mark an editor added must not make the first record unreadable.
+    lines = data.decode("utf-8-sig", errors="replace").split("\n")
+    last = max((i for i, x in enumerate(lines) if x.strip("\0 \t\r")), default=-1)
     foreign: list[str] = []
+    not_json: list[int] = []
     for i, line in enumerate(lines):
         if not line.strip("\0 \t\r"):  # a crash can leave a zero-filled tail
             continue
         try:
             rec = json.loads(line)
         except (json.JSONDecodeError, RecursionError):
-            if warn and i < len(lines) - 1 and any(x.strip("\0 \t\r") for x in lines[i + 1 :]):
-                print(f"zerobench: {path}:{i + 1}: skipping a line that is not JSON", file=sys.stderr)
+            if i < last:  # the last line may be torn by a killed run: readers skip it silently
+                not_json.append(i + 1)
             continue
-        if not isinstance(rec, dict):
-            foreign.append(f"line {i + 1} (a JSON {type(rec).__name__}, not an object)")
-            continue
-        try:
-            parsed = Record.model_validate(upgrade(rec))
-        except RecordVersionError as e:
-            raise RecordVersionError(f"{path}:{i + 1}: {e}") from None
-        except ValidationError as e:
-            err = e.errors()[0]
-            foreign.append(f"line {i + 1} ({'.'.join(map(str, err['loc'])) or 'record'}: {err['msg']})")
-            continue
-        why = _field_problem(
-            parsed.cell, _CELL_FIELDS, "cell."
-        )  # the record keeps the cell as a dict; its fields are typed
-        if why:
-            foreign.append(f"line {i + 1} ({why})")
-            continue
-        yield parsed
-    if foreign and warn:
+        parsed = _parse_line(rec, path, i + 1, foreign)
+        if parsed is not None:
+            yield parsed
+    if warn:
+        _warn_skipped(path, not_json, foreign)
+
+
+def _read_results_bytes(path: str | os.PathLike) -> bytes | None:
+    """The bytes of a results file; None when it does not exist."""
+    try:
+        fd = open_regular(path)
+    except FileNotFoundError:
+        return None
+    except NotRegularFile as e:
+        raise InputError(f"results file {path} {e.strerror}; give a results .jsonl file") from None
+    except OSError as e:
+        raise InputError(
+            f"cannot read the results file {path}: {e.strerror}; give a readable results .jsonl file"
+        ) from None
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def _parse_line(rec, path, line: int, foreign: list[str]) -> Record | None:
+    """One line's record, or None (and why, added to foreign) when it is not a zerobench record."""
+    if not isinstance(rec, dict):
+        foreign.append(f"line {line} (a JSON {type(rec).__name__}, not an object)")
+        return None
+    try:
+        parsed = Record.model_validate(upgrade(rec))
+    except RecordVersionError as e:
+        if "newer" in str(e):  # a newer zerobench wrote it: this one must not guess what it means
+            raise RecordVersionError(f"{path}:{line}: {e}") from None
+        foreign.append(f"line {line} ({e})")
+        return None
+    except ValidationError as e:
+        err = e.errors()[0]
+        foreign.append(f"line {line} ({'.'.join(map(str, err['loc'])) or 'record'}: {err['msg']})")
+        return None
+    # The record keeps the cell as a dict; its fields are typed and bounded here.
+    why = _field_problem(parsed.cell, _CELL_FIELDS, "cell.") or _range_problem(parsed)
+    if why:
+        foreign.append(f"line {line} ({why})")
+        return None
+    return parsed
+
+
+def _warn_skipped(path, not_json: list[int], foreign: list[str]) -> None:
+    """One warning per kind of skipped line, with a count and the first few line numbers."""
+    if not_json:
+        n, first = len(not_json), ", ".join(map(str, not_json[:5]))
+        print(
+            f"zerobench: {path}: skipping {n} line{'s' if n != 1 else ''} that {'are' if n != 1 else 'is'} "
+            f"not JSON (line{'s' if n != 1 else ''} {first}{', ...' if n > 5 else ''})",
+            file=sys.stderr,
+        )
+    if foreign:
         n = len(foreign)
         more = f"; and {n - 5} more" if n > 5 else ""
         print(
@@ -134,6 +210,34 @@ def read_records(path: str | os.PathLike, *, warn=True) -> Iterator[Record]:
             + more,
             file=sys.stderr,
         )
+
+
+def _finite(record: dict) -> dict:
+    """The record with every NaN or infinity as null (JSON has neither; other readers refuse them), and
+    a warning saying which fields were so; losses are left out of the warning (a diverged cell's NaN loss
+    is what its status says)."""
+    where: list[str] = []
+
+    def fix(v, at: str):
+        if isinstance(v, float) and not math.isfinite(v):
+            if not at.startswith("losses"):
+                where.append(f"{at} was {v}")
+            return None
+        if isinstance(v, dict):
+            return {k: fix(x, f"{at}.{k}" if at else str(k)) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [fix(x, f"{at}[{i}]") for i, x in enumerate(v)]
+        return v
+
+    out = fix(record, "")
+    if where:
+        note = (
+            "not finite, written as null: "
+            + ", ".join(where[:5])
+            + (f" and {len(where) - 5} more" if len(where) > 5 else "")
+        )
+        out["warnings"] = [*(out.get("warnings") or []), note]
+    return out
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -146,17 +250,30 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
+def _short(p) -> str:
+    """A path for a message: a name of thousands of characters is cut."""
+    s = str(p)
+    return s if len(s) <= 80 else s[:60] + "..." + s[-17:]
+
+
 def check_writable(path: str | os.PathLike) -> None:
     """Raise InputError (with what to do) when the results file cannot be created or appended to."""
     p = Path(path)
-    if p.is_dir():
-        raise InputError(f"results file {p} is a folder; give a file path, e.g. {p / 'results.jsonl'}")
+    try:
+        check_regular(p, missing_ok=True)  # before anything is created beside it
+    except NotRegularFile as e:
+        if p.is_dir():
+            raise InputError(f"results file {p} is a folder; give a file path, e.g. {p / 'results.jsonl'}") from None
+        raise InputError(f"results file {p} {e.strerror}; give --results a .jsonl file path") from None
+    except OSError as e:
+        if e.errno != errno.ENOTDIR:  # a file above it: said below
+            raise InputError(f"--results {_short(p)}: {e.strerror}; give a shorter path") from None
     above = next((a for a in p.parents if a.exists()), None)
     if above is not None and not above.is_dir():
         raise InputError(f"results file {p}: {above} is a file, not a folder; give --results a path in a folder")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
+        os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK, 0o644))
     except OSError as e:
         raise InputError(
             f"cannot write the results file {p}: {e.strerror}; give --results a path in a writable folder"
@@ -178,7 +295,8 @@ class Store:
         the file is then cut back to its size before this call, so no torn record is left behind."""
         if isinstance(record, Record):
             record = record.to_dict()
-        data = (json.dumps(record, default=str, separators=(",", ":")) + "\n").encode()
+        record = _finite(record)
+        data = (json.dumps(record, default=str, separators=(",", ":"), allow_nan=False) + "\n").encode()
         with self._lock:
             return self._append(record, data)
 
@@ -219,56 +337,81 @@ class Store:
 
     @contextlib.contextmanager
     def hold(self, what: str = "zerobench run"):
-        """Hold the results file for one run (a lock on <results>.lock); raise ResultsInUse when another
-        process holds it. The lock file says who holds it, for that message; it is removed at the end."""
-        lock = self.path.with_name(self.path.name + ".lock")
+        """Hold the results file for one run; raise ResultsInUse when another process holds it. The lock is
+        an flock on the results file itself, so a second run through a symlink or a hard link to the same
+        file is refused too. <results>.lock says who holds it, for that message; it is removed at the end."""
+        fd = self._open_for_lock()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise InputError(f"cannot create the results folder {self.path.parent}: {e.strerror}") from None
-        while True:
             try:
-                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
+                    raise
+                raise ResultsInUse(
+                    f"results file {self.path} is in use by {self._holder()}; wait for it to end, "
+                    "or give this run another --results"
+                ) from None
+            lock = self._lock_info_path()
+            info = json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                    "what": what,
+                }
+            )
+            try:
+                # Created new (a link planted at the name is replaced, never written through).
+                info_fd = safe_open_new(lock)
             except OSError as e:
                 raise InputError(
                     f"cannot write beside the results file {self.path} ({lock}: {e.strerror}); "
                     "give --results a path in a writable folder"
                 ) from None
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:
-                if e.errno not in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
-                    os.close(fd)
-                    raise
-                holder = _holder(fd)
-                os.close(fd)
-                raise ResultsInUse(
-                    f"results file {self.path} is in use by {holder}; wait for it to end, "
-                    "or give this run another --results"
-                ) from None
-            # The previous holder may have removed the file between our open and our lock: then we hold a
-            # lock on a file nobody else can find, so start again on the one at the path.
+                _write_all(info_fd, (info + "\n").encode())
+            finally:
+                os.close(info_fd)
             try:
-                same = os.path.samestat(os.fstat(fd), os.stat(lock))
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
-        try:
-            info = {
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                "what": what,
-            }
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
-            yield self
+                yield self
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(lock)  # while still holding the lock, so no one reads a stale holder
         finally:
-            with contextlib.suppress(OSError):
-                os.unlink(lock)  # while still holding it, so no one takes a lock on a file being removed
             os.close(fd)
+
+    def _open_for_lock(self) -> int:
+        """A descriptor of the results file (created when absent) to lock; refused unless a regular file."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise InputError(f"cannot create the results folder {self.path.parent}: {e.strerror}") from None
+        try:
+            check_regular(self.path, missing_ok=True)
+            return open_append(os.path.realpath(self.path))  # --results may be a link the user made
+        except NotRegularFile as e:
+            raise InputError(f"results file {self.path} {e.strerror}; give --results a .jsonl file path") from None
+        except OSError as e:
+            raise InputError(
+                f"cannot write the results file {self.path}: {e.strerror}; give --results a path in a writable folder"
+            ) from None
+
+    def _lock_info_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".lock")
+
+    def _holder(self) -> str:
+        """Who holds the lock, from the lock file beside this path or beside the real file."""
+        real = Path(os.path.realpath(self.path))
+        for lock in (self._lock_info_path(), real.with_name(real.name + ".lock")):
+            try:
+                fd = open_regular(lock)
+            except OSError:
+                continue
+            try:
+                return _holder(fd)
+            finally:
+                os.close(fd)
+        return "another process (it has not said which yet)"
 
     def records(self) -> list[dict]:
         return read(self.path)

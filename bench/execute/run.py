@@ -11,14 +11,14 @@ import os
 import uuid
 from pathlib import Path
 
-from .. import env, schedule
+from .. import cache, env, schedule
 from ..estimate import DEFAULT_MARGIN
 from ..store import Store, check_writable
 from . import launch, local
 from .plan import Plan, _check_faults, default_results_path, host_platform, plan
 from .registry import EXECUTORS
 from .session import Options, Session
-from .settings import check_settings
+from .settings import check_folder, check_settings
 
 __all__ = ["run", "new_run_id"]
 
@@ -84,6 +84,8 @@ def run(
     check_writable(results_path)
     store = Store(results_path)
     logs = Path(logs_dir) if logs_dir else results_path.parent / "logs" / results_path.stem
+    check_folder(logs, "--logs" if logs_dir else f"the logs folder {logs} (--logs)")
+    check_folder(cache.root(), "ZEROBENCH_CACHE" if os.environ.get("ZEROBENCH_CACHE") else "the cache folder")
     o = Options(
         matrix_path=matrix_path, resume=resume, logs=logs, progress=progress, extra_env=extra_env,
         printer=printer, on_record=on_record, prune=prune, gpu_mem=gpu_mem, margin=margin,

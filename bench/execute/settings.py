@@ -3,9 +3,11 @@ input (a clear error naming the variable and the range; exit 2), never every cel
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from pathlib import Path
 
-from ..problems import ConfigError, Problem
+from ..problems import ConfigError, InputError, Problem
 
 __all__ = ["check_settings", "stall_s"]
 
@@ -51,3 +53,24 @@ def stall_s(environ: Mapping[str, str]) -> float:
     """The no-progress watchdog's limit (checked by check_settings before the run)."""
     text = environ.get(STALL_S[0], "").strip()
     return float(text) if text else STALL_S[3]
+
+
+def check_folder(path: Path, what: str) -> None:
+    """Before the first cell: a folder the run will write into must be a folder it can create or write
+    (nothing is created here; a read-only mount, a file in its place, a name too long are said at once)."""
+    try:
+        above = next((a for a in (path, *path.parents) if a.exists()), None)
+    except OSError as e:
+        raise InputError(f"{what}: {e.strerror}; give a shorter path") from None
+    if above is not None and not above.is_dir():
+        raise InputError(f"{what}: {above} is a file, not a folder; give a folder path")
+    if above is not None and not os.access(above, os.W_OK):
+        why = "a read-only file system" if _read_only(above) else "no write permission"
+        raise InputError(f"{what}: {above} is not writable ({why}); give a folder this user can write")
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False

@@ -6,8 +6,9 @@ results (JSONL) -> results.load() -> analysis.analyse() -> charts.build() -> mar
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from ..safefile import write_atomic
 
 __all__ = ["write_reports"]
 
@@ -19,13 +20,12 @@ def _path(out: Path, suffix: str) -> Path:
 
 
 def _write(path: Path, text: str) -> None:
-    """Whole or not at all (a full disk must not leave an empty report where a good one was)."""
-    tmp = path.with_name(path.name + ".tmp")
+    """Whole or not at all (a full disk must not leave an empty report where a good one was); written
+    beside under a name nobody can plant a link at, then renamed over path (a link there is replaced)."""
     try:
-        tmp.write_text(text, encoding="utf-8", newline="\n")
-        os.replace(tmp, path)
+        with write_atomic(path) as f:
+            f.write(text)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise OSError(e.errno, e.strerror, str(path)) from None
 
 

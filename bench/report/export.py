@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..safefile import write_atomic
+
 __all__ = ["to_csv", "to_parquet", "to_pytest_benchmark", "parquet_error", "ExportError"]
 
 # Per-step lists: kept as lists in Parquet, written as JSON arrays in CSV (one cell per list).
@@ -178,7 +180,8 @@ def to_pytest_benchmark(df, path: str | Path) -> tuple[Path, int, int]:
         "version": "5.1.0",
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    with write_atomic(path) as f:  # a link at the path is replaced, not written through
+        f.write(json.dumps(doc, indent=1, default=str) + "\n")
     return path, len(benches), left_out
 
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import re
 from contextlib import contextmanager
 from html import escape
 from pathlib import Path
 
+from ..safefile import write_atomic
 from .charts import Axis, Chart, Series
 
 __all__ = ["write_png", "svg", "tick_label"]
@@ -170,10 +170,10 @@ def write_png(chart: Chart, path: Path) -> Path:
     """The chart with its title and legend, as a PNG at `path`."""
     with _style():
         fig = _figure(chart, standalone=True)
-        # Written beside and renamed, so a reader never sees half a PNG (reports/*.tmp is git-ignored).
-        tmp = path.with_name(path.name + ".tmp")
-        fig.savefig(tmp, format="png", metadata=_PNG_META, bbox_inches="tight")
-    os.replace(tmp, path)
+        # Written beside under an unguessable name and renamed, so a reader never sees half a PNG and a
+        # link planted in the reports folder is never written through (reports/*.tmp is git-ignored).
+        with write_atomic(path, binary=True) as f:
+            fig.savefig(f, format="png", metadata=_PNG_META, bbox_inches="tight")
     return path
 
 

@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+from ...safefile import open_append
 from .ports import child_env, free_port
 
 # (Not CUDA_VISIBLE_DEVICES: DeepSpeed picks its accelerator, CUDA or CPU, when it is imported.)
@@ -63,7 +64,7 @@ class ForkServer:
         # Cells packed on one host (bench.execute.local) share a server from their threads: one reader at a time.
         self._lock = threading.RLock()
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
+        with os.fdopen(open_append(log_path), "ab") as log:
             # Its own session: a Ctrl-C at the terminal is for the orchestrator, which stops the cell itself.
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "bench.worker.forkserver"],

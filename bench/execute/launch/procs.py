@@ -14,6 +14,8 @@ from pathlib import Path
 
 import psutil
 
+from ...safefile import safe_open_new
+
 
 def _signal_group(pid: int, sig: int) -> bool:
     """Signal the worker's process group; False if nothing is left to signal."""
@@ -101,7 +103,7 @@ def run_tools(tools: list[tuple[list[str], Path, dict[str, str], float]]) -> lis
     try:
         for args, log_path, env, timeout_s in tools:
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(log_path, "wb") as log, holding_signals():
+            with os.fdopen(safe_open_new(log_path), "wb") as log, holding_signals():
                 proc = subprocess.Popen(
                     [sys.executable, *args],
                     stdout=log,

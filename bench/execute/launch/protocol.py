@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ... import faults, hostmem, telemetry
 from ...cells import Cell
+from ...safefile import open_append, safe_open_new
 from ...status import Status
 from .folders import clear_attempt_folder, new_attempt_folder
 from .forkserver import _forkserver
@@ -119,7 +120,7 @@ def run_cell(
             new = _hold_port(env, first=False)
             _release_port(port)
             notes.append(f"the rendezvous port {port} was in use; relaunched on port {new}")
-            with open(log_path, "ab") as log:
+            with os.fdopen(open_append(log_path), "ab") as log:
                 log.write(f"\n--- zerobench: port {port} was in use; relaunching on port {new} ---\n".encode())
             port = new
         out.warnings = notes + out.warnings
@@ -163,7 +164,8 @@ def _launch(
     oom_before = hostmem.oom_kills()
     t0 = time.time()
     watch = _Watch()
-    with open(log_path, "ab" if again else "wb") as log:
+    # Never through a link planted at the log's predictable name (a shared logs folder).
+    with os.fdopen(open_append(log_path) if again else safe_open_new(log_path), "ab") as log:
         with holding_signals():  # a worker started is a worker this function will stop
             proc, started_by = _start(cell, spec_path, env, port, log, log_path, module)
         sampler = telemetry.Sampler(proc.pid, nvml_idx, sample_interval_s) if sample_interval_s else None

@@ -1,0 +1,159 @@
+"""Input of the right shape but the wrong content: duplicate matrix keys, records whose values are out of
+range, a byte-order mark, one results file given twice, non-finite figures, paths the file system cannot
+look up, folders that cannot be written, and Ctrl-C during a report. Each is a message (or a skipped,
+named record), never a traceback."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from bench import matrix
+from bench.problems import ConfigError
+from bench.results import load
+from bench.store import Store, read_records
+
+from .conftest import TINY, write_matrix, zerobench
+
+SKIPPED = TINY + "axes: {zero_stage: [0, 1], precision: [fp16]}\n"
+LONG = "a" * 300
+
+
+@functools.cache
+def _records(tmp: str) -> list[dict]:
+    """Real records of a run (its cells skip on a CPU host)."""
+    d = Path(tmp)
+    write_matrix(d / "m.yaml", SKIPPED)
+    r = zerobench("run", "m.yaml", "--results", "r.jsonl", "--no-report", cwd=d)
+    assert r.returncode == 0, r.stderr
+    return [json.loads(x) for x in (d / "r.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def recs(tmp_path_factory):
+    return _records(str(tmp_path_factory.mktemp("run")))
+
+
+def _write(p: Path, records: list[dict]) -> Path:
+    p.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return p
+
+
+def test_duplicate_matrix_keys_name_both_lines():
+    with pytest.raises(ConfigError) as e:
+        matrix.loads(TINY + "seq_len: 64\n", file="m.yaml")
+    assert "m.yaml:7: seq_len: key 'seq_len' is given twice (lines 2 and 7)" in str(e.value)
+    with pytest.raises(ConfigError, match=r"axes.zero_stage: key 'zero_stage' is given twice \(lines (\d+) and \1\)"):
+        matrix.loads(TINY + "axes: {zero_stage: [0], zero_stage: [1]}\n", file="m.yaml")
+
+
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        (lambda r: r["cell"].update(zero_stage=-1), "cell.zero_stage: -1 is not a ZeRO stage"),
+        (lambda r: r.update(started_at="yesterday"), "started_at: 'yesterday' is not an ISO 8601 time"),
+        (lambda r: r.update(metrics={"tokens_per_s": math.inf}), "metrics.tokens_per_s: inf is not a finite"),
+        (lambda r: r.update(schema_version="two"), "schema_version 'two' is not a version"),
+    ],
+    ids=["zero-stage", "started-at", "infinite-tps", "odd-version"],
+)
+def test_out_of_range_record_is_skipped_and_named(tmp_path, recs, capfd, bad, says):
+    first = json.loads(json.dumps(recs[0]))
+    bad(first)
+    p = _write(tmp_path / "r.jsonl", [first, *recs[1:]])
+    got = list(read_records(p))
+    assert len(got) == len(recs) - 1
+    err = capfd.readouterr().err
+    assert "line 1 (" in err and says in err, err
+    r = zerobench("report", str(p), "-o", "rep/r", cwd=tmp_path)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    r = zerobench("compare", str(p), str(p), cwd=tmp_path)
+    assert r.returncode in (0, 1) and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def test_byte_order_mark_keeps_the_first_record(tmp_path, recs):
+    p = tmp_path / "r.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\n" for r in recs).encode())
+    assert len(list(read_records(p))) == len(recs)
+
+
+def test_the_same_file_twice_counts_once(tmp_path, recs, capfd):
+    p = _write(tmp_path / "r.jsonl", recs)
+    (tmp_path / "link.jsonl").symlink_to(p)
+    df = load(p, tmp_path / "link.jsonl", str(p))
+    assert len(df) == len([r for r in recs if r["status"] != "started"])
+    assert "is the same file as" in capfd.readouterr().err
+
+
+def test_non_finite_figures_are_written_as_null(tmp_path, recs):
+    rec = {**recs[-1], "metrics": {"tokens_per_s": math.nan, "mfu": math.inf}, "losses": [1.0, math.nan]}
+    p = tmp_path / "r.jsonl"
+    Store(p).append(rec)
+    text = p.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    back = json.loads(text)
+    assert back["metrics"] == {"tokens_per_s": None, "mfu": None} and back["losses"] == [1.0, None]
+    assert any("metrics.tokens_per_s was nan" in w for w in back["warnings"]), back["warnings"]
+
+
+def _refused(cwd: Path, *args, env=None, says: str) -> None:
+    r = zerobench(*args, cwd=cwd, env=env, timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and says in r.stderr, r.stderr[-2000:]
+    assert len(r.stderr.strip().splitlines()) <= 3, r.stderr
+
+
+def test_path_parts_over_255_characters(tmp_path):
+    write_matrix(tmp_path / "m.yaml", SKIPPED)
+    _refused(tmp_path, "cells", f"{LONG}.yaml", says="File name too long")
+    _refused(tmp_path, "run", "m.yaml", "--results", f"{LONG}.jsonl", says="--results")
+    _refused(tmp_path, "run", "m.yaml", "--dry-run", "--ds-config", f"{LONG}.json", says="over 255 bytes")
+    for key in ("model", "data"):
+        body = SKIPPED.replace("model: llama-tiny", f"model: {LONG}") if key == "model" else SKIPPED + f"data: {LONG}\n"
+        write_matrix(tmp_path / "l.yaml", body)
+        _refused(tmp_path, "cells", "l.yaml", says=f"{key}: a part of this path is over 255 bytes")
+
+
+def test_cache_naming_a_file(tmp_path):
+    write_matrix(tmp_path / "m.yaml", SKIPPED)
+    (tmp_path / "cache").write_text("")
+    env = {"ZEROBENCH_CACHE": str(tmp_path / "cache")}
+    _refused(tmp_path, "run", "m.yaml", "--no-report", env=env, says="ZEROBENCH_CACHE: ")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a read-only tmpfs")
+def test_logs_on_a_read_only_mount(tmp_path):
+    write_matrix(tmp_path / "m.yaml", SKIPPED)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(ro)], check=True)
+    try:
+        _refused(tmp_path, "run", "m.yaml", "--logs", str(ro / "logs"), "--no-report", says="a read-only file system")
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], check=True)
+
+
+def test_ctrl_c_during_report(tmp_path, recs):
+    p = _write(tmp_path / "r.jsonl", recs * 15000)  # a report that takes well over the wait below
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.Popen(
+        [os.sys.executable, "-m", "bench", "report", str(p), "-o", "rep/r"],
+        cwd=tmp_path,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1.5)
+    assert proc.poll() is None, "the report ended before the Ctrl-C: give it more records"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (proc.returncode, err[-2000:])
+    assert "Traceback" not in err and "interrupted (Ctrl-C)" in err, err[-2000:]
