@@ -113,6 +113,8 @@ class Cell(AxisValues):
     """Folder on the NVMe drive for offload: nvme cells swap optimizer state and parameters there."""
     timeout_s: float = field(default=1800.0, compare=False)
     matrix: str = field(default="", compare=False)
+    # The hash, once computed: planning a large matrix asks for it several times per cell.
+    _hash: str = field(default="", init=False, repr=False, compare=False)
 
     # -- identity -----------------------------------------------------------------------------
     def canonical(self) -> dict[str, Any]:
@@ -131,8 +133,10 @@ class Cell(AxisValues):
 
     @property
     def hash(self) -> str:
-        blob = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:10]
+        if not self._hash:
+            blob = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+            object.__setattr__(self, "_hash", hashlib.sha256(blob.encode()).hexdigest()[:10])
+        return self._hash
 
     @property
     def name(self) -> str:
@@ -150,10 +154,12 @@ class Cell(AxisValues):
 
     # -- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        for k in ("lora", "qlora"):
+        # Shallow: every field is an immutable scalar, a tuple of them, or a small settings dataclass
+        # (dataclasses.asdict deep-copies each value and took most of the time planning a large matrix).
+        d = {f: getattr(self, f) for f in _FIELDS}
+        for k in ("lora", "qlora", "adaptive"):
             if d[k] is not None:
-                d[k] = {kk: list(v) if isinstance(v, tuple) else v for kk, v in d[k].items()}
+                d[k] = {kk: list(v) if isinstance(v, tuple) else v for kk, v in dataclasses.asdict(d[k]).items()}
         return d
 
     @classmethod
@@ -168,3 +174,6 @@ class Cell(AxisValues):
         if d.get("adaptive") is not None:
             d["adaptive"] = Adaptive(**d["adaptive"])
         return cls(**d)
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(Cell) if f.name != "_hash")
