@@ -20,6 +20,24 @@ def _matrix_arg(p):
     )
 
 
+def _filter_arg(p):
+    p.add_argument(
+        "--filter",
+        action="append",
+        metavar="REGEX",
+        help="only cells whose id matches (repeatable: all must match), e.g. --filter zero=3",
+    )
+
+
+def _assume_gpus_arg(p):
+    p.add_argument(
+        "--assume-gpus",
+        type=_positive,
+        metavar="N",
+        help="judge the rules as on a CUDA host with N GPUs and the gpu extra, e.g. to plan a GPU run from a laptop",
+    )
+
+
 def _positive(v: str) -> int:
     n = int(v)
     if n < 1:
@@ -96,9 +114,13 @@ def cmd_run(args) -> int:
 
         code = cmd_cells(args)
         print("\n".join(preview(src, filters=args.filter, ds_configs=args.ds_config, gpu_mem=gpu_mem,
-                                 prune=not args.no_prune, order=args.order,
-                                 gpus_available=args.gpus_available)))  # fmt: skip
+                                 prune=not args.no_prune, order=args.order, gpus_available=args.gpus_available,
+                                 platform=_assumed_platform(args.assume_gpus))))  # fmt: skip
         return code
+    if args.assume_gpus:
+        print("zerobench run: --assume-gpus plans a run (with --dry-run); a real run uses this host's GPUs",
+              file=sys.stderr)  # fmt: skip
+        return 2
     on_record = None
     if args.wandb:
         import importlib.util
@@ -402,20 +424,17 @@ def cmd_schema(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import schedule
+    from . import __version__, schedule
 
     ap = argparse.ArgumentParser(prog="zerobench", description="Benchmark and ablate DeepSpeed/PEFT training setups.")
+    ap.add_argument("--version", action="version", version=f"zerobench {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     r = sub.add_parser("run", help="run a matrix: every valid cell in its own process; results appended")
     _matrix_arg(r)
     r.add_argument("--dry-run", action="store_true", help="validate and list the cells, run nothing")
-    r.add_argument(
-        "--filter",
-        action="append",
-        metavar="REGEX",
-        help="only cells whose id matches (repeatable: all must match), e.g. --filter zero=3",
-    )
+    _filter_arg(r)
+    _assume_gpus_arg(r)
     r.add_argument(
         "--resume",
         action="store_true",
@@ -484,14 +503,9 @@ def main(argv: list[str] | None = None) -> int:
 
     c = sub.add_parser("cells", help="list a matrix's cells, with the reason each skipped one is skipped")
     _matrix_arg(c)
-    c.add_argument("--filter", action="append", metavar="REGEX")
+    _filter_arg(c)
     c.add_argument("--ds-config", nargs="+", metavar="JSON", help="list these DeepSpeed config files as cells")
-    c.add_argument(
-        "--assume-gpus",
-        type=int,
-        metavar="N",
-        help="judge the rules as on a CUDA host with N GPUs and the gpu extra, e.g. to plan a GPU run",
-    )
+    _assume_gpus_arg(c)
     c.set_defaults(func=cmd_cells)
 
     sc = sub.add_parser(
@@ -500,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         "to check the harness's own accuracy and cost",
     )
     _matrix_arg(sc)
-    sc.add_argument("--filter", action="append", metavar="REGEX")
+    _filter_arg(sc)
     sc.add_argument("--results", metavar="PATH", help="default: results/selfcheck-<matrix name>.jsonl")
     sc.set_defaults(func=cmd_selfcheck)
 
@@ -554,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
         "--check: against recorded measurements",
     )
     _matrix_arg(es)
-    es.add_argument("--filter", action="append", metavar="REGEX")
+    _filter_arg(es)
     es.add_argument("--ds-config", nargs="+", metavar="JSON", help="estimate these DeepSpeed config files as cells")
     es.add_argument("--gpus", type=int, metavar="N", help="GPUs per cell (default: the matrix's)")
     es.add_argument("--gpu-mem", metavar="SIZE", help="GPU memory to judge against, e.g. 80GiB (default: this GPU's)")

@@ -21,7 +21,7 @@ from pathlib import Path
 from . import cache, dsconfig, env, faults, hostmem, launch, matrix, pool, rules, schedule, telemetry
 from .axes import AUTO, OPTIMIZERS, Offload
 from .cells import Cell
-from .estimate import DEFAULT_MARGIN, Hardware, Verdict, predict, verdict
+from .estimate import DEFAULT_MARGIN, Hardware, Verdict, predict, short_of, verdict
 from .estimate.search import search_micro_batch, seed_micro_batch
 from .problems import ConfigError, InputError, Problem
 from .record import Record, Search, parse
@@ -578,11 +578,12 @@ def preview(
     prune: bool = True,
     order: str = "early",
     gpus_available: int | None = None,
+    platform: env.Platform | None = None,
 ) -> list[str]:
     """What `zerobench run` would do, without running anything: each cell in the order it would run, and
     whether it would run, be pruned (the memory model: it cannot fit) or skipped (a rule); a cell the
     model is unsure of is marked so (it may run out of memory and then imply the heavier ones)."""
-    platform = _platform(gpus_available)  # as the run would see this host
+    platform = platform or _platform(gpus_available)  # as the run would see this host (or an assumed one)
     p = plan(matrix_path, filters, platform=platform, ds_configs=ds_configs)
     hw = hardware(platform, gpu_mem)
     items, preds, free = arrange(p.items, hw, margin, prune, order)
@@ -603,7 +604,7 @@ def preview(
         )
         counts[what] = counts.get(what, 0) + 1
         mem = f"{pred['gpu_bytes'] / GiB:6.1f} GiB" if pred.get("gpu_bytes") else " " * 10
-        lines.append(f"  {n:5d}  {what:6s} {mem}  {it.cell.id}")
+        lines.append(f"  {n:5d}  {what:6s} {mem}  {it.cell.id}" + (f"  ({short_of(pred)})" if what == "pruned" else ""))
     legend = {"run": "to run", "run?": "to run, may not fit", "pruned": "pruned", "skip": "skipped by a rule"}
     lines.append("  " + ", ".join(f"{counts[k]} {legend[k]}" for k in legend if k in counts))
     return lines

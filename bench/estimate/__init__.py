@@ -5,7 +5,7 @@ floor (bench.estimate.paper) stays beside it."""
 from .fitted import FITTED, Constants
 from .model import Estimate, Hardware, predict, zero_settings
 from .paper import model_states, zero_ratio
-from .verdict import DEFAULT_MARGIN, Verdict, verdict
+from .verdict import DEFAULT_MARGIN, Verdict, short_of, verdict
 
 __all__ = [
     "Constants",
@@ -16,6 +16,7 @@ __all__ = [
     "Verdict",
     "model_states",
     "predict",
+    "short_of",
     "verdict",
     "zero_ratio",
     "zero_settings",
