@@ -604,7 +604,9 @@ def preview(
         )
         counts[what] = counts.get(what, 0) + 1
         mem = f"{pred['gpu_bytes'] / GiB:6.1f} GiB" if pred.get("gpu_bytes") else " " * 10
-        lines.append(f"  {n:5d}  {what:6s} {mem}  {it.cell.id}" + (f"  ({short_of(pred)})" if what == "pruned" else ""))
+        lines.append(
+            f"  {n:5d}  {what:6s} {mem}  " + (f"({short_of(pred)})  " if what == "pruned" else "") + it.cell.id
+        )
     legend = {"run": "to run", "run?": "to run, may not fit", "pruned": "pruned", "skip": "skipped by a rule"}
     lines.append("  " + ", ".join(f"{counts[k]} {legend[k]}" for k in legend if k in counts))
     return lines

@@ -39,7 +39,7 @@ def test_run_dry_run_plans_as_on_assumed_gpus_and_says_which_memory_is_short():
     assert "skipped by bnb-needs-cuda" in here.stdout and "skipped by bnb-needs-cuda" not in there.stdout
     assert len(there.stdout.split(" pruned ")) > len(here.stdout.split(" pruned "))
     pruned = [ln for ln in there.stdout.splitlines() if " pruned " in ln]
-    assert pruned and all("  (GPU short: " in ln or "  (host short: " in ln for ln in pruned), pruned[:3]
+    assert pruned and all("(GPU short: " in ln or "(host short: " in ln for ln in pruned), pruned[:3]
     assert any("(GPU short: " in ln and " of 10.0 GiB" in ln for ln in pruned)
 
 
