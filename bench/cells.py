@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any
 
 from . import axes
@@ -129,6 +130,9 @@ class Cell(AxisValues):
                 d.pop(a.name)
         if d["adaptive"] is None:
             d.pop("adaptive")
+        if d["ds_config"] is not None:
+            # The file's content is ds_config_sha; how its path was typed (./, absolute, ../) is not the cell.
+            d["ds_config"] = PurePath(d["ds_config"]).stem
         return d
 
     @property

@@ -115,7 +115,8 @@ def cmd_run(args) -> int:
         code = cmd_cells(args)
         print("\n".join(preview(src, filters=args.filter, ds_configs=args.ds_config, gpu_mem=gpu_mem,
                                  prune=not args.no_prune, order=args.order, gpus_available=args.gpus_available,
-                                 platform=_assumed_platform(args.assume_gpus))))  # fmt: skip
+                                 platform=_assumed_platform(args.assume_gpus),
+                                 recorded=_recorded(args, src) if args.resume else frozenset())))  # fmt: skip
         return code
     if args.assume_gpus:
         print("zerobench run: --assume-gpus plans a run (with --dry-run); a real run uses this host's GPUs",
@@ -185,6 +186,19 @@ def cmd_run(args) -> int:
         return 1
     bad = [r for r in written if r["status"] not in ("ok", "skipped")]
     return 1 if (bad and args.strict) else 0
+
+
+def _recorded(args, src: str) -> frozenset[str]:
+    """Hashes of the cells the results file already has an outcome for (their first repeat): what --resume
+    leaves as it is."""
+    from . import matrix
+    from .store import Store
+
+    path = Path(args.results) if args.results else Path("results") / f"{matrix.load(src, args.ds_config).name}.jsonl"
+    if not path.is_file():
+        return frozenset()
+    done, _ = Store(path).resume_state()
+    return frozenset(h for h, repeat in done if repeat == 1)
 
 
 def _write_run_report(args, results_path: Path) -> bool:

@@ -579,6 +579,7 @@ def preview(
     order: str = "early",
     gpus_available: int | None = None,
     platform: env.Platform | None = None,
+    recorded: frozenset[str] = frozenset(),
 ) -> list[str]:
     """What `zerobench run` would do, without running anything: each cell in the order it would run, and
     whether it would run, be pruned (the memory model: it cannot fit) or skipped (a rule); a cell the
@@ -587,6 +588,7 @@ def preview(
     p = plan(matrix_path, filters, platform=platform, ds_configs=ds_configs)
     hw = hardware(platform, gpu_mem)
     items, preds, free = arrange(p.items, hw, margin, prune, order)
+    items = [it for it in items if it.cell.hash not in recorded]  # --resume: cells with an outcome stay as they are
     GiB = 2**30
     judged = f"{hw.gpu_memory_bytes / GiB:.1f} GiB of GPU memory" if hw.gpu_memory_bytes else "no GPU known"
     lines = [f"run order ({order}), judged against {judged} (margin {margin:.0%}):"]
