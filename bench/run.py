@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cache, dsconfig, env, faults, hostmem, launch, matrix, pool, rules, schedule, telemetry
+from . import cache, dsconfig, env, faults, heartbeat, hostmem, launch, matrix, pool, rules, schedule, telemetry
 from .axes import AUTO, OPTIMIZERS, Offload
 from .cells import Cell
 from .estimate import DEFAULT_MARGIN, Hardware, Verdict, predict, short_of, verdict
@@ -757,8 +757,8 @@ class _Job:
     timeout_s: float = 1800
 
 
-def _run_jobs(jobs: list[_Job]) -> None:
-    ends = launch.run_tools([(j.args, j.log, j.env, j.timeout_s) for j in jobs])
+def _run_jobs(jobs: list[_Job], printer=print) -> None:
+    ends = launch.run_tools([(j.args, j.log, j.env, j.timeout_s) for j in jobs], heartbeat.printing(printer))
     for job, (code, s) in zip(jobs, ends):
         job.done(code, s)
 
@@ -780,7 +780,8 @@ def prepare(
             launch.start_forkserver(extra_env, logs, gpus=None if g is None else [g])
     _run_jobs(
         _ops_jobs(items, logs, extra_env, platform, printer, costs)
-        + _checkpoint_jobs(items, logs, extra_env, platform, printer, costs)
+        + _checkpoint_jobs(items, logs, extra_env, platform, printer, costs),
+        printer,
     )
     if items:
         import_s, why = launch.forkserver_ready()
