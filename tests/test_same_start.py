@@ -32,10 +32,7 @@ def test_every_stage_offload_and_engine_starts_from_the_same_weights(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     recs = [x for x in read(res) if x["status"] != "started"]
     assert len(recs) == 7 and all(x["status"] == "ok" for x in recs), [(x["cell_id"], x["reason"]) for x in recs]
-    for engine in ("deepspeed", "hf_trainer"):
-        first = {x["cell_id"]: x["losses"][0] for x in recs if x["cell"]["engine"] == engine}
-        ref = next(iter(first.values()))
-        assert all(abs(v - ref) <= 1e-6 for v in first.values()), "\n".join(f"{v!r} {k}" for k, v in first.items())
-        assert all(x["worker"]["weights_init"] == "seeded-per-name" for x in recs)
-    # Across engines the weights are the same too, but the first loss is not yet: the Trainer's first
-    # logged loss differs (7.626 against 7.576 on llama-tiny), from how it feeds or reports the first batch.
+    first = {x["cell_id"]: x["losses"][0] for x in recs}
+    ref = next(iter(first.values()))
+    assert all(abs(v - ref) <= 1e-6 for v in first.values()), "\n".join(f"{v!r} {k}" for k, v in first.items())
+    assert all(x["worker"]["weights_init"] == "seeded-per-name" for x in recs)
