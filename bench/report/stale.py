@@ -40,6 +40,14 @@ FIXES: tuple[Fix, ...] = (
             and not str(r.get("model", "")).startswith(("/", "."))
         ),
     ),
+    Fix(
+        name="the Trainer's batches in order",
+        what="the HF Trainer engine feeds the rows in the DeepSpeed loop's order; before, its sampler shuffled "
+        "them, so its losses were over other batches than the deepspeed engine's",
+        affects=("losses", "loss_first", "loss_final"),
+        # weights_init arrived with this fix: a Trainer record without it shuffled.
+        older=lambda r: _ran(r) and r.get("engine") == "hf_trainer" and not r.get("weights_init"),
+    ),
 )
 
 
