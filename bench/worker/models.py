@@ -122,11 +122,6 @@ def from_checkpoint(path: str, attn: str, dtype: torch.dtype, zero3_config: dict
     return m
 
 
-INIT_VERSION = 2
-"""Recorded with each result: 2 = seeded_init (weights per parameter name, equal across stages); records
-without it drew their weights from the global RNG, which zero.Init consumes differently at ZeRO-3."""
-
-
 def _name_seed(seed: int, name: str) -> int:
     import hashlib
 
