@@ -3,9 +3,11 @@
 Two things are kept, under `root()` ($ZEROBENCH_CACHE, else $XDG_CACHE_HOME/zerobench, else
 ~/.cache/zerobench; delete the folder to clear it):
 - ops/<key>.json: which DeepSpeed JIT ops were built, for which stack (`ops_key`: DeepSpeed, torch and
-  its CUDA, Python, accelerator, GPUs, TORCH_CUDA_ARCH_LIST, CUDA_HOME, the extensions folder), and
-  each op's shared libraries by path, size and mtime. A run whose ops all check out skips the prebuild
-  helper (an interpreter importing torch and DeepSpeed: 25-60 s, for a build that ninja finds done).
+  its CUDA, Python, accelerator, GPUs, TORCH_CUDA_ARCH_LIST, CUDA_HOME, the extensions folder, the
+  compiler, the CPU's flags, DeepSpeed's op sources by content), and each op's shared libraries by path,
+  size and content hash (not where the venv is, nor file times: a second venv of the same stack reuses
+  them). A run whose ops all check out skips the prebuild helper (an interpreter importing torch and
+  DeepSpeed: 25-60 s, for a build that ninja finds done).
 - checkpoints/<preset>-<precision>-<key>/: the random-weight checkpoint QLoRA cells quantize from,
   keyed by the preset's shape, precision, seed and library versions, with a manifest of its files
   written last, so its presence is checked here without a helper process.
@@ -18,12 +20,15 @@ Imports no torch: versions are read from the installed distributions.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata as md
+import importlib.util
 import json
 import os
 import platform
 import re
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -37,6 +42,7 @@ __all__ = [
     "ops_key",
     "ops_path",
     "ops_missing",
+    "tree_digest",
     "record_ops",
     "checkpoint_key",
     "checkpoint_dir",
@@ -104,21 +110,65 @@ def ops_key(environ: Mapping[str, str], *, cuda: bool, gpus: list[str] | None = 
         "TORCH_CUDA_ARCH_LIST": environ.get("TORCH_CUDA_ARCH_LIST"),
         "CUDA_HOME": environ.get("CUDA_HOME") or environ.get("CUDA_PATH"),
         "DS_ACCELERATOR": environ.get("DS_ACCELERATOR"),
+        # What the op's objects are compiled from and for: DeepSpeed builds with -march=native, so the CPU's
+        # flags; the compiler; the op sources by content (another venv's copy of them is the same op).
+        "compiler": _compiler(environ.get("CXX") or "c++"),
+        "cpu_flags": _cpu_flags(),
+        "op_sources": _deepspeed_sources(),
         # torch's default folder already depends on its version and CUDA, both in the key.
         "TORCH_EXTENSIONS_DIR": str(Path(ext).resolve()) if ext else None,
     }
+
+
+@functools.cache
+def _compiler(cxx: str) -> str | None:
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.splitlines()[0].strip() if out else None
+
+
+@functools.cache
+def _cpu_flags() -> str | None:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    m = re.search(r"^(?:flags|Features)\s*:(.*)$", text, re.M)
+    return hashlib.sha256(" ".join(sorted(m.group(1).split())).encode()).hexdigest()[:16] if m else None
+
+
+@functools.cache
+def _deepspeed_sources() -> str | None:
+    spec = importlib.util.find_spec("deepspeed")  # finds the package without importing it (and torch)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return tree_digest(Path(next(iter(spec.submodule_search_locations))) / "ops" / "csrc")
+
+
+def tree_digest(folder: Path) -> str | None:
+    """The files under folder by relative path and content: the same wherever the tree is installed."""
+    if not folder.is_dir():
+        return None
+    h = hashlib.sha256()
+    for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+        h.update(f.relative_to(folder).as_posix().encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()[:16]
 
 
 def ops_path(key: dict, environ: Mapping[str, str] | None = None) -> Path:
     return root(environ) / "ops" / f"{_digest(key)}.json"
 
 
-def _lib_state(path: str) -> list[int] | None:
+def _lib_state(path: str) -> list | None:
+    """Size and content hash: a library copied or touched (another venv's load, a restore) is the same
+    library; one rebuilt or cut short is not."""
     try:
-        st = os.stat(path)
+        with open(path, "rb") as f:
+            return [os.fstat(f.fileno()).st_size, hashlib.file_digest(f, "sha256").hexdigest()[:16]]
     except OSError:
         return None
-    return [st.st_size, st.st_mtime_ns]
 
 
 def _op_problem(entry) -> str | None:

@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any
 
 from . import axes
@@ -117,6 +118,8 @@ class Cell(AxisValues):
     """Folder on the NVMe drive for offload: nvme cells swap optimizer state and parameters there."""
     timeout_s: float = field(default=1800.0, compare=False)
     matrix: str = field(default="", compare=False)
+    # The hash, once computed: planning a large matrix asks for it several times per cell.
+    _hash: str = field(default="", init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # A settings block, where the cell has one, is what its PEFT axes read: one truth, and the hash
@@ -140,12 +143,17 @@ class Cell(AxisValues):
                 d.pop(a.name)
         if d["adaptive"] is None:
             d.pop("adaptive")
+        if d["ds_config"] is not None:
+            # The file's content is ds_config_sha; how its path was typed (./, absolute, ../) is not the cell.
+            d["ds_config"] = PurePath(d["ds_config"]).stem
         return d
 
     @property
     def hash(self) -> str:
-        blob = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:10]
+        if not self._hash:
+            blob = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+            object.__setattr__(self, "_hash", hashlib.sha256(blob.encode()).hexdigest()[:10])
+        return self._hash
 
     @property
     def name(self) -> str:
@@ -163,15 +171,17 @@ class Cell(AxisValues):
 
     # -- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        # Shallow: every field is an immutable scalar, a tuple of them, or a small settings dataclass
+        # (dataclasses.asdict deep-copies each value and took most of the time planning a large matrix).
+        d = {f: getattr(self, f) for f in _FIELDS}
         # A PEFT axis is written once: in its block where the cell has one, else only off its default
         # (records keep the shape they had before these axes, and from_dict reads the block back).
         for a in _BLOCK_AXES:
             if d[a.block] is not None or d[a.name] == a.default:
                 d.pop(a.name)
-        for k in ("lora", "qlora"):
+        for k in ("lora", "qlora", "adaptive"):
             if d[k] is not None:
-                d[k] = {kk: list(v) if isinstance(v, tuple) else v for kk, v in d[k].items()}
+                d[k] = {kk: list(v) if isinstance(v, tuple) else v for kk, v in dataclasses.asdict(d[k]).items()}
         return d
 
     @classmethod
@@ -186,3 +196,6 @@ class Cell(AxisValues):
         if d.get("adaptive") is not None:
             d["adaptive"] = Adaptive(**d["adaptive"])
         return cls(**d)
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(Cell) if f.name != "_hash")

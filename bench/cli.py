@@ -26,6 +26,24 @@ def _executors() -> list[str]:
     return sorted(EXECUTORS)
 
 
+def _filter_arg(p):
+    p.add_argument(
+        "--filter",
+        action="append",
+        metavar="REGEX",
+        help="only cells whose id matches (repeatable: all must match), e.g. --filter zero=3",
+    )
+
+
+def _assume_gpus_arg(p):
+    p.add_argument(
+        "--assume-gpus",
+        type=_positive,
+        metavar="N",
+        help="judge the rules as on a CUDA host with N GPUs and the gpu extra, e.g. to plan a GPU run from a laptop",
+    )
+
+
 def _positive(v: str) -> int:
     n = int(v)
     if n < 1:
@@ -102,9 +120,14 @@ def cmd_run(args) -> int:
 
         code = cmd_cells(args)
         print("\n".join(preview(src, filters=args.filter, ds_configs=args.ds_config, gpu_mem=gpu_mem,
-                                 prune=not args.no_prune, order=args.order,
-                                 gpus_available=args.gpus_available)))  # fmt: skip
+                                 prune=not args.no_prune, order=args.order, gpus_available=args.gpus_available,
+                                 platform=_assumed_platform(args.assume_gpus),
+                                 recorded=_recorded(args, src) if args.resume else frozenset())))  # fmt: skip
         return code
+    if args.assume_gpus:
+        print("zerobench run: --assume-gpus plans a run (with --dry-run); a real run uses this host's GPUs",
+              file=sys.stderr)  # fmt: skip
+        return 2
     on_record = None
     if args.wandb:
         import importlib.util
@@ -173,6 +196,19 @@ def cmd_run(args) -> int:
         return 1
     bad = [r for r in written if r["status"] not in ("ok", "skipped")]
     return 1 if (bad and args.strict) else 0
+
+
+def _recorded(args, src: str) -> frozenset[str]:
+    """Hashes of the cells the results file already has an outcome for (their first repeat): what --resume
+    leaves as it is."""
+    from . import matrix
+    from .store import Store
+
+    path = Path(args.results) if args.results else Path("results") / f"{matrix.load(src, args.ds_config).name}.jsonl"
+    if not path.is_file():
+        return frozenset()
+    done, _ = Store(path).resume_state()
+    return frozenset(h for h, repeat in done if repeat == 1)
 
 
 def _write_run_report(args, results_path: Path) -> bool:
@@ -415,20 +451,17 @@ def cmd_schema(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import schedule
+    from . import __version__, schedule
 
     ap = argparse.ArgumentParser(prog="zerobench", description="Benchmark and ablate DeepSpeed/PEFT training setups.")
+    ap.add_argument("--version", action="version", version=f"zerobench {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     r = sub.add_parser("run", help="run a matrix: every valid cell in its own process; results appended")
     _matrix_arg(r)
     r.add_argument("--dry-run", action="store_true", help="validate and list the cells, run nothing")
-    r.add_argument(
-        "--filter",
-        action="append",
-        metavar="REGEX",
-        help="only cells whose id matches (repeatable: all must match), e.g. --filter zero=3",
-    )
+    _filter_arg(r)
+    _assume_gpus_arg(r)
     r.add_argument(
         "--resume",
         action="store_true",
@@ -504,14 +537,9 @@ def main(argv: list[str] | None = None) -> int:
 
     c = sub.add_parser("cells", help="list a matrix's cells, with the reason each skipped one is skipped")
     _matrix_arg(c)
-    c.add_argument("--filter", action="append", metavar="REGEX")
+    _filter_arg(c)
     c.add_argument("--ds-config", nargs="+", metavar="JSON", help="list these DeepSpeed config files as cells")
-    c.add_argument(
-        "--assume-gpus",
-        type=int,
-        metavar="N",
-        help="judge the rules as on a CUDA host with N GPUs and the gpu extra, e.g. to plan a GPU run",
-    )
+    _assume_gpus_arg(c)
     c.set_defaults(func=cmd_cells)
 
     sc = sub.add_parser(
@@ -520,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
         "to check the harness's own accuracy and cost",
     )
     _matrix_arg(sc)
-    sc.add_argument("--filter", action="append", metavar="REGEX")
+    _filter_arg(sc)
     sc.add_argument("--results", metavar="PATH", help="default: results/selfcheck-<matrix name>.jsonl")
     sc.set_defaults(func=cmd_selfcheck)
 
@@ -574,7 +602,7 @@ def main(argv: list[str] | None = None) -> int:
         "--check: against recorded measurements",
     )
     _matrix_arg(es)
-    es.add_argument("--filter", action="append", metavar="REGEX")
+    _filter_arg(es)
     es.add_argument("--ds-config", nargs="+", metavar="JSON", help="estimate these DeepSpeed config files as cells")
     es.add_argument("--gpus", type=int, metavar="N", help="GPUs per cell (default: the matrix's)")
     es.add_argument("--gpu-mem", metavar="SIZE", help="GPU memory to judge against, e.g. 80GiB (default: this GPU's)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import itertools
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -238,6 +239,9 @@ Pick = create_model(
 )
 
 
+DEFAULT_MAX_CELLS = 50_000  # the largest committed matrix has a few thousand; planning costs ~0.1 ms a cell
+
+
 class Matrix(_Strict):
     """A matrix file. Fixed settings apply to every cell; axes are crossed."""
 
@@ -270,6 +274,13 @@ class Matrix(_Strict):
     qlora: QloraSettings = QloraSettings()
     include: list[Pick] = []
     exclude: list[Pick] = []
+    max_cells: int = Field(
+        DEFAULT_MAX_CELLS,
+        ge=1,
+        description="The most cells the axes and include may cross to (before exclude): a matrix past it is "
+        "refused before it is expanded, as a mistyped axis can ask for millions of cells. Raise it for a "
+        "matrix that is meant to be that large.",
+    )
 
 
 AXES = tuple(a.name for a in AXIS_TABLE)
@@ -729,6 +740,9 @@ def _semantic_problems(m: Matrix, file: str, lines: dict) -> list[Problem]:
                 )
             )
     out += _steps_problems(m, file, lines)
+    too_many = _size_problem(m, file, lines)
+    if too_many:  # exclude and the emptiness check would expand it
+        return out + [too_many]
     for i, pick in enumerate(m.exclude):
         if not any(_matches(c, pick) for c in _cross(m)):
             out.append(
@@ -743,6 +757,28 @@ def _semantic_problems(m: Matrix, file: str, lines: dict) -> list[Problem]:
     if not out and not expand(m):
         out.append(Problem(file, "exclude", "every cell is excluded", "loosen exclude"))
     return out
+
+
+def _crossed_size(m: Matrix) -> int:
+    """How many combinations _cross yields, counted without building them."""
+    axes = {a.name: getattr(m.axes, a.name) or [None] if a.setting else getattr(m.axes, a.name) for a in AXIS_TABLE}
+    total = math.prod(len(v) for v in axes.values())
+    for pick in m.include:
+        total += math.prod(len(v) for v in {**axes, **pick.values()}.values())
+    return total
+
+
+def _size_problem(m: Matrix, file: str, lines: dict) -> Problem | None:
+    n = _crossed_size(m)
+    if n <= m.max_cells:
+        return None
+    return Problem(
+        file,
+        "max_cells",
+        f"the axes and include cross to {n:,} cells, more than max_cells ({m.max_cells:,})",
+        f"narrow the axes (or split the matrix); if it is meant to be this large, set max_cells: {n} in the matrix",
+        lines.get(("max_cells",)) or lines.get(("axes",)),
+    )
 
 
 def _steps_problems(m: Matrix, file: str, lines: dict) -> list[Problem]:

@@ -46,6 +46,9 @@ class ConfigError(InputError):
     """All problems found in one file (a matrix, or a DeepSpeed config it names), or in the arguments."""
 
     def __init__(self, problems: list[Problem]):
+        # In the order they appear in each file (the first file's first), so the list reads top to bottom.
+        first = problems[0].file if problems else ""
+        problems = sorted(problems, key=lambda p: (p.file != first, p.file, p.line is None, p.line or 0))
         self.problems = problems
         n = len(problems)
         head = f"{n} problem{'s' if n != 1 else ''} in {problems[0].file}; nothing was run:" if problems else ""

@@ -178,6 +178,9 @@ class WorkerFacts(BaseModel):
     fp16_skipped_warmup_steps: int | None = None
     """Steps the fp16 loss scaler skipped during the warmup steps (absent from records before 2027-01)."""
     loss_scale_final: float | None = None
+    weights_init: str | None = None
+    """How a preset's initial weights were made: "seeded-per-name" (each parameter from its own generator,
+    the same at every ZeRO stage, offload and engine); absent: from the global RNG (ZeRO-3 differed)."""
     """The fp16 loss scale the optimizer held at the end (None where the engine has none)."""
     gpu_name: str | None = None
     nvme_swap_bytes: int | None = None

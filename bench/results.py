@@ -176,6 +176,8 @@ def _row(rec: Record) -> dict:
         "loss_scale_final",
     ):
         row[k] = getattr(worker, k)
+    if worker.weights_init:  # a column only where records carry it: older files' frames stay as they were
+        row["weights_init"] = worker.weights_init
     row["gpu_name"] = worker.gpu_name or prov.gpu_name
     row["gpu_count"] = prov.gpu_count
     row["host"] = prov.host

@@ -7,8 +7,10 @@ import json
 import os
 import re
 import resource
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -243,3 +245,30 @@ def test_second_run_on_the_machine_pays_no_prebuild(tmp_path):
     out3, c3, _ = go(3)
     assert "unreadable cache record" in out3 and c3["ops"]["CPUAdamBuilder"] in ("loaded", "built")
     assert json.loads(rec.read_text())["ops"]["CPUAdamBuilder"]["libs"]
+
+
+def test_a_second_venv_of_the_same_stack_reuses_the_ops(tmp_path, cache_env):
+    """What decides a built op is its sources, versions, compiler and CPU, not where a venv put them or
+    when a file was written: a copy of DeepSpeed's op sources at another prefix is the same op, and a
+    library another venv's load touched (same bytes, new mtime) is still the one recorded."""
+    import importlib.util
+
+    csrc = Path(next(iter(importlib.util.find_spec("deepspeed").submodule_search_locations))) / "ops" / "csrc"
+    other = tmp_path / "venv2" / "lib" / "site-packages" / "deepspeed" / "ops" / "csrc"
+    shutil.copytree(csrc, other)  # copytree keeps times: set them all anew, as an install would
+    for f in other.rglob("*"):
+        os.utime(f, (1_000_000_000, 1_000_000_000))
+    assert cache.tree_digest(other) == cache.tree_digest(csrc) is not None
+    edited = next(p for p in sorted(other.rglob("*.cpp")))
+    edited.write_text(edited.read_text() + "\n// edited\n")
+    assert cache.tree_digest(other) != cache.tree_digest(csrc)
+    venv_a = {**cache_env, "VIRTUAL_ENV": "/venvs/a", "PATH": "/venvs/a/bin:/usr/bin"}
+    venv_b = {**cache_env, "VIRTUAL_ENV": "/venvs/b", "PATH": "/venvs/b/bin:/usr/bin"}
+    key = cache.ops_key(venv_a, cuda=False)
+    assert cache.ops_key(venv_b, cuda=False) == key and key["op_sources"] == cache.tree_digest(csrc)
+
+    d = _libs(tmp_path)
+    cache.record_ops(key, {"CPUAdamBuilder": _report(d)}, cache_env)
+    so = d / "cpu_adam.so"
+    os.utime(so, (so.stat().st_atime + 3600, so.stat().st_mtime + 3600))
+    assert cache.ops_missing(key, ["CPUAdamBuilder"], cache_env) == {}

@@ -6,7 +6,7 @@ from .fitted import FITTED, Constants
 from .model import Estimate, Hardware, predict, zero_settings
 from .paper import model_states, zero_ratio
 from .shapes import Shape, shape_of, trainable_params
-from .verdict import DEFAULT_MARGIN, Verdict, verdict
+from .verdict import DEFAULT_MARGIN, Verdict, short_of, verdict
 
 __all__ = [
     "Constants",
@@ -19,6 +19,7 @@ __all__ = [
     "model_states",
     "predict",
     "shape_of",
+    "short_of",
     "trainable_params",
     "verdict",
     "zero_ratio",

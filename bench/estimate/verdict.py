@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_MARGIN", "Verdict", "verdict"]
+__all__ = ["DEFAULT_MARGIN", "Verdict", "short_of", "verdict"]
 
 DEFAULT_MARGIN = 0.10
 """The model's p95 error is under it (reports/memory-model.md): closer than this to the capacity is a guess."""
@@ -27,3 +27,18 @@ def verdict(predicted: float, capacity: float | None, margin: float = DEFAULT_MA
     if predicted > capacity * (1 + margin):
         return Verdict.PRUNE
     return Verdict.UNCERTAIN
+
+
+def short_of(pred: dict) -> str:
+    """Which memory a pruned prediction runs out of, with the figures: "GPU short: 17.9 of 15.0 GiB"."""
+    GiB = 2**30
+    sides = (
+        ("GPU", "gpu_bytes", "gpu_memory_bytes", "gpu_verdict"),
+        ("host", "host_bytes", "host_memory_bytes", "host_verdict"),
+    )
+    short = [
+        f"{name} short: {pred[need] / GiB:.1f} of {pred[have] / GiB:.1f} GiB"
+        for name, need, have, v in sides
+        if pred.get(v) == Verdict.PRUNE
+    ]
+    return ", ".join(short)

@@ -10,7 +10,7 @@ from pathlib import Path
 from .. import dsconfig, env, faults, hostmem, matrix, rules, schedule
 from ..axes import AUTO
 from ..cells import Cell
-from ..estimate import DEFAULT_MARGIN, Hardware, Verdict, predict, verdict
+from ..estimate import DEFAULT_MARGIN, Hardware, Verdict, predict, short_of, verdict
 from ..problems import ConfigError, InputError, Problem
 
 
@@ -160,14 +160,17 @@ def preview(
     prune: bool = True,
     order: str = "early",
     gpus_available: int | None = None,
+    platform: env.Platform | None = None,
+    recorded: frozenset[str] = frozenset(),
 ) -> list[str]:
     """What `zerobench run` would do, without running anything: each cell in the order it would run, and
     whether it would run, be pruned (the memory model: it cannot fit) or skipped (a rule); a cell the
     model is unsure of is marked so (it may run out of memory and then imply the heavier ones)."""
-    platform = host_platform(gpus_available)  # as the run would see this host
+    platform = platform or host_platform(gpus_available)  # as the run would see this host (or an assumed one)
     p = plan(matrix_path, filters, platform=platform, ds_configs=ds_configs)
     hw = hardware(platform, gpu_mem)
     items, preds, free = arrange(p.items, hw, margin, prune, order)
+    items = [it for it in items if it.cell.hash not in recorded]  # --resume: cells with an outcome stay as they are
     GiB = 2**30
     judged = f"{hw.gpu_memory_bytes / GiB:.1f} GiB of GPU memory" if hw.gpu_memory_bytes else "no GPU known"
     lines = [f"run order ({order}), judged against {judged} (margin {margin:.0%}):"]
@@ -185,7 +188,9 @@ def preview(
         )
         counts[what] = counts.get(what, 0) + 1
         mem = f"{pred['gpu_bytes'] / GiB:6.1f} GiB" if pred.get("gpu_bytes") else " " * 10
-        lines.append(f"  {n:5d}  {what:6s} {mem}  {it.cell.id}")
+        lines.append(
+            f"  {n:5d}  {what:6s} {mem}  " + (f"({short_of(pred)})  " if what == "pruned" else "") + it.cell.id
+        )
     legend = {"run": "to run", "run?": "to run, may not fit", "pruned": "pruned", "skip": "skipped by a rule"}
     lines.append("  " + ", ".join(f"{counts[k]} {legend[k]}" for k in legend if k in counts))
     return lines

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import cache, env, matrix
+from .. import cache, env, heartbeat, matrix
 from ..axes import OPTIMIZERS, Offload
 from . import launch
 from .plan import Planned
@@ -31,8 +31,8 @@ class _Job:
     timeout_s: float = 1800
 
 
-def _run_jobs(jobs: list[_Job]) -> None:
-    ends = launch.run_tools([(j.args, j.log, j.env, j.timeout_s) for j in jobs])
+def _run_jobs(jobs: list[_Job], printer=print) -> None:
+    ends = launch.run_tools([(j.args, j.log, j.env, j.timeout_s) for j in jobs], heartbeat.printing(printer))
     for job, (code, s) in zip(jobs, ends):
         job.done(code, s)
 
@@ -54,7 +54,8 @@ def prepare(
             launch.start_forkserver(extra_env, logs, gpus=None if g is None else [g])
     _run_jobs(
         _ops_jobs(items, logs, extra_env, platform, printer, costs)
-        + _checkpoint_jobs(items, logs, extra_env, platform, printer, costs)
+        + _checkpoint_jobs(items, logs, extra_env, platform, printer, costs),
+        printer,
     )
     if items:
         import_s, why = launch.forkserver_ready()

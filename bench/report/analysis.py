@@ -18,6 +18,7 @@ from ..axes import SHOWN, peft_variant
 from ..matrix import CompareSettings
 from ..results import latest
 from ..status import Status
+from . import stale
 
 __all__ = ["Analysis", "Ablation", "analyse", "AXES", "MEMORY_VIEW", "MEMORY_PHASES", "STATUS_ORDER", "NOT_RUN"]
 
@@ -799,7 +800,7 @@ def _notes(cells: pd.DataFrame) -> list[tuple[str, str]]:
         out = [(n, w) for n, ws in zip(cells["cell_name"], cells["warnings"]) if isinstance(ws, list) for w in ws]
     if "steps_ended" in cells:
         out += [(r["cell_name"], note) for r in cells.to_dict("records") if (note := _cap_note(r))]
-    return out
+    return out + stale.notes(cells.to_dict("records"))
 
 
 def _cap_note(r: dict) -> str | None:

@@ -60,10 +60,19 @@ def apply_liger(model_type: str, settings: dict[str, bool]) -> None:
     _apply_liger_kernel(model_type, **settings)
 
 
-def build(model: str, attn: str, dtype: torch.dtype, device: torch.device, zero3_config: dict | None = None):
+def build(
+    model: str,
+    attn: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    zero3_config: dict | None = None,
+    seed: int | None = None,
+):
     """Build the model. Presets get random weights made in `dtype` on `device` (no fp32 transient, no
     copy); a local checkpoint is loaded. With a ZeRO-3 config, the weights are partitioned as they are
-    made (remote_device None: the config's offload_param device, cpu or nvme, decides)."""
+    made (remote_device None: the config's offload_param device, cpu or nvme, decides). With a seed, a
+    preset's weights are drawn per parameter name from it (seeded_init), the same at every ZeRO stage,
+    offload and engine; without one, from the global RNG as transformers draws them."""
     from transformers import AutoModelForCausalLM
 
     cfg = config_for(model, attn)
@@ -79,7 +88,10 @@ def build(model: str, attn: str, dtype: torch.dtype, device: torch.device, zero3
         try:
             with ctx:
                 m = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn)
-            if zero3_config:
+            if seed is not None:
+                # Partitioned also when the HF Trainer's registered ZeRO-3 config made from_config use zero.Init.
+                seeded_init(m, seed, partitioned=any(hasattr(p, "ds_id") for p in m.parameters()))
+            elif zero3_config:
                 _hf_init_partitioned(m)
         finally:
             torch.set_default_dtype(old)
@@ -108,6 +120,52 @@ def from_checkpoint(path: str, attn: str, dtype: torch.dtype, zero3_config: dict
     del keep
     m.config.use_cache = False
     return m
+
+
+def _name_seed(seed: int, name: str) -> int:
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little") & (2**63 - 1)
+
+
+def _initial(module, pname: str, shape: torch.Size, std: float, g: torch.Generator) -> torch.Tensor:
+    """transformers' Llama init, drawn from g on the CPU in fp32: normal(0, initializer_range) for
+    linear and embedding weights (the padding row zero), ones for norm weights, zeros for biases."""
+    if pname == "weight" and len(shape) >= 2:
+        t = torch.empty(shape).normal_(0.0, std, generator=g)
+        pad = getattr(module, "padding_idx", None)
+        if isinstance(module, torch.nn.Embedding) and pad is not None:
+            t[pad] = 0
+        return t
+    if pname == "weight" and "norm" in type(module).__name__.lower():
+        return torch.ones(shape)
+    return torch.zeros(shape)
+
+
+def seeded_init(model, seed: int, partitioned: bool) -> None:
+    """Give every parameter weights drawn from its own generator, seeded from (seed, its name): the same
+    tensors whatever the stage, offload or engine, and whether the weights are partitioned (ZeRO-3: each
+    module's parameters gathered in turn, one module at a time, never the whole model)."""
+    import contextlib
+
+    import deepspeed
+
+    std = float(getattr(model.config, "initializer_range", 0.02))
+    seen: set[int] = set()
+    for mname, module in model.named_modules():
+        params = [(n, p) for n, p in module.named_parameters(recurse=False) if id(p) not in seen]
+        if not params:
+            continue
+        seen.update(id(p) for _, p in params)
+        gather = (
+            deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=0)
+            if partitioned
+            else contextlib.nullcontext()
+        )
+        with gather, torch.no_grad():
+            for pname, p in params:
+                g = torch.Generator().manual_seed(_name_seed(seed, f"{mname}.{pname}" if mname else pname))
+                p.copy_(_initial(module, pname, p.shape, std, g).to(p.dtype))
 
 
 def _hf_init_partitioned(model) -> None:

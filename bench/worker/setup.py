@@ -53,6 +53,8 @@ class Setup:
         t0 = time.perf_counter()
         self.model = _build_model(cell, self.ds_config, self.dtype, self.device, self.local_rank, under_trainer)
         doc["model_build_s"] = time.perf_counter() - t0
+        if cell.model in models.PRESETS and cell.peft != "qlora":  # QLoRA quantizes the cached checkpoint
+            doc["weights_init"] = "seeded-per-name"
         self.counts = models.count_params(self.model)
         doc.update(self.counts)
         self.config = self.model.config
@@ -142,8 +144,14 @@ def _build_model(cell, ds_config, dtype, device, local_rank, under_trainer):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     else:
         model = models.build(
-            cell.model, cell.attn, dtype, device, ds_config if cell.zero_stage == 3 and not under_trainer else None
+            cell.model,
+            cell.attn,
+            dtype,
+            device,
+            ds_config if cell.zero_stage == 3 and not under_trainer else None,
+            seed=cell.seed,
         )
+        torch.manual_seed(cell.seed)  # later draws (adapters, dropout) start alike whatever zero.Init drew
         if cell.grad_ckpt:
             # Non-reentrant checkpointing works with frozen base weights (LoRA) and ZeRO-3 hooks.
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -251,7 +251,13 @@ def _train_hf(s: Setup, args, measure: Measure, doc: dict, fault: Fault | None) 
             if logs and "loss" in logs:
                 measure.loss(float(logs["loss"]))
 
-    trainer = Trainer(model=model, args=args, train_dataset=Rows(), callbacks=[Clock()])
+    class InOrder(Trainer):
+        # The rows in the order the DeepSpeed loop feeds them (not shuffled): both engines see the same
+        # batches, so cells that differ only in engine start from the same first loss.
+        def _get_train_sampler(self, *a, **kw):
+            return torch.utils.data.SequentialSampler(self.train_dataset)
+
+    trainer = InOrder(model=model, args=args, train_dataset=Rows(), callbacks=[Clock()])
     # The Trainer wraps the model in DeepSpeed's engine inside train(): read its counter there.
     measure.skipped = lambda: int(getattr(trainer.model_wrapped, "skipped_steps", 0) or 0)
     measure.loss_scale = lambda: _loss_scale(trainer.model_wrapped, cell)

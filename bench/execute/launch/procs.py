@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 
+from ... import heartbeat
 from ...safefile import safe_open_new
 
 
@@ -95,11 +96,15 @@ def run_tool(args: list[str], *, log_path: Path, env: dict[str, str], timeout_s:
     return run_tools([(args, log_path, env, timeout_s)])[0][0]
 
 
-def run_tools(tools: list[tuple[list[str], Path, dict[str, str], float]]) -> list[tuple[int, float]]:
+def run_tools(
+    tools: list[tuple[list[str], Path, dict[str, str], float]], on_progress=None, every_s: float = heartbeat.EVERY_S
+) -> list[tuple[int, float]]:
     """Run helper programs side by side (args, log path, env, timeout each), each as run_tool runs one;
-    a Ctrl-C stops them all. Returns (exit code, wall seconds) for each, in order."""
+    a Ctrl-C stops them all. Returns (exit code, wall seconds) for each, in order. on_progress(log path,
+    elapsed s) is called for each helper still running every every_s seconds."""
     running: list[tuple[subprocess.Popen, float, float]] = []
     ends: dict[int, tuple[int, float]] = {}
+    beat = time.time() + every_s
     try:
         for args, log_path, env, timeout_s in tools:
             log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -121,6 +126,11 @@ def run_tools(tools: list[tuple[list[str], Path, dict[str, str], float]]) -> lis
                     _kill_tree(proc)
                 if proc.poll() is not None:
                     ends[i] = (proc.returncode, time.time() - t0)
+            if on_progress is not None and time.time() >= beat and len(ends) < len(running):
+                beat = time.time() + every_s
+                for i, (_, t0, _) in enumerate(running):
+                    if i not in ends:
+                        on_progress(tools[i][1], time.time() - t0)
             time.sleep(0.05)
     except KeyboardInterrupt:
         with holding_signals():

@@ -1,0 +1,77 @@
+"""Large matrices: a matrix past its cell cap is refused at once, before it is expanded; planning a
+committed large matrix stays fast (each cell's hash is computed once)."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench import matrix
+from bench.cells import Cell
+from bench.execute import plan
+
+ROOT = Path(__file__).resolve().parent.parent
+
+HUGE = """name: huge
+axes:
+  zero_stage: [0, 1, 2, 3]
+  offload: [none, optimizer, optimizer+params]
+  precision: [fp32, fp16, bf16]
+  grad_ckpt: [false, true]
+  optimizer: [adamw, fusedadam, cpuadam, fusedlamb, onebitadam, zerooneadam, onebitlamb, paged_adamw,
+              paged_adamw_8bit, adamw_8bit]
+  peft: [none, lora, qlora]
+  engine: [deepspeed, hf_trainer]
+  micro_batch: [%s]
+""" % ", ".join(str(i) for i in range(1, 233))  # 4320 * 232 = 1,002,240 cells
+
+
+def test_a_million_cells_are_refused_quickly_with_the_cap_and_how_to_raise_it(tmp_path):
+    path = tmp_path / "huge.yaml"
+    path.write_text(HUGE)
+    t0 = time.monotonic()
+    p = subprocess.run(
+        [sys.executable, "-m", "bench", "cells", str(path)], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert time.monotonic() - t0 < 10
+    assert p.returncode == 2, p.stdout[-2000:]
+    assert "1,002,240 cells" in p.stderr and "max_cells (50,000)" in p.stderr
+    assert "max_cells: 1002240" in p.stderr  # the fix names the key and the value that would admit it
+
+
+def test_max_cells_counts_include_and_can_be_raised():
+    text = "name: m\naxes: {zero_stage: [0, 1, 2, 3]}\ninclude: [{zero_stage: 3, offload: [optimizer]}]\n"
+    with pytest.raises(matrix.MatrixError) as e:
+        matrix.loads(text + "max_cells: 4\n")
+    assert "cross to 5 cells, more than max_cells (4)" in str(e.value)
+    assert len(matrix.expand(matrix.loads(text + "max_cells: 5\n"))) == 5
+
+
+def test_a_cells_hash_is_computed_once_and_not_carried_by_replace():
+    cell = Cell(zero_stage=3)
+    first = cell.hash
+    assert cell._hash == first and cell.hash == first
+    other = dataclasses.replace(cell, zero_stage=2)
+    assert other.hash != first and other == Cell(zero_stage=2) and other.hash == Cell(zero_stage=2).hash
+    assert "_hash" not in cell.to_dict() and Cell.from_dict(cell.to_dict()).hash == first
+
+
+def test_planning_the_7b_matrix_hashes_each_cell_once_per_expansion(monkeypatch):
+    calls = []
+    canonical = Cell.canonical
+
+    def counted(self):
+        calls.append(1)
+        return canonical(self)
+
+    monkeypatch.setattr(Cell, "canonical", counted)
+    p = plan(str(ROOT / "matrices" / "7b.yaml"))
+    ids = [it.cell.id for it in p.items]
+    assert len(ids) == 4320 and len(set(ids)) == 4320
+    # Loading expands once to check the matrix is not empty, planning once more: two hashes per cell (was 10).
+    assert len(calls) <= 2 * len(ids)
