@@ -384,7 +384,7 @@ def cmd_estimate(args) -> int:
         return _estimate_check(args)
     from . import env, matrix
     from .estimate.table import as_json, estimate_cells, text
-    from .execute import select
+    from .execute.plan import select
 
     if gpu_mem is None or host_mem is None:
         here = env.probe()  # this machine's GPU and host memory, unless given
