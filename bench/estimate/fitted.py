@@ -27,24 +27,24 @@ class Constants:
     activation_scale: float = 1.000
     """Measured activations over the tensor-by-tensor count (what the count misses: autograd's small
     tensors, the attention mask, RoPE's tables)."""
-    frag_shared: float = 0.699
+    frag_shared: float = 0.740
     """Reserved-but-free bytes per byte of the smaller of the optimizer step's gradient copies (fp32, and
     the flattened 16-bit partition) and the activations: neither fits the blocks the other left, so the
     allocator's reservation holds both (1.0 if it held all of the smaller)."""
-    frag_activations: float = 0.492
+    frag_activations: float = 0.518
     """With gradient checkpointing: reserved-but-free bytes per square root of the activations' bytes
     times a GiB (the recompute in backward interleaves with the gradients in blocks the loss left)."""
-    frag_buckets: float = 1.152
+    frag_buckets: float = 1.126
     """Reserved-but-free bytes per byte of gradients passing through DeepSpeed's reduce buckets (at most the
     buckets' size)."""
-    frag_loss: float = 0.680
+    frag_loss: float = 0.470
     """Reserved-but-free bytes per byte of the loss's fp32 logits (tokens x vocab x 4; none with Liger's
     fused or in-place cross-entropy): blocks of that size that nothing else in the step fits."""
-    host_process: float = 1.825 * GiB
+    host_process: float = 1.792 * GiB
     """RSS of one rank's interpreter with torch, DeepSpeed and transformers imported and the model built."""
-    host_launcher: float = 1.149 * GiB
+    host_launcher: float = 1.215 * GiB
     """torchrun and its children beside the ranks (multi-GPU cells)."""
-    host_compile_workers: float = 7.820 * GiB
+    host_compile_workers: float = 7.853 * GiB
     """torch.compile's (inductor's) compile worker processes."""
 
 
