@@ -15,6 +15,7 @@ import contextlib
 import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -537,3 +538,43 @@ def test_a_logs_folder_that_is_full_stops_the_run_and_leaves_the_cell_to_resume(
         assert r.returncode == 0, r.stderr[-2000:]
         recs = ledger.account(p, {cell: {"ok"}}, runs=2)
     assert [x["status"] for x in recs] == ["started", "interrupted", "started", "ok"]
+
+
+# -- the attempt-folder sweep ----------------------------------------------------------------------
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare for a second PID namespace"
+)
+def test_the_sweep_spares_a_live_run_in_another_pid_namespace(tmp_path, ledger):
+    ledger.fault(
+        "sweep-other-pid-namespace",
+        "a live run's attempt folder written from another PID namespace (a container sharing /tmp), and a "
+        "folder with an owner file that is not zerobench's, in the temp folder a real run sweeps",
+    )
+    tmp = tmp_path / "tmp"
+    theirs, plain = tmp / "zerobench-theirs", tmp / "zerobench-plain"
+    for d in (theirs, plain):
+        d.mkdir(parents=True)
+    (plain / "owner").write_text("1 1.00\n")  # someone else's file: not zerobench's marker
+    # The owner tag is written by a live process inside a new PID namespace, as that run would write it.
+    code = (
+        "import os, sys, time; from bench.execute.launch import folders; "
+        "open(sys.argv[1], 'w').write(folders._owner_tag(os.getpid())); time.sleep(300)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    other = subprocess.Popen(["unshare", "--pid", "--fork", sys.executable, "-c", code, str(theirs / "owner")], env=env)
+    try:
+        deadline = time.time() + 60
+        while not (theirs / "owner").exists() or not (theirs / "owner").read_text():
+            assert time.time() < deadline and other.poll() is None, "the namespaced owner never wrote its tag"
+            time.sleep(0.2)
+        m = write_matrix(tmp_path / "m.yaml", SKIPPED)
+        r = run(tmp_path, "run", m.name, "--results", "r.jsonl", "--no-report", env={"TMPDIR": str(tmp)})
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert theirs.exists(), "a live run in another PID namespace lost its attempt folder"
+        assert plain.exists(), "a folder without zerobench's owner marker was deleted"
+    finally:
+        other.kill()
+        other.wait()
+    ledger.account(tmp_path / "r.jsonl", all_skipped(m), runs=1)
