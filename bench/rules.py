@@ -66,7 +66,8 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "fp16-needs-cuda",
         lambda c, p: not p.cuda and c.precision == "fp16",
-        "DeepSpeed's CPU accelerator has no fp16 ('Type fp16 is not supported on your device')",
+        "DeepSpeed's CPU accelerator has no fp16 ('Type fp16 is not supported on your device') except on CPUs "
+        "where oneDNN has it (AVX512-FP16 or AMX-FP16); zerobench measures fp16 on GPUs only",
         "use bf16 or fp32 on CPU",
         "deepspeed 0.19.6 engine._do_sanity_check; seen on a CPU run (tests/test_rules_evidence.py)",
     ),

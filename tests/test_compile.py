@@ -33,7 +33,9 @@ def test_compiled_cell_runs_compiled_and_matches_eager(tmp_path):
         outs[comp] = o.ranks[0]
     assert outs[True]["compiled"] is True and outs[False]["compiled"] is False
     # A named mode reaches torch.compile through DeepSpeed's compile_kwargs.
-    assert outs["default"]["compiled"] is True and outs["default"]["losses"] == outs[True]["losses"]
+    # Two compiled runs agree to rounding: Inductor's CPU reductions are not bitwise repeatable across runs.
+    assert outs["default"]["compiled"] is True
+    assert outs["default"]["losses"] == pytest.approx(outs[True]["losses"], rel=1e-6)
     # Inductor reorders float arithmetic: close, not bit-equal.
     assert outs[True]["losses"] == pytest.approx(outs[False]["losses"], rel=1e-4)
     # The compile happens in the first (warmup) step, not in the measured ones.
