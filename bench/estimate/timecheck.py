@@ -1,0 +1,173 @@
+"""The step-time model against measurement: each ok H200 record's step time and fixed cost predicted from
+its cell and its GPU alone, the constants fitted on the records (`fit_time`), and refitted leaving each
+results file out to show how well they carry (`cross_validate_time`)."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from ..record import parse
+from ..store import read
+from .check import _cell, _pct
+from .model import Hardware
+from .shapes import shape_of
+from .steptime import (
+    FITTED_TIME,
+    SETUP_NAMES,
+    STEP_NAMES,
+    TimeConstants,
+    compute_seconds,
+    overhead_features,
+    predict_overhead,
+    predict_step,
+    solve,
+    step_features,
+)
+
+__all__ = ["TimeCase", "time_cases", "fit_time", "cross_validate_time", "time_summary", "time_text"]
+
+RIDGE = 0.05
+
+
+@dataclass(frozen=True)
+class TimeCase:
+    file: str
+    cell: object
+    hw: Hardware
+    step_s: float
+    """The record's median step time."""
+    overhead_s: float | None
+    """Its wall time less its steps' time (steps run x the median): start-up, setup, the first steps' extra."""
+
+
+def time_cases(paths: Iterable[str | os.PathLike], gpu: str = "H200") -> list[TimeCase]:
+    """Every ok record run on one or two GPUs named `gpu` with a median step time, of a known model shape."""
+    out = []
+    for path in paths:
+        for raw in read(path, warn=False):
+            if raw.get("status") != "ok":
+                continue
+            rec = parse(raw)
+            prov = rec.provenance
+            name = (prov.gpu_name if prov else None) or ""
+            step = (raw.get("metrics") or {}).get("step_time_median_s")
+            if gpu not in name or not step:
+                continue
+            cell = _cell(rec.cell)
+            if cell.gpus not in (1, 2) or shape_of(cell.model) is None:
+                continue
+            steps = len(raw.get("step_times_s") or []) or cell.warmup_steps + cell.measured_steps
+            wall = raw.get("wall_s")
+            over = wall - steps * step if wall else None
+            out.append(
+                TimeCase(
+                    file=os.path.basename(os.fspath(path)),
+                    cell=cell,
+                    hw=Hardware(gpu_name=name),
+                    step_s=float(step),
+                    overhead_s=float(over) if over and over > 0 else None,
+                )
+            )
+    return out
+
+
+def fit_time(cs: Sequence[TimeCase], base: TimeConstants = FITTED_TIME) -> TimeConstants:
+    """Least squares in log space: step time over its compute seconds on the step factors, the fixed cost
+    on the setup factors."""
+    rows = [step_features(c.cell) for c in cs]
+    y = [math.log(c.step_s / compute_seconds(c.cell, c.hw)) for c in cs]
+    k = solve(rows, y, STEP_NAMES, RIDGE)
+    over = [c for c in cs if c.overhead_s]
+    if over:
+        k.update(
+            solve([overhead_features(c.cell) for c in over], [math.log(c.overhead_s) for c in over], SETUP_NAMES, RIDGE)
+        )
+    return replace(base, **k)
+
+
+@dataclass(frozen=True)
+class TimeRow:
+    case: TimeCase
+    step: float
+    overhead: float | None
+
+    @property
+    def step_error(self) -> float:
+        return self.step / self.case.step_s - 1
+
+    @property
+    def overhead_error(self) -> float | None:
+        return None if self.overhead is None or not self.case.overhead_s else self.overhead / self.case.overhead_s - 1
+
+
+def evaluate_time(cs: Sequence[TimeCase], k: TimeConstants = FITTED_TIME) -> list[TimeRow]:
+    return [TimeRow(c, predict_step(c.cell, c.hw, k), predict_overhead(c.cell, c.hw, k)) for c in cs]
+
+
+def cross_validate_time(cs: Sequence[TimeCase]) -> list[TimeRow]:
+    """Each results file's records predicted with the constants fitted on the other files."""
+    out = []
+    for f in sorted({c.file for c in cs}):
+        k = fit_time([c for c in cs if c.file != f])
+        out += evaluate_time([c for c in cs if c.file == f], k)
+    return out
+
+
+def _categories(c: TimeCase) -> dict[str, str]:
+    cell = c.cell
+    return {
+        "ZeRO stage": str(cell.zero_stage),
+        "offload": cell.offload,
+        "LoRA": "yes" if cell.peft == "lora" else "no",
+        "QLoRA": "yes" if cell.peft == "qlora" else "no",
+        "precision": cell.precision,
+        "GPU count": str(cell.gpus),
+        "model": cell.model,
+    }
+
+
+def time_summary(rows: Sequence[TimeRow], which: str = "step") -> dict:
+    errs = [abs(e) for r in rows if (e := (r.step_error if which == "step" else r.overhead_error)) is not None]
+    return {"n": len(errs), "median": _pct(errs, 0.5), "p95": _pct(errs, 0.95), "max": max(errs, default=math.nan)}
+
+
+def category_rows(rows: Sequence[TimeRow], cv: Sequence[TimeRow], which: str) -> list[list[str]]:
+    out = [["category", "value", "records", "median |error|", "p95 |error|", "CV median", "CV p95"]]
+    for cat in _categories(rows[0].case):
+        for val in sorted({_categories(r.case)[cat] for r in rows}):
+            a = time_summary([r for r in rows if _categories(r.case)[cat] == val], which)
+            b = time_summary([r for r in cv if _categories(r.case)[cat] == val], which)
+            out.append(
+                [
+                    cat,
+                    val,
+                    str(a["n"]),
+                    f"{a['median']:.1%}",
+                    f"{a['p95']:.1%}",
+                    f"{b['median']:.1%}",
+                    f"{b['p95']:.1%}",
+                ]
+            )
+    return out
+
+
+def time_text(rows: Sequence[TimeRow], cv: Sequence[TimeRow]) -> str:
+    from .check import text_table
+
+    lines = ["", "Step-time model (bench/estimate/steptime.py), median step time:"]
+    for label, rs in (("in-sample", rows), ("cross-validated (leave one results file out)", cv)):
+        s = time_summary(rs)
+        lines.append(
+            f"  {label}: {s['n']} records, median |error| {s['median']:.1%}, p95 {s['p95']:.1%}, max {s['max']:.1%}"
+        )
+    lines += ["", text_table(category_rows(rows, cv, "step")), "", "Fixed cost per cell (wall time less its steps):"]
+    for label, rs in (("in-sample", rows), ("cross-validated", cv)):
+        s = time_summary(rs, "overhead")
+        lines.append(
+            f"  {label}: {s['n']} records, median |error| {s['median']:.1%}, p95 {s['p95']:.1%}, max {s['max']:.1%}"
+        )
+    lines += ["", text_table(category_rows(rows, cv, "overhead"))]
+    return "\n".join(lines)
