@@ -31,6 +31,8 @@ __all__ = [
     "predict_overhead",
     "predict_step",
     "predict_wall",
+    "run_seconds",
+    "run_time_line",
     "step_features",
     "overhead_features",
 ]
@@ -42,57 +44,57 @@ DEFAULT_PEAK = 989.4e12
 
 @dataclass(frozen=True, slots=True)
 class TimeConstants:
-    log_eff: float = -0.7891
+    log_eff: float = -1.3170
     """log of the efficiency of a full bf16 fine-tune on one GPU at 8192 tokens per step (model FLOPs
     achieved over the peak; negative: below the peak)."""
-    fp16: float = 0.0145
+    fp16: float = 0.4313
     """log step-time factor of fp16 over bf16 (loss scaling, the fp16 optimizer's copies)."""
-    fp32: float = 1.1002
+    fp32: float = 2.0236
     """... of fp32 (no 16-bit tensor cores: TF32 or plain fp32 matmuls)."""
-    lora: float = 0.3232
+    lora: float = 0.3673
     """... of LoRA over its FLOPs (the adapters' small matmuls, PEFT's wrappers)."""
-    qlora: float = 0.8939
+    qlora: float = 0.7618
     """... of QLoRA (dequantizing the 4-bit weights for every matmul)."""
-    zero3: float = 0.2936
+    zero3: float = 0.8583
     """... of ZeRO-3 (gathering each layer's parameters in forward and backward)."""
-    offload_optimizer: float = 1.1186
+    offload_optimizer: float = 0.8275
     """... of the optimizer on the host (its states copied each step, the CPU step)."""
-    offload_params: float = 0.4213
+    offload_params: float = 0.6216
     """... more with parameters on the host too."""
-    nvme: float = 0.7314
+    nvme: float = 1.7879
     """... more with state swapped to NVMe."""
-    multi_gpu: float = 0.1019
+    multi_gpu: float = 0.2338
     """... of more than one GPU (gradient all-reduce / reduce-scatter)."""
-    hf_trainer: float = 0.0561
+    hf_trainer: float = 0.3619
     """... of the HF Trainer engine over DeepSpeed's own loop."""
-    compiled: float = -0.0500
+    compiled: float = 0.5981
     """... of torch.compile."""
-    liger: float = -0.0300
+    liger: float = 0.2909
     """... of Liger's kernels."""
-    zero12: float = 0.0
+    zero12: float = 0.1487
     """... of ZeRO-1/2 (partitioned optimizer step, reduce-scatter of gradients)."""
-    grad_ckpt: float = 0.0
+    grad_ckpt: float = -0.2100
     """... of checkpointing beyond its recompute FLOPs."""
-    optimizer_8bit: float = 0.0
+    optimizer_8bit: float = 0.0069
     """... of an 8-bit optimizer (bitsandbytes' quantized states)."""
-    paged: float = 0.0
+    paged: float = 0.1013
     """... of a paged optimizer."""
-    torch_adam: float = 0.0
+    torch_adam: float = 0.2874
     """... of torch's own AdamW (foreach, not fused)."""
-    size: float = 0.0
+    size: float = -0.4912
     """Slope of log step time over log(parameters / 1e9), beyond the FLOPs' own proportionality."""
-    tokens: float = -0.1000
+    tokens: float = -0.5430
     """Slope of log step time over log(tokens per step / 8192), beyond the FLOPs' own proportionality
     (negative: small steps are less efficient)."""
-    setup_log: float = 3.0
+    setup_log: float = 1.3144
     """log seconds of a 1B cell's fixed cost on one GPU (start-up, import, model build, engine init,
     the first step's extra time)."""
-    setup_size: float = 0.3
+    setup_size: float = 0.2038
     """Slope of the fixed cost's log over log(parameters / 1e9)."""
-    setup_zero3: float = 0.1
-    setup_offload: float = 0.3
-    setup_multi_gpu: float = 0.3
-    setup_compile: float = 0.5
+    setup_zero3: float = 0.6706
+    setup_offload: float = 1.1416
+    setup_multi_gpu: float = 1.8307
+    setup_compile: float = 2.7336
 
 
 TIME_NAMES = tuple(f.name for f in fields(TimeConstants))
@@ -214,3 +216,34 @@ def solve(rows: Sequence[dict[str, float]], y: Sequence[float], names: Sequence[
     reg[0, 0] = 0.0
     sol = np.linalg.lstsq(np.vstack([a, reg]), np.concatenate([b, np.zeros(len(names))]), rcond=None)[0]
     return {n: round(float(v), 4) for n, v in zip(names, sol)}
+
+
+def run_seconds(cells: Sequence[Any], hw: Hardware | None = None, gpus: int = 1, k: TimeConstants = FITTED_TIME):
+    """Predicted time of a run of `cells` (those zerobench would run): (GPU-seconds, i.e. the run one cell
+    after another on one GPU's worth of time; elapsed seconds on `gpus` GPUs with cells side by side;
+    cells whose model shape is unknown). Side by side is the GPU-seconds spread over the GPUs, but never
+    less than the longest cell."""
+    walls, unknown = [], 0
+    for cell in cells:
+        w = predict_wall(cell, hw, k)
+        if w is None:
+            unknown += 1
+        else:
+            walls.append((w, cell.gpus))
+    total = sum(w * g for w, g in walls)
+    longest = max((w for w, _ in walls), default=0.0)
+    return total, max(total / max(gpus, 1), longest), unknown
+
+
+def _hms(s: float) -> str:
+    h, rem = divmod(int(round(s)), 3600)
+    return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
+
+
+def run_time_line(cells: Sequence[Any], hw: Hardware | None = None, gpus: int = 1) -> str:
+    """One line for a plan: the predicted GPU time of its runnable cells, on one GPU and on `gpus`."""
+    total, packed, unknown = run_seconds(cells, hw, gpus)
+    line = f"predicted GPU time ({len(cells) - unknown} cells, step-time model): {_hms(total)} on 1 GPU"
+    if gpus > 1:
+        line += f", {_hms(packed)} on {gpus} GPUs side by side"
+    return line + (f"; {unknown} cells of unknown shape not counted" if unknown else "")

@@ -11,6 +11,7 @@ from .. import dsconfig, env, faults, hostmem, matrix, rules, schedule
 from ..axes import AUTO
 from ..cells import Cell
 from ..estimate import DEFAULT_MARGIN, Hardware, Verdict, predict, short_of, verdict
+from ..estimate.steptime import run_time_line
 from ..problems import ConfigError, InputError, Problem
 
 
@@ -193,6 +194,8 @@ def preview(
         )
     legend = {"run": "to run", "run?": "to run, may not fit", "pruned": "pruned", "skip": "skipped by a rule"}
     lines.append("  " + ", ".join(f"{counts[k]} {legend[k]}" for k in legend if k in counts))
+    runnable = [it.cell for it in items if it.skip is None and id(it) not in free]
+    lines.append("  " + run_time_line(runnable, hw, max(len(platform.gpus), 1)))
     return lines
 
 

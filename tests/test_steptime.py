@@ -1,0 +1,71 @@
+"""The step-time model (bench.estimate.steptime): its physics, its fit on the committed H200 records, and
+how well it carries to records it was not fitted on (leave one results file out)."""
+
+import dataclasses
+import glob
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.cells import Cell, Lora
+from bench.estimate import Hardware
+from bench.estimate.shapes import shape_of
+from bench.estimate.steptime import FITTED_TIME, flops_per_token, predict_step, predict_wall, run_seconds
+from bench.estimate.timecheck import cross_validate_time, fit_time, time_cases, time_summary
+
+ROOT = Path(__file__).resolve().parents[1]
+H200 = Hardware(gpu_name="NVIDIA H200")
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return time_cases(sorted(glob.glob(str(ROOT / "results" / "*.jsonl"))))
+
+
+def test_frozen_weights_need_no_weight_gradient_matmul():
+    s = shape_of("llama-1b")
+    full = Cell(model="llama-1b", seq_len=2048, grad_ckpt=False)
+    lora = dataclasses.replace(full, peft="lora", lora=Lora(r=16))
+    n = s.linear_params + s.head_params
+    attn = 12 * 2048 * s.hidden * s.layers
+    assert flops_per_token(full, s) == 6 * n + attn
+    assert 4 * n + attn < flops_per_token(lora, s) < 4.1 * n + attn
+    # Checkpointing runs the forward again: 2N more.
+    assert (
+        flops_per_token(dataclasses.replace(full, grad_ckpt=True), s) == 8 * n + attn + 4 * 2048 * s.hidden * s.layers
+    )
+
+
+def test_refit_on_committed_records_gives_the_literals(cases):
+    assert len(cases) >= 250
+    assert fit_time(cases) == FITTED_TIME
+
+
+def test_cross_validated_step_time_error_is_pinned(cases):
+    s = time_summary(cross_validate_time(cases))
+    # Achieved: median 18.7%, p95 74.5% (the target, 10% and 30%, is not met yet).
+    assert s["median"] <= 0.19 + 0.01
+    assert s["p95"] <= 0.745 + 0.03
+
+
+def test_wall_is_overhead_plus_steps_and_packing_spreads_cells():
+    cell = Cell(model="llama-1b", seq_len=2048, micro_batch=4, warmup_steps=3, measured_steps=10)
+    step, wall = predict_step(cell, H200), predict_wall(cell, H200)
+    assert 0 < step and wall > 13 * step
+    total, packed, unknown = run_seconds([cell] * 4, H200, gpus=2)
+    assert unknown == 0 and total == pytest.approx(4 * wall) and packed == pytest.approx(2 * wall)
+    assert run_seconds([cell], H200, gpus=8)[1] == pytest.approx(wall)  # never less than the longest cell
+
+
+def test_dry_run_prints_the_predicted_gpu_time():
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", "run", "matrices/7b.yaml", "--dry-run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert "predicted GPU time" in out and "on 1 GPU" in out
