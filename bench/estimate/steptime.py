@@ -12,9 +12,10 @@ is linear in these factors, so they are fitted by least squares on the committed
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any
 
 from ..axes import optimizer_offloaded, params_offloaded
@@ -33,7 +34,7 @@ __all__ = [
     "predict_wall",
     "run_seconds",
     "run_time_line",
-    "step_features",
+    "step_parts",
     "overhead_features",
 ]
 
@@ -42,66 +43,118 @@ PEAKS = (("H200", 989.4e12), ("H100", 989.4e12), ("A100", 312e12), ("L40S", 362e
 DEFAULT_PEAK = 989.4e12
 
 
-@dataclass(frozen=True, slots=True)
-class TimeConstants:
-    log_eff: float = -1.3170
-    """log of the efficiency of a full bf16 fine-tune on one GPU at 8192 tokens per step (model FLOPs
-    achieved over the peak; negative: below the peak)."""
-    fp16: float = 0.4313
-    """log step-time factor of fp16 over bf16 (loss scaling, the fp16 optimizer's copies)."""
-    fp32: float = 2.0236
-    """... of fp32 (no 16-bit tensor cores: TF32 or plain fp32 matmuls)."""
-    lora: float = 0.3673
-    """... of LoRA over its FLOPs (the adapters' small matmuls, PEFT's wrappers)."""
-    qlora: float = 0.7618
-    """... of QLoRA (dequantizing the 4-bit weights for every matmul)."""
-    zero3: float = 0.8583
-    """... of ZeRO-3 (gathering each layer's parameters in forward and backward)."""
-    offload_optimizer: float = 0.8275
-    """... of the optimizer on the host (its states copied each step, the CPU step)."""
-    offload_params: float = 0.6216
-    """... more with parameters on the host too."""
-    nvme: float = 1.7879
-    """... more with state swapped to NVMe."""
-    multi_gpu: float = 0.2338
-    """... of more than one GPU (gradient all-reduce / reduce-scatter)."""
-    hf_trainer: float = 0.3619
-    """... of the HF Trainer engine over DeepSpeed's own loop."""
-    compiled: float = 0.5981
-    """... of torch.compile."""
-    liger: float = 0.2909
-    """... of Liger's kernels."""
-    zero12: float = 0.1487
-    """... of ZeRO-1/2 (partitioned optimizer step, reduce-scatter of gradients)."""
-    grad_ckpt: float = -0.2100
-    """... of checkpointing beyond its recompute FLOPs."""
-    optimizer_8bit: float = 0.0069
-    """... of an 8-bit optimizer (bitsandbytes' quantized states)."""
-    paged: float = 0.1013
-    """... of a paged optimizer."""
-    torch_adam: float = 0.2874
-    """... of torch's own AdamW (foreach, not fused)."""
-    size: float = -0.4912
-    """Slope of log step time over log(parameters / 1e9), beyond the FLOPs' own proportionality."""
-    tokens: float = -0.5430
-    """Slope of log step time over log(tokens per step / 8192), beyond the FLOPs' own proportionality
-    (negative: small steps are less efficient)."""
-    setup_log: float = 1.3144
-    """log seconds of a 1B cell's fixed cost on one GPU (start-up, import, model build, engine init,
-    the first step's extra time)."""
-    setup_size: float = 0.2038
-    """Slope of the fixed cost's log over log(parameters / 1e9)."""
-    setup_zero3: float = 0.6706
-    setup_offload: float = 1.1416
-    setup_multi_gpu: float = 1.8307
-    setup_compile: float = 2.7336
+# The step's four parts. Each is a base (seconds or a count read off the cell's shape) times the exponential
+# of a fitted log factor per feature the cell has ("one" always): the names below are part_feature.
+PARTS = {
+    "compute": (
+        "one",
+        "fp16",
+        "fp32",
+        "lora",
+        "qlora",
+        "hf_trainer",
+        "compiled",
+        "liger",
+        "grad_ckpt",
+        "zero3",
+        "multi_gpu",
+    ),
+    "params": (
+        "one",
+        "offload",
+        "fp16",
+        "multi_gpu",
+        "zero12",
+        "torch_adam",
+        "paged",
+        "bit8",
+        "nvme",
+        "offload_params",
+    ),
+    "gather": ("one", "offload_params", "nvme", "multi_gpu", "qlora", "fp16"),
+    "layers": ("one", "adapted", "hf_trainer", "zero3", "multi_gpu", "offload"),
+}
+PART_DOCS = {
+    "compute": "the matmuls: compute seconds at the GPU's peak over the efficiency (log 1/efficiency for a "
+    "full bf16 fine-tune with hf kernels, eager, one GPU, plus a log factor per feature)",
+    "params": "the per-parameter work of a step (the optimizer step, gradient copies and reduction; on the "
+    "host with offload): seconds per billion trainable parameters, log",
+    "gather": "ZeRO-3's parameter gathers in forward and backward: seconds per billion parameters per micro-batch, log",
+    "layers": "fixed launch and hook costs per layer per micro-batch (PEFT's wrappers, ZeRO-3's hooks, "
+    "the engine): seconds per 100 layers, log",
+}
 
+
+def _time_fields() -> list[tuple[str, type, Any]]:
+    return [
+        (f"{part}_{feat}", float, dataclasses.field(default=0.0)) for part, feats in PARTS.items() for feat in feats
+    ]
+
+
+_SETUP_FIELDS = [
+    ("setup_log", float, dataclasses.field(default=0.0)),
+    ("setup_size", float, dataclasses.field(default=0.0)),
+    ("setup_zero3", float, dataclasses.field(default=0.0)),
+    ("setup_offload", float, dataclasses.field(default=0.0)),
+    ("setup_multi_gpu", float, dataclasses.field(default=0.0)),
+    ("setup_compile", float, dataclasses.field(default=0.0)),
+]
+
+TimeConstants = dataclasses.make_dataclass("TimeConstants", _time_fields() + _SETUP_FIELDS, frozen=True, slots=True)
+TimeConstants.__module__ = __name__
+TimeConstants.__doc__ = (
+    "The step-time model's fitted log factors (see PARTS and PART_DOCS), and the fixed cost's: log seconds "
+    "of a 1B cell on one GPU (setup_log), the slope over log(parameters / 1e9) (setup_size), and log "
+    "factors for ZeRO-3, offload, more than one GPU and torch.compile."
+)
 
 TIME_NAMES = tuple(f.name for f in fields(TimeConstants))
 STEP_NAMES = TIME_NAMES[: TIME_NAMES.index("setup_log")]
+# The values fitted on the committed H200 records (tests/test_steptime.py holds them to the fit).
+_FIT: dict[str, float] = {
+    "compute_one": 0.726,
+    "compute_fp16": -0.863,
+    "compute_fp32": 2.248,
+    "compute_lora": -0.666,
+    "compute_qlora": 0.025,
+    "compute_hf_trainer": -0.182,
+    "compute_compiled": -0.059,
+    "compute_liger": -0.241,
+    "compute_grad_ckpt": 0.042,
+    "compute_zero3": 0.498,
+    "compute_multi_gpu": -0.968,
+    "params_one": -3.567,
+    "params_offload": 2.787,
+    "params_fp16": 1.328,
+    "params_multi_gpu": 0.662,
+    "params_zero12": 0.113,
+    "params_torch_adam": 0.825,
+    "params_paged": 0.514,
+    "params_bit8": -0.313,
+    "params_nvme": 3.799,
+    "params_offload_params": -0.115,
+    "gather_one": -4.069,
+    "gather_offload_params": -0.152,
+    "gather_nvme": 0.003,
+    "gather_multi_gpu": -0.042,
+    "gather_qlora": 0.001,
+    "gather_fp16": -0.053,
+    "layers_one": -1.385,
+    "layers_adapted": 1.287,
+    "layers_hf_trainer": 0.304,
+    "layers_zero3": 1.291,
+    "layers_multi_gpu": 0.813,
+    "layers_offload": 0.557,
+    "setup_log": 1.314,
+    "setup_size": 0.204,
+    "setup_zero3": 0.671,
+    "setup_offload": 1.142,
+    "setup_multi_gpu": 1.831,
+    "setup_compile": 2.734,
+}
 SETUP_NAMES = TIME_NAMES[TIME_NAMES.index("setup_log") :]
 
-FITTED_TIME = TimeConstants()
+FITTED_TIME = TimeConstants(**_FIT)
 
 
 def peak_flops(hw: Hardware | None) -> float:
@@ -137,30 +190,56 @@ def _compiled(cell: Any) -> bool:
     return bool(getattr(cell, "compile", False))
 
 
-def step_features(cell: Any) -> dict[str, float]:
-    """The cell's value of each step-time factor (1/0 indicators, and the tokens' log)."""
+def _flags(cell: Any) -> dict[str, bool]:
     return {
-        "log_eff": -1.0,
-        "fp16": float(cell.precision == "fp16"),
-        "fp32": float(cell.precision == "fp32"),
-        "lora": float(cell.peft == "lora"),
-        "qlora": float(cell.peft == "qlora"),
-        "zero3": float(cell.zero_stage == 3),
-        "offload_optimizer": float(optimizer_offloaded(cell.offload)),
-        "offload_params": float(params_offloaded(cell.offload)),
-        "nvme": float(cell.offload == "nvme"),
-        "multi_gpu": float(cell.gpus > 1),
-        "hf_trainer": float(cell.engine == "hf_trainer"),
-        "compiled": float(_compiled(cell)),
-        "liger": float(getattr(cell, "kernels", "hf") == "liger"),
-        "zero12": float(cell.zero_stage in (1, 2)),
-        "grad_ckpt": float(bool(cell.grad_ckpt)),
-        "optimizer_8bit": float("8bit" in cell.optimizer),
-        "paged": float("paged" in cell.optimizer),
-        "torch_adam": float(cell.optimizer in ("adamw", "torch_adamw")),
-        "size": math.log(_params(cell) / 1e9),
-        "tokens": math.log(tokens_per_step(cell) / 8192),
+        "one": True,
+        "fp16": cell.precision == "fp16",
+        "fp32": cell.precision == "fp32",
+        "lora": cell.peft == "lora",
+        "qlora": cell.peft == "qlora",
+        "adapted": adapted(cell),
+        "hf_trainer": cell.engine == "hf_trainer",
+        "compiled": _compiled(cell),
+        "liger": getattr(cell, "kernels", "hf") == "liger",
+        "grad_ckpt": bool(cell.grad_ckpt),
+        "zero12": cell.zero_stage in (1, 2),
+        "zero3": cell.zero_stage == 3,
+        "multi_gpu": cell.gpus > 1,
+        "offload": optimizer_offloaded(cell.offload),
+        "offload_params": params_offloaded(cell.offload),
+        "nvme": cell.offload == "nvme",
+        "torch_adam": cell.optimizer == "adamw",
+        "paged": "paged" in cell.optimizer,
+        "bit8": "8bit" in cell.optimizer,
     }
+
+
+def step_parts(cell: Any, hw: Hardware | None = None) -> dict[str, tuple[float, tuple[float, ...]]] | None:
+    """Each part's base and the cell's 0/1 value of each of its features (PARTS); None for a model whose
+    shape is unknown."""
+    s = shape_of(cell.model)
+    if s is None:
+        return None
+    flags = _flags(cell)
+    bases = {
+        "compute": compute_seconds(cell, hw),
+        "params": trainable_params(cell, s) / 1e9,
+        "gather": (cell.zero_stage == 3) * s.params / 1e9 * cell.grad_accum,
+        "layers": s.layers / 100 * cell.grad_accum,
+    }
+    return {part: (bases[part], tuple(float(flags[f]) for f in feats)) for part, feats in PARTS.items()}
+
+
+def _part_seconds(base: float, x: tuple[float, ...], part: str, k: Any) -> float:
+    return base * math.exp(sum(v * getattr(k, f"{part}_{f}") for v, f in zip(x, PARTS[part])))
+
+
+def predict_step(cell: Any, hw: Hardware | None = None, k: Any = FITTED_TIME) -> float | None:
+    """Predicted seconds per optimizer step: the sum of the parts; None for a model whose shape is unknown."""
+    parts = step_parts(cell, hw)
+    if parts is None:
+        return None
+    return sum(_part_seconds(base, x, part, k) for part, (base, x) in parts.items())
 
 
 def _params(cell: Any) -> float:
@@ -179,17 +258,11 @@ def overhead_features(cell: Any) -> dict[str, float]:
     }
 
 
-def _dot(feats: dict[str, float], k: TimeConstants) -> float:
+def _dot(feats: dict[str, float], k: Any) -> float:
     return sum(v * getattr(k, name) for name, v in feats.items())
 
 
-def predict_step(cell: Any, hw: Hardware | None = None, k: TimeConstants = FITTED_TIME) -> float | None:
-    """Predicted seconds per optimizer step; None for a model whose shape is unknown."""
-    c = compute_seconds(cell, hw)
-    return None if c is None else c * math.exp(_dot(step_features(cell), k))
-
-
-def predict_overhead(cell: Any, hw: Hardware | None = None, k: TimeConstants = FITTED_TIME) -> float:
+def predict_overhead(cell: Any, hw: Hardware | None = None, k: Any = FITTED_TIME) -> float:
     """Predicted seconds of the cell's wall time outside its steps' own time (start-up, setup, the
     first steps' extra)."""
     return math.exp(_dot(overhead_features(cell), k))
@@ -199,26 +272,13 @@ def steps_of(cell: Any) -> int:
     return cell.warmup_steps + cell.measured_steps
 
 
-def predict_wall(cell: Any, hw: Hardware | None = None, k: TimeConstants = FITTED_TIME) -> float | None:
+def predict_wall(cell: Any, hw: Hardware | None = None, k: Any = FITTED_TIME) -> float | None:
     """Predicted wall seconds of the cell: the fixed cost, then warm-up and measured steps."""
     step = predict_step(cell, hw, k)
     return None if step is None else predict_overhead(cell, hw, k) + steps_of(cell) * step
 
 
-def solve(rows: Sequence[dict[str, float]], y: Sequence[float], names: Sequence[str], ridge: float) -> dict:
-    """Least squares of y on the rows' features, with a small ridge toward 0 on every factor but the first
-    (so a factor no fitting record shows stays at 0, the plain case)."""
-    import numpy as np
-
-    a = np.array([[r[n] for n in names] for r in rows], dtype=float)
-    b = np.array(y, dtype=float)
-    reg = np.sqrt(ridge) * np.eye(len(names))
-    reg[0, 0] = 0.0
-    sol = np.linalg.lstsq(np.vstack([a, reg]), np.concatenate([b, np.zeros(len(names))]), rcond=None)[0]
-    return {n: round(float(v), 4) for n, v in zip(names, sol)}
-
-
-def run_seconds(cells: Sequence[Any], hw: Hardware | None = None, gpus: int = 1, k: TimeConstants = FITTED_TIME):
+def run_seconds(cells: Sequence[Any], hw: Hardware | None = None, gpus: int = 1, k: Any = FITTED_TIME):
     """Predicted time of a run of `cells` (those zerobench would run): (GPU-seconds, i.e. the run one cell
     after another on one GPU's worth of time; elapsed seconds on `gpus` GPUs with cells side by side;
     cells whose model shape is unknown). Side by side is the GPU-seconds spread over the GPUs, but never

@@ -16,15 +16,13 @@ from .model import Hardware
 from .shapes import shape_of
 from .steptime import (
     FITTED_TIME,
+    PARTS,
     SETUP_NAMES,
-    STEP_NAMES,
     TimeConstants,
-    compute_seconds,
     overhead_features,
     predict_overhead,
     predict_step,
-    solve,
-    step_features,
+    step_parts,
 )
 
 __all__ = ["TimeCase", "time_cases", "fit_time", "cross_validate_time", "time_summary", "time_text"]
@@ -74,17 +72,80 @@ def time_cases(paths: Iterable[str | os.PathLike], gpu: str = "H200") -> list[Ti
     return out
 
 
+def solve(rows: Sequence[dict[str, float]], y: Sequence[float], names: Sequence[str], ridge: float) -> dict:
+    """Least squares of y on the rows' features, with a small ridge toward 0 on every factor but the first
+    (so a factor no fitting record shows stays at 0, the plain case)."""
+    import numpy as np
+
+    a = np.array([[r[n] for n in names] for r in rows], dtype=float)
+    b = np.array(y, dtype=float)
+    reg = np.sqrt(ridge) * np.eye(len(names))
+    reg[0, 0] = 0.0
+    sol = np.linalg.lstsq(np.vstack([a, reg]), np.concatenate([b, np.zeros(len(names))]), rcond=None)[0]
+    return {n: round(float(v), 3) for n, v in zip(names, sol)}
+
+
+_START = {"compute": 0.7, "params": -2.3, "gather": -2.3, "layers": -3.0}
+
+
+def _design(cs: Sequence[TimeCase]):
+    import numpy as np
+
+    parts = [step_parts(c.cell, c.hw) for c in cs]
+    bases = np.array([[p[part][0] for part in PARTS] for p in parts])
+    xs = [np.array([p[part][1] for p in parts]) for part in PARTS]
+    return bases, xs
+
+
+def _fit_parts(cs: Sequence[TimeCase], ridge: float = RIDGE, iters: int = 80) -> dict[str, float]:
+    """Levenberg-Marquardt on the squared log error of the step time (a sum of exponentials is not linear
+    in log space), with a small ridge toward 0 on every factor but each part's intercept."""
+    import numpy as np
+
+    bases, xs = _design(cs)
+    y = np.log([c.step_s for c in cs])
+    sizes = [len(f) for f in PARTS.values()]
+    starts = np.cumsum([0, *sizes[:-1]])
+    th = np.zeros(sum(sizes))
+    th[starts] = list(_START.values())
+    reg = np.full(len(th), ridge)
+    reg[starts] = 0.0
+
+    def parts_of(t):
+        return np.stack([bases[:, i] * np.exp(xs[i] @ t[o : o + n]) for i, (o, n) in enumerate(zip(starts, sizes))], 1)
+
+    def loss(t):
+        r = np.log(parts_of(t).sum(1)) - y
+        return r @ r + (reg * t**2).sum()
+
+    cur, lam = loss(th), 1e-2
+    for _ in range(iters):
+        p = parts_of(th)
+        total = p.sum(1)
+        jac = np.hstack([(p[:, i] / total)[:, None] * xs[i] for i in range(len(sizes))])
+        grad = jac.T @ (np.log(total) - y) + reg * th
+        hess = jac.T @ jac + np.diag(reg)
+        while lam < 1e8:
+            step = np.linalg.solve(hess + lam * np.diag(np.diag(hess) + 1e-9), -grad)
+            new = loss(th + step)
+            if new < cur:
+                th, cur, lam = th + step, new, max(lam / 3, 1e-7)
+                break
+            lam *= 4
+        else:
+            break
+    names = [f"{part}_{f}" for part, feats in PARTS.items() for f in feats]
+    return {n: round(float(v), 3) for n, v in zip(names, th)}
+
+
 def fit_time(cs: Sequence[TimeCase], base: TimeConstants = FITTED_TIME) -> TimeConstants:
-    """Least squares in log space: step time over its compute seconds on the step factors, the fixed cost
-    on the setup factors."""
-    rows = [step_features(c.cell) for c in cs]
-    y = [math.log(c.step_s / compute_seconds(c.cell, c.hw)) for c in cs]
-    k = solve(rows, y, STEP_NAMES, RIDGE)
+    """The step's parts fitted on the records' median step times, the fixed cost by least squares of its
+    log on the setup factors."""
+    k = _fit_parts(cs)
     over = [c for c in cs if c.overhead_s]
     if over:
-        k.update(
-            solve([overhead_features(c.cell) for c in over], [math.log(c.overhead_s) for c in over], SETUP_NAMES, RIDGE)
-        )
+        feats = [overhead_features(c.cell) for c in over]
+        k.update(solve(feats, [math.log(c.overhead_s) for c in over], SETUP_NAMES, RIDGE))
     return replace(base, **k)
 
 
