@@ -50,7 +50,7 @@ def test_cross_validated_step_time_error_is_pinned(cases):
     assert s["p95"] <= 0.374 + 0.02
 
 
-def test_wall_is_overhead_plus_steps_and_packing_spreads_cells():
+def test_wall_is_start_setup_and_steps_and_packing_spreads_cells():
     cell = Cell(model="llama-1b", seq_len=2048, micro_batch=4, warmup_steps=3, measured_steps=10)
     step, wall = predict_step(cell, H200), predict_wall(cell, H200)
     assert 0 < step and wall > 13 * step

@@ -29,13 +29,15 @@ __all__ = [
     "compute_seconds",
     "flops_per_token",
     "peak_flops",
-    "predict_overhead",
+    "predict_setup",
+    "predict_start",
     "predict_step",
     "predict_wall",
     "run_seconds",
     "run_time_line",
     "step_parts",
-    "overhead_features",
+    "setup_features",
+    "start_features",
 ]
 
 # Dense 16-bit tensor-core peaks (FLOP/s) by GPU name; the efficiencies are fitted against these.
@@ -91,21 +93,19 @@ def _time_fields() -> list[tuple[str, type, Any]]:
     ]
 
 
-_SETUP_FIELDS = [
-    ("setup_log", float, dataclasses.field(default=0.0)),
-    ("setup_size", float, dataclasses.field(default=0.0)),
-    ("setup_zero3", float, dataclasses.field(default=0.0)),
-    ("setup_offload", float, dataclasses.field(default=0.0)),
-    ("setup_multi_gpu", float, dataclasses.field(default=0.0)),
-    ("setup_compile", float, dataclasses.field(default=0.0)),
-]
+SETUP_FEATURES = ("setup_log", "setup_size", "setup_zero3", "setup_offload", "setup_qlora", "setup_multi_gpu")
+START_FEATURES = ("start_log", "start_spawn", "start_compile", "start_zero3", "start_offload")
+_SETUP_FIELDS = [(n, float, dataclasses.field(default=0.0)) for n in SETUP_FEATURES + START_FEATURES]
 
 TimeConstants = dataclasses.make_dataclass("TimeConstants", _time_fields() + _SETUP_FIELDS, frozen=True, slots=True)
 TimeConstants.__module__ = __name__
 TimeConstants.__doc__ = (
-    "The step-time model's fitted log factors (see PARTS and PART_DOCS), and the fixed cost's: log seconds "
-    "of a 1B cell on one GPU (setup_log), the slope over log(parameters / 1e9) (setup_size), and log "
-    "factors for ZeRO-3, offload, more than one GPU and torch.compile."
+    "The step-time model's fitted log factors (see PARTS and PART_DOCS); the setup's (the worker's "
+    "setup_s: model build and engine init): log seconds of a 1B cell on one GPU (setup_log), the slope "
+    "over log(parameters / 1e9) (setup_size), log factors for ZeRO-3, offload, QLoRA, more than one GPU; "
+    "and the start's (the rest of the wall time beside setup and steps: the interpreter's imports unless "
+    "forked from a warm server, the first step's compile and allocation, teardown): log seconds, and log "
+    "factors for a spawned start, torch.compile, ZeRO-3 and offload."
 )
 
 TIME_NAMES = tuple(f.name for f in fields(TimeConstants))
@@ -145,12 +145,17 @@ _FIT: dict[str, float] = {
     "layers_zero3": 1.291,
     "layers_multi_gpu": 0.813,
     "layers_offload": 0.557,
-    "setup_log": 1.314,
-    "setup_size": 0.204,
-    "setup_zero3": 0.671,
-    "setup_offload": 1.142,
-    "setup_multi_gpu": 1.831,
-    "setup_compile": 2.734,
+    "setup_log": 0.147,
+    "setup_size": 0.21,
+    "setup_zero3": 1.1,
+    "setup_offload": 1.569,
+    "setup_qlora": 0.806,
+    "setup_multi_gpu": 0.147,
+    "start_log": 0.268,
+    "start_spawn": 2.625,
+    "start_compile": 2.902,
+    "start_zero3": 0.62,
+    "start_offload": 0.424,
 }
 SETUP_NAMES = TIME_NAMES[TIME_NAMES.index("setup_log") :]
 
@@ -247,14 +252,30 @@ def _params(cell: Any) -> float:
     return float(s.params) if s else 1e9
 
 
-def overhead_features(cell: Any) -> dict[str, float]:
+def setup_features(cell: Any) -> dict[str, float]:
     return {
         "setup_log": 1.0,
         "setup_size": math.log(_params(cell) / 1e9),
         "setup_zero3": float(cell.zero_stage == 3),
         "setup_offload": float(cell.offload != "none"),
+        "setup_qlora": float(cell.peft == "qlora"),
         "setup_multi_gpu": float(cell.gpus > 1),
-        "setup_compile": float(_compiled(cell)),
+    }
+
+
+def spawned(cell: Any) -> bool:
+    """zerobench forks a single-GPU cell from a server that has imported already; several ranks start
+    fresh interpreters."""
+    return cell.gpus > 1
+
+
+def start_features(cell: Any, spawn: bool | None = None) -> dict[str, float]:
+    return {
+        "start_log": 1.0,
+        "start_spawn": float(spawned(cell) if spawn is None else spawn),
+        "start_compile": float(_compiled(cell)),
+        "start_zero3": float(cell.zero_stage == 3),
+        "start_offload": float(cell.offload != "none"),
     }
 
 
@@ -262,10 +283,15 @@ def _dot(feats: dict[str, float], k: Any) -> float:
     return sum(v * getattr(k, name) for name, v in feats.items())
 
 
-def predict_overhead(cell: Any, hw: Hardware | None = None, k: Any = FITTED_TIME) -> float:
-    """Predicted seconds of the cell's wall time outside its steps' own time (start-up, setup, the
-    first steps' extra)."""
-    return math.exp(_dot(overhead_features(cell), k))
+def predict_setup(cell: Any, hw: Hardware | None = None, k: Any = FITTED_TIME) -> float:
+    """Predicted seconds of the worker's setup (model build, engine init)."""
+    return math.exp(_dot(setup_features(cell), k))
+
+
+def predict_start(cell: Any, hw: Hardware | None = None, k: Any = FITTED_TIME, spawn: bool | None = None) -> float:
+    """Predicted seconds of the wall time beside setup and the steps' own time (start, first-step extra,
+    teardown)."""
+    return math.exp(_dot(start_features(cell, spawn), k))
 
 
 def steps_of(cell: Any) -> int:
@@ -273,9 +299,9 @@ def steps_of(cell: Any) -> int:
 
 
 def predict_wall(cell: Any, hw: Hardware | None = None, k: Any = FITTED_TIME) -> float | None:
-    """Predicted wall seconds of the cell: the fixed cost, then warm-up and measured steps."""
+    """Predicted wall seconds of the cell: start, setup, then warm-up and measured steps."""
     step = predict_step(cell, hw, k)
-    return None if step is None else predict_overhead(cell, hw, k) + steps_of(cell) * step
+    return None if step is None else predict_start(cell, hw, k) + predict_setup(cell, hw, k) + steps_of(cell) * step
 
 
 def run_seconds(cells: Sequence[Any], hw: Hardware | None = None, gpus: int = 1, k: Any = FITTED_TIME):

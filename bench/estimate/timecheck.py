@@ -17,11 +17,14 @@ from .shapes import shape_of
 from .steptime import (
     FITTED_TIME,
     PARTS,
-    SETUP_NAMES,
+    SETUP_FEATURES,
+    START_FEATURES,
     TimeConstants,
-    overhead_features,
-    predict_overhead,
+    predict_setup,
+    predict_start,
     predict_step,
+    setup_features,
+    start_features,
     step_parts,
 )
 
@@ -37,8 +40,13 @@ class TimeCase:
     hw: Hardware
     step_s: float
     """The record's median step time."""
-    overhead_s: float | None
-    """Its wall time less its steps' time (steps run x the median): start-up, setup, the first steps' extra."""
+    setup_s: float | None
+    """The worker's setup (model build, engine init)."""
+    start_s: float | None
+    """Its wall time less setup and its steps' time (steps run x the median): start, first-step extra,
+    teardown."""
+    spawn: bool
+    """Its ranks started as fresh interpreters (not forked from a server that had imported)."""
 
 
 def time_cases(paths: Iterable[str | os.PathLike], gpu: str = "H200") -> list[TimeCase]:
@@ -59,14 +67,17 @@ def time_cases(paths: Iterable[str | os.PathLike], gpu: str = "H200") -> list[Ti
                 continue
             steps = len(raw.get("step_times_s") or []) or cell.warmup_steps + cell.measured_steps
             wall = raw.get("wall_s")
-            over = wall - steps * step if wall else None
+            setup = (raw.get("worker") or {}).get("setup_s")
+            start = wall - steps * step - setup if wall and setup else None
             out.append(
                 TimeCase(
                     file=os.path.basename(os.fspath(path)),
                     cell=cell,
                     hw=Hardware(gpu_name=name),
                     step_s=float(step),
-                    overhead_s=float(over) if over and over > 0 else None,
+                    setup_s=float(setup) if setup else None,
+                    start_s=float(start) if start and start > 0 else None,
+                    spawn=(raw.get("started_by") or {}).get("mode") != "fork",
                 )
             )
     return out
@@ -142,10 +153,14 @@ def fit_time(cs: Sequence[TimeCase], base: TimeConstants = FITTED_TIME) -> TimeC
     """The step's parts fitted on the records' median step times, the fixed cost by least squares of its
     log on the setup factors."""
     k = _fit_parts(cs)
-    over = [c for c in cs if c.overhead_s]
-    if over:
-        feats = [overhead_features(c.cell) for c in over]
-        k.update(solve(feats, [math.log(c.overhead_s) for c in over], SETUP_NAMES, RIDGE))
+    setup = [c for c in cs if c.setup_s]
+    if setup:
+        feats = [setup_features(c.cell) for c in setup]
+        k.update(solve(feats, [math.log(c.setup_s) for c in setup], SETUP_FEATURES, RIDGE))
+    start = [c for c in cs if c.start_s]
+    if start:
+        feats = [start_features(c.cell, c.spawn) for c in start]
+        k.update(solve(feats, [math.log(c.start_s) for c in start], START_FEATURES, RIDGE))
     return replace(base, **k)
 
 
@@ -153,19 +168,28 @@ def fit_time(cs: Sequence[TimeCase], base: TimeConstants = FITTED_TIME) -> TimeC
 class TimeRow:
     case: TimeCase
     step: float
-    overhead: float | None
+    setup: float
+    start: float
 
     @property
     def step_error(self) -> float:
         return self.step / self.case.step_s - 1
 
-    @property
-    def overhead_error(self) -> float | None:
-        return None if self.overhead is None or not self.case.overhead_s else self.overhead / self.case.overhead_s - 1
+    def error(self, which: str) -> float | None:
+        measured = getattr(self.case, f"{which}_s")
+        return getattr(self, which) / measured - 1 if measured else None
 
 
 def evaluate_time(cs: Sequence[TimeCase], k: TimeConstants = FITTED_TIME) -> list[TimeRow]:
-    return [TimeRow(c, predict_step(c.cell, c.hw, k), predict_overhead(c.cell, c.hw, k)) for c in cs]
+    return [
+        TimeRow(
+            c,
+            predict_step(c.cell, c.hw, k),
+            predict_setup(c.cell, c.hw, k),
+            predict_start(c.cell, c.hw, k, spawn=c.spawn),
+        )
+        for c in cs
+    ]
 
 
 def cross_validate_time(cs: Sequence[TimeCase]) -> list[TimeRow]:
@@ -191,7 +215,7 @@ def _categories(c: TimeCase) -> dict[str, str]:
 
 
 def time_summary(rows: Sequence[TimeRow], which: str = "step") -> dict:
-    errs = [abs(e) for r in rows if (e := (r.step_error if which == "step" else r.overhead_error)) is not None]
+    errs = [abs(e) for r in rows if (e := r.error(which)) is not None]
     return {"n": len(errs), "median": _pct(errs, 0.5), "p95": _pct(errs, 0.95), "max": max(errs, default=math.nan)}
 
 
@@ -215,20 +239,25 @@ def category_rows(rows: Sequence[TimeRow], cv: Sequence[TimeRow], which: str) ->
     return out
 
 
+def _summary_line(label: str, s: dict) -> str:
+    return f"  {label}: {s['n']} records, median |error| {s['median']:.1%}, p95 {s['p95']:.1%}, max {s['max']:.1%}"
+
+
+TITLES = {
+    "step": "Step-time model (bench/estimate/steptime.py), median step time:",
+    "setup": "Setup time (the worker's setup_s: model build, engine init):",
+    "start": "Start and the rest (wall time less setup and the steps' own time):",
+}
+
+
 def time_text(rows: Sequence[TimeRow], cv: Sequence[TimeRow]) -> str:
+    """The step-time model's check: per quantity, in-sample and cross-validated errors, then per category."""
     from .check import text_table
 
-    lines = ["", "Step-time model (bench/estimate/steptime.py), median step time:"]
-    for label, rs in (("in-sample", rows), ("cross-validated (leave one results file out)", cv)):
-        s = time_summary(rs)
-        lines.append(
-            f"  {label}: {s['n']} records, median |error| {s['median']:.1%}, p95 {s['p95']:.1%}, max {s['max']:.1%}"
-        )
-    lines += ["", text_table(category_rows(rows, cv, "step")), "", "Fixed cost per cell (wall time less its steps):"]
-    for label, rs in (("in-sample", rows), ("cross-validated", cv)):
-        s = time_summary(rs, "overhead")
-        lines.append(
-            f"  {label}: {s['n']} records, median |error| {s['median']:.1%}, p95 {s['p95']:.1%}, max {s['max']:.1%}"
-        )
-    lines += ["", text_table(category_rows(rows, cv, "overhead"))]
+    lines = []
+    for which, title in TITLES.items():
+        lines += ["", title]
+        lines.append(_summary_line("in-sample", time_summary(rows, which)))
+        lines.append(_summary_line("cross-validated (leave one results file out)", time_summary(cv, which)))
+        lines += ["", text_table(category_rows(rows, cv, which))]
     return "\n".join(lines)
