@@ -396,20 +396,26 @@ def cmd_estimate(args) -> int:
     rows = estimate_cells(cells, hw, gpus=args.gpus)
     print(as_json(rows, hw, args.margin) if args.json else text(rows, hw, args.margin))
     if not args.json:
-        _print_run_time(rows, hw, args.margin)
+        _print_run_time(args, cells, rows, hw)
     return 0
 
 
-def _print_run_time(rows, hw, margin: float) -> None:
-    """The predicted GPU time of the cells a run would not prune, on one GPU and on this host's GPUs."""
-    from . import env
+def _print_run_time(args, cells, rows, hw) -> None:
+    """The predicted GPU time of the cells a run would run (not skipped by a rule, not pruned by the memory
+    model), on one GPU and on this host's GPUs side by side."""
     from .estimate import Verdict, verdict
     from .estimate.steptime import run_time_line
+    from .execute.plan import host_platform, plan
 
+    platform = host_platform(None)
+    runnable = {it.cell.hash for it in plan(_resolve(args.matrix), args.filter, platform, args.ds_config).runnable}
     kept = [
-        c for c, est, _ in rows if est is None or verdict(est.gpu_bytes, hw.gpu_memory_bytes, margin) != Verdict.PRUNE
+        c
+        for orig, (c, est, _) in zip(cells, rows)
+        if orig.hash in runnable
+        and (est is None or verdict(est.gpu_bytes, hw.gpu_memory_bytes, args.margin) != Verdict.PRUNE)
     ]
-    print(run_time_line(kept, hw, max(len(env.probe().gpus), 1)))
+    print(run_time_line(kept, hw, max(len(platform.gpus), 1)))
 
 
 def _estimate_check(args) -> int:
