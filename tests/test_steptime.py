@@ -40,14 +40,17 @@ def test_frozen_weights_need_no_weight_gradient_matmul():
 
 def test_refit_on_committed_records_gives_the_literals(cases):
     assert len(cases) >= 250
-    assert fit_time(cases) == FITTED_TIME
+    k = fit_time(cases)
+    # The literals are the fit rounded to 3 places; a BLAS that rounds differently may move the last one.
+    for f in dataclasses.fields(k):
+        assert getattr(k, f.name) == pytest.approx(getattr(FITTED_TIME, f.name), abs=2e-3), f.name
 
 
 def test_cross_validated_step_time_error_is_pinned(cases):
     s = time_summary(cross_validate_time(cases))
-    # Achieved: median 8.4% (the target: 10%), p95 37.4% (the target, 30%, is not met).
-    assert s["median"] <= 0.084 + 0.01
-    assert s["p95"] <= 0.374 + 0.02
+    # Achieved: median 7.3% (the target: 10%), p95 34.4% (the target, 30%, is not met).
+    assert s["median"] <= 0.073 + 0.01
+    assert s["p95"] <= 0.344 + 0.02
 
 
 def test_cross_validated_setup_and_start_errors_are_pinned(cases):

@@ -60,6 +60,7 @@ PARTS = {
         "grad_ckpt",
         "zero3",
         "multi_gpu",
+        "log_tokens",
     ),
     "params": (
         "one",
@@ -78,7 +79,8 @@ PARTS = {
 }
 PART_DOCS = {
     "compute": "the matmuls: compute seconds at the GPU's peak over the efficiency (log 1/efficiency for a "
-    "full bf16 fine-tune with hf kernels, eager, one GPU, plus a log factor per feature)",
+    "full bf16 fine-tune with hf kernels, eager, one GPU, at 8192 tokens per micro-batch, plus a log factor "
+    "per feature; log_tokens is the slope over log(tokens per micro-batch / 8192))",
     "params": "the per-parameter work of a step (the optimizer step, gradient copies and reduction; on the "
     "host with offload): seconds per billion trainable parameters, log",
     "gather": "ZeRO-3's parameter gathers in forward and backward: seconds per billion parameters per micro-batch, log",
@@ -112,39 +114,40 @@ TIME_NAMES = tuple(f.name for f in fields(TimeConstants))
 STEP_NAMES = TIME_NAMES[: TIME_NAMES.index("setup_log")]
 # The values fitted on the committed H200 records (tests/test_steptime.py holds them to the fit).
 _FIT: dict[str, float] = {
-    "compute_one": 0.726,
-    "compute_fp16": -0.863,
-    "compute_fp32": 2.248,
-    "compute_lora": -0.666,
-    "compute_qlora": 0.025,
-    "compute_hf_trainer": -0.182,
-    "compute_compiled": -0.059,
-    "compute_liger": -0.241,
-    "compute_grad_ckpt": 0.042,
-    "compute_zero3": 0.498,
-    "compute_multi_gpu": -0.968,
-    "params_one": -3.567,
-    "params_offload": 2.787,
-    "params_fp16": 1.328,
-    "params_multi_gpu": 0.662,
-    "params_zero12": 0.113,
-    "params_torch_adam": 0.825,
-    "params_paged": 0.514,
-    "params_bit8": -0.313,
-    "params_nvme": 3.799,
-    "params_offload_params": -0.115,
-    "gather_one": -4.069,
-    "gather_offload_params": -0.152,
-    "gather_nvme": 0.003,
-    "gather_multi_gpu": -0.042,
-    "gather_qlora": 0.001,
-    "gather_fp16": -0.053,
-    "layers_one": -1.385,
-    "layers_adapted": 1.287,
-    "layers_hf_trainer": 0.304,
-    "layers_zero3": 1.291,
-    "layers_multi_gpu": 0.813,
-    "layers_offload": 0.557,
+    "compute_one": 0.283,
+    "compute_fp16": -0.902,
+    "compute_fp32": 2.45,
+    "compute_lora": -0.505,
+    "compute_qlora": 0.088,
+    "compute_hf_trainer": -0.225,
+    "compute_compiled": -0.127,
+    "compute_liger": -0.379,
+    "compute_grad_ckpt": 0.245,
+    "compute_zero3": 0.49,
+    "compute_multi_gpu": -0.965,
+    "compute_log_tokens": 0.291,
+    "params_one": -3.411,
+    "params_offload": 2.743,
+    "params_fp16": 1.091,
+    "params_multi_gpu": -0.181,
+    "params_zero12": 0.027,
+    "params_torch_adam": 0.776,
+    "params_paged": 0.415,
+    "params_bit8": -0.272,
+    "params_nvme": 3.593,
+    "params_offload_params": -0.027,
+    "gather_one": -3.568,
+    "gather_offload_params": -0.272,
+    "gather_nvme": 0.004,
+    "gather_multi_gpu": -0.106,
+    "gather_qlora": 0.097,
+    "gather_fp16": -0.091,
+    "layers_one": -0.942,
+    "layers_adapted": 0.945,
+    "layers_hf_trainer": 0.215,
+    "layers_zero3": 1.075,
+    "layers_multi_gpu": 0.697,
+    "layers_offload": 0.389,
     "setup_log": 0.147,
     "setup_size": 0.21,
     "setup_zero3": 1.1,
@@ -195,7 +198,7 @@ def _compiled(cell: Any) -> bool:
     return bool(getattr(cell, "compile", False))
 
 
-def _flags(cell: Any) -> dict[str, bool]:
+def _flags(cell: Any) -> dict[str, float]:
     return {
         "one": True,
         "fp16": cell.precision == "fp16",
@@ -216,6 +219,7 @@ def _flags(cell: Any) -> dict[str, bool]:
         "torch_adam": cell.optimizer == "adamw",
         "paged": "paged" in cell.optimizer,
         "bit8": "8bit" in cell.optimizer,
+        "log_tokens": math.log(cell.micro_batch * cell.seq_len / 8192),
     }
 
 
