@@ -59,6 +59,9 @@ def test_cross_validated_setup_and_start_errors_are_pinned(cases):
     # Achieved: setup median 19.3%, p95 66.1%; start median 16.4%, p95 72.3%.
     assert setup["n"] >= 250 and setup["median"] <= 0.193 + 0.02 and setup["p95"] <= 0.661 + 0.03
     assert start["n"] >= 250 and start["median"] <= 0.164 + 0.02 and start["p95"] <= 0.723 + 0.03
+    wall = time_summary(cv, "wall")
+    # Achieved: wall median 9.9%, p95 45.6%.
+    assert wall["n"] >= 250 and wall["median"] <= 0.099 + 0.02 and wall["p95"] <= 0.456 + 0.03
 
 
 def test_wall_is_start_setup_and_steps_and_packing_spreads_cells():
@@ -92,5 +95,5 @@ def test_dry_run_and_estimate_print_the_same_predicted_gpu_time():
 def test_estimate_check_prints_the_time_tables_after_the_memory_table():
     out = _zerobench("estimate", "--check", "results/compare-h200-a1.jsonl", "results/memcheck-h200-c.jsonl")
     memory = out.index("cross-validated (leave one results file out)")
-    for title in ("median step time:", "Setup time", "Start and the rest"):
+    for title in ("median step time:", "Setup time", "Start and the rest", "Wall time per cell"):
         assert out.index(title) > memory

@@ -2,12 +2,14 @@
 step (the record's `metrics.step_time_median_s`) and the cell's wall time (the record's `wall_s`: the fixed
 cost of start-up and setup, then the warm-up and measured steps).
 
-The step is compute (tokens x FLOPs per token over the GPU's peak) divided by a fitted efficiency, and the
-efficiency is a product of fitted factors, one per thing that costs time beside the matmuls: precision,
-PEFT mode, ZeRO stage 3's gathers, CPU/NVMe offload and CPU Adam, more than one GPU, the engine, compile,
-kernels, and the tokens per step (small steps leave the GPU idle between kernels). In log space the model
-is linear in these factors, so they are fitted by least squares on the committed H200 records
-(`fit_time`); the literals below are that fit, and tests/test_steptime.py holds them to it.
+The step is a sum of four parts (PARTS): compute (tokens x FLOPs per token over the GPU's peak, divided
+by a fitted efficiency), the per-parameter work (the optimizer step; on the host under offload, CPU Adam),
+ZeRO-3's gathers (parameter bytes per micro-batch) and fixed per-layer launch costs. Each part is its base
+times fitted factors, one per thing that changes it: precision, PEFT mode, ZeRO stage, offload, optimizer,
+GPU count, engine, compile, kernels. They are fitted by least squares of the log step time on the
+committed H200 records (bench.estimate.timecheck.fit_time); the literals below are that fit, and
+tests/test_steptime.py holds them to it. Setup and the rest of the wall time are log-linear in model size
+and stage. The functions are pure (cell, hardware -> seconds), so a search can rank cells by them.
 """
 
 from __future__ import annotations

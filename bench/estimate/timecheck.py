@@ -47,6 +47,10 @@ class TimeCase:
     teardown."""
     spawn: bool
     """Its ranks started as fresh interpreters (not forked from a server that had imported)."""
+    wall_s: float | None = None
+    """The record's wall time."""
+    steps: int = 0
+    """Steps it ran (warm-up and measured)."""
 
 
 def time_cases(paths: Iterable[str | os.PathLike], gpu: str = "H200") -> list[TimeCase]:
@@ -78,6 +82,8 @@ def time_cases(paths: Iterable[str | os.PathLike], gpu: str = "H200") -> list[Ti
                     setup_s=float(setup) if setup else None,
                     start_s=float(start) if start and start > 0 else None,
                     spawn=(raw.get("started_by") or {}).get("mode") != "fork",
+                    wall_s=float(wall) if wall else None,
+                    steps=steps,
                 )
             )
     return out
@@ -172,6 +178,11 @@ class TimeRow:
     start: float
 
     @property
+    def wall(self) -> float:
+        """Predicted wall time for the steps the record ran (adaptive cells stop early)."""
+        return self.start + self.setup + self.case.steps * self.step
+
+    @property
     def step_error(self) -> float:
         return self.step / self.case.step_s - 1
 
@@ -247,6 +258,7 @@ TITLES = {
     "step": "Step-time model (bench/estimate/steptime.py), median step time:",
     "setup": "Setup time (the worker's setup_s: model build, engine init):",
     "start": "Start and the rest (wall time less setup and the steps' own time):",
+    "wall": "Wall time per cell (start + setup + steps x step time):",
 }
 
 
