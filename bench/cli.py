@@ -395,7 +395,27 @@ def cmd_estimate(args) -> int:
     hw = Hardware(gpu_memory_bytes=gpu_mem, host_memory_bytes=host_mem)
     rows = estimate_cells(cells, hw, gpus=args.gpus)
     print(as_json(rows, hw, args.margin) if args.json else text(rows, hw, args.margin))
+    if not args.json:
+        _print_run_time(args, cells, rows, hw)
     return 0
+
+
+def _print_run_time(args, cells, rows, hw) -> None:
+    """The predicted GPU time of the cells a run would run (not skipped by a rule, not pruned by the memory
+    model), on one GPU and on this host's GPUs side by side."""
+    from .estimate import Verdict, verdict
+    from .estimate.steptime import run_time_line
+    from .execute.plan import host_platform, plan
+
+    platform = host_platform(None)
+    runnable = {it.cell.hash for it in plan(_resolve(args.matrix), args.filter, platform, args.ds_config).runnable}
+    kept = [
+        c
+        for orig, (c, est, _) in zip(cells, rows)
+        if orig.hash in runnable
+        and (est is None or verdict(est.gpu_bytes, hw.gpu_memory_bytes, args.margin) != Verdict.PRUNE)
+    ]
+    print(run_time_line(kept, hw, max(len(platform.gpus), 1)))
 
 
 def _estimate_check(args) -> int:
@@ -427,6 +447,7 @@ def _estimate_check(args) -> int:
     print()
     print(check.summary_line(check.summarize(rows), "in-sample"))
     print(check.summary_line(check.summarize(cv), "cross-validated (leave one results file out)"))
+    _time_check(files, args.gpu_name)
     if args.markdown:
         from .estimate.fitted import FITTED
 
@@ -434,6 +455,15 @@ def _estimate_check(args) -> int:
         Path(args.markdown).write_text(check.markdown(args.check, files, rows, cv, FITTED, args.margin))
         print(f"report: {args.markdown}")
     return 0
+
+
+def _time_check(files: list[str], gpu: str) -> None:
+    """The step-time model's check beside the memory model's (ok records on one or two GPUs)."""
+    from .estimate import timecheck
+
+    tc = timecheck.time_cases(files, gpu=gpu)
+    if tc:
+        print(timecheck.time_text(timecheck.evaluate_time(tc), timecheck.cross_validate_time(tc)))
 
 
 def cmd_schema(args) -> int:

@@ -1,11 +1,13 @@
 """Memory a cell needs, predicted before it runs (bench.estimate.model), from the cell and the hardware
-alone; checked against the measured records (bench.estimate.check). The ZeRO paper's model-state
+alone; checked against the measured records (bench.estimate.check). Its time beside it: seconds per step and
+per cell (bench.estimate.steptime), checked by bench.estimate.timecheck. The ZeRO paper's model-state
 floor (bench.estimate.paper) stays beside it."""
 
 from .fitted import FITTED, Constants
 from .model import Estimate, Hardware, predict, zero_settings
 from .paper import model_states, zero_ratio
 from .shapes import Shape, shape_of, trainable_params
+from .steptime import FITTED_TIME, TimeConstants, predict_setup, predict_start, predict_step, predict_wall
 from .verdict import DEFAULT_MARGIN, Verdict, short_of, verdict
 
 __all__ = [
@@ -13,11 +15,17 @@ __all__ = [
     "DEFAULT_MARGIN",
     "Estimate",
     "FITTED",
+    "FITTED_TIME",
+    "TimeConstants",
     "Hardware",
     "Shape",
     "Verdict",
     "model_states",
     "predict",
+    "predict_setup",
+    "predict_start",
+    "predict_step",
+    "predict_wall",
     "shape_of",
     "short_of",
     "trainable_params",

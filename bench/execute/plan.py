@@ -11,6 +11,7 @@ from .. import dsconfig, env, faults, hostmem, matrix, rules, schedule
 from ..axes import AUTO
 from ..cells import Cell
 from ..estimate import DEFAULT_MARGIN, Hardware, Verdict, predict, short_of, verdict
+from ..estimate.steptime import run_time_line
 from ..problems import ConfigError, InputError, Problem
 
 
@@ -173,7 +174,11 @@ def preview(
     items = [it for it in items if it.cell.hash not in recorded]  # --resume: cells with an outcome stay as they are
     GiB = 2**30
     judged = f"{hw.gpu_memory_bytes / GiB:.1f} GiB of GPU memory" if hw.gpu_memory_bytes else "no GPU known"
-    lines = [f"run order ({order}), judged against {judged} (margin {margin:.0%}):"]
+    runnable = [it.cell for it in items if it.skip is None and id(it) not in free]
+    lines = [
+        run_time_line(runnable, hw, max(len(platform.gpus), 1)),
+        f"run order ({order}), judged against {judged} (margin {margin:.0%}):",
+    ]
     counts: dict[str, int] = {}
     for n, it in enumerate(items, 1):
         pred = preds[id(it)] or {}
