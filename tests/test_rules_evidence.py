@@ -12,6 +12,7 @@ from bench.execute import launch
 
 pytestmark = pytest.mark.slow
 
+
 def _cpu_has_fp16() -> bool:
     """What torch.ops.mkldnn._is_mkldnn_fp16_supported checks, read from the CPU's flags."""
     try:
