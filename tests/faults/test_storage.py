@@ -140,15 +140,18 @@ def test_reports_folder_read_only(tmp_path, ledger):
 
 @needs_mount
 def test_store_append_on_a_full_disk(tmp_path, ledger):
-    ledger.fault("disk-full-store-append", "Store.append of a 2 KB record with less than a page left (ENOSPC)")
+    ledger.fault("disk-full-store-append", "Store.append of a record longer than the page left (ENOSPC)")
     m = write_matrix(tmp_path / "m.yaml", SKIPPED)
     with tmpfs(tmp_path / "disk", "64k") as disk:
         p = disk / "r.jsonl"
         assert run(tmp_path, "run", m.name, "--results", str(p), "--no-report").returncode == 0
         fill(disk / "filler")  # what is left is the rest of the results file's last page: a short write
         before = p.read_bytes()
+        # Longer than a page, whatever the slack the file's size leaves in its last page: always a short write.
+        rec = read(p)[0]
+        big = {**rec, "reason": rec["reason"] + " " + "." * 4096}
         with pytest.raises(StoreWriteError, match=r"No space left on device; the file is back to its \d+ bytes"):
-            Store(p).append(read(p)[0])
+            Store(p).append(big)
         assert p.read_bytes() == before, "nothing torn was left behind"
         ledger.account(p, all_skipped(m), runs=1)
 
