@@ -59,12 +59,7 @@ def open_regular(path: str | os.PathLike) -> int:
     wait for a writer; fstat after the open, so what is read is what was checked."""
     check_regular(path)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise NotRegularFile(0, f"is {kind(st.st_mode)}, not a regular file", os.fspath(path))
-    os.set_blocking(fd, True)
-    return fd
+    return _regular(fd, path)
 
 
 def safe_open_new(path: str | os.PathLike, *, replace: bool = True, mode: int = 0o644) -> int:
@@ -85,12 +80,7 @@ def open_append(path: str | os.PathLike, *, mode: int = 0o644) -> int:
     """An append descriptor of path (created when absent), refusing a link at the name (ELOOP) and
     anything that is not a regular file."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise NotRegularFile(0, f"is {kind(st.st_mode)}, not a regular file", os.fspath(path))
-    os.set_blocking(fd, True)
-    return fd
+    return _regular(fd, path)
 
 
 @contextlib.contextmanager
@@ -110,3 +100,14 @@ def write_atomic(path: str | os.PathLike, binary: bool = False):
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _regular(fd: int, path: str | os.PathLike) -> int:
+    """fd, blocking again, when it is a regular file (checked on the open file: what is read or written is
+    what was checked); else closed, and NotRegularFile."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise NotRegularFile(0, f"is {kind(st.st_mode)}, not a regular file", os.fspath(path))
+    os.set_blocking(fd, True)
+    return fd
