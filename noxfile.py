@@ -40,26 +40,31 @@ def _install(session, *extras):
 
 
 def _system_packages(session):
-    """The browser tests need a Chromium and the NVMe tests libaio's headers (DeepSpeed's async-I/O op
-    compiles against them); neither is a Python package. Installed with Debian's packages when missing
-    and we are root, else the session stops before any test with the one command to run."""
+    """The browser tests need a Chromium, the NVMe tests libaio's headers (DeepSpeed's async-I/O op compiles
+    against them) and the Slurm tests Slurm's daemons and munge (tests/slurm_cluster.py starts a cluster of
+    them); none is a Python package. Installed with Debian's packages when missing and we are root, else the
+    session stops before any test with the one command to run."""
     missing = []
     if not (os.environ.get("ZEROBENCH_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")):
         missing.append("chromium")
     if not Path("/usr/include/libaio.h").exists():
         missing.append("libaio-dev")
+    if not all(shutil.which(b) or Path("/usr/sbin", b).exists() for b in ("slurmctld", "slurmd", "sbatch")):
+        missing.append("slurm-wlm")
+    if not (shutil.which("munged") or Path("/usr/sbin/munged").exists()):
+        missing.append("munge")
     if not missing:
         return
     if shutil.which("apt-get") and os.geteuid() == 0:
-        session.log(f"installing Debian's {' '.join(missing)} (for the browser and NVMe tests)")
+        session.log(f"installing Debian's {' '.join(missing)} (for the browser, NVMe and Slurm tests)")
         env = {"DEBIAN_FRONTEND": "noninteractive"}
         session.run("apt-get", "update", "-qq", external=True, env=env)
         session.run("apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, external=True, env=env)
         return
     session.error(
-        f"the browser and NVMe tests need {' and '.join(missing)}, which are not Python packages: run "
+        f"the browser, NVMe and Slurm tests need {' and '.join(missing)}, which are not Python packages: run "
         f"`sudo apt-get install -y {' '.join(missing)}` (Debian/Ubuntu; elsewhere your system's "
-        "Chromium and libaio development package), then `nox -s tests` again"
+        "Chromium, libaio development package, Slurm and munge), then `nox -s tests` again"
     )
 
 

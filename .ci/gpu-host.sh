@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Run zerobench on the offline GPU bench host (see ../shared/gpu-host/README.md): install the carried
-# wheels, then run the given command with the project on PYTHONPATH.
+# Run zerobench on an offline GPU host: install the wheels carried in .whl/ (once per machine), then run
+# the given command with the project on PYTHONPATH.
 # Usage: bash .ci/gpu-host.sh python3 -m bench run matrices/1b.yaml --results "$OUT/1b.jsonl"
 set -uo pipefail
 # Install once per machine, not once per call: a reinstall gives DeepSpeed's op sources new mtimes,
-# and ninja then rebuilds the cached JIT ops: every call of the third session rebuilt its ops, warm
-# machine or not ("ops done in 53-63 s" for FusedAdam in results/gpu-evidence/session3_*_run.log).
-# That this stamp cures it is not measured yet.
+# and ninja then rebuilds the cached JIT ops: with a reinstall in every call, each call rebuilt FusedAdam,
+# warm machine or not ("ops done in 53-63 s" in results/gpu-evidence/2026-11-30_{1b-2gpu-b,1b-2gpu-buckets,
+# 1b-mfu-2,selfcheck-1b-fork}_console.log). That this stamp cures it is not measured.
 stamp=$(ls -l .whl/*.whl | sha256sum)
 if [ "$(cat /tmp/site/.zerobench-wheels 2>/dev/null)" != "$stamp" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

@@ -3,7 +3,7 @@
 The bottom floor: imports nothing from bench, nor torch or pydantic. The matrix schema (bench.matrix),
 the Cell's axis fields and readable name (bench.cells), the compatibility rules, the generated
 DeepSpeed config, the op prebuild, the result columns and the report labels are all derived from
-AXES and OPTIMIZERS. Adding an axis value is one entry here plus its behaviour (README: "Adding an axis").
+AXES and OPTIMIZERS. Adding an axis value is one entry here plus its behaviour (docs/extending.md).
 """
 
 from __future__ import annotations
@@ -616,10 +616,14 @@ AXIS: Mapping[str, Axis] = MappingProxyType({a.name: a for a in AXES})
 
 # Axes in the order names, reports and result columns show them.
 SHOWN: tuple[Axis, ...] = tuple(sorted(AXES, key=lambda a: a.order))
-# The cell name shows the GPU count too, a fixed setting (gpus=2), between the axes.
+# The cell name shows the GPUs per node and the nodes too, fixed settings (gpus=2,nodes=2), between the axes.
 NAME_PARTS: tuple[NamePart, ...] = tuple(
     sorted(
-        (*AXES, NamePart(name="gpus", short="gpus", default=1, order=120, shown=Shown.UNLESS_DEFAULT)),
+        (
+            *AXES,
+            NamePart(name="gpus", short="gpus", default=1, order=120, shown=Shown.UNLESS_DEFAULT),
+            NamePart(name="nodes", short="nodes", default=1, order=121, shown=Shown.UNLESS_DEFAULT),
+        ),
         key=lambda p: p.order,
     )
 )

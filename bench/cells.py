@@ -110,6 +110,10 @@ class Cell(AxisValues):
     lr: float = 1e-3
     seed: int = 0
     gpus: int = 1
+    """GPUs (ranks) on each node the cell runs on: on a CPU host, CPU ranks over gloo."""
+    nodes: int = 1
+    """Nodes the cell spans, each with `gpus` ranks: gpus x nodes ranks in all (`ranks`). Left out of the hash at 1,
+    so single-node cells keep the ids they had before multi-node cells existed."""
     attn: str = "sdpa"
     lora: Lora | None = None
     qlora: Qlora | None = None
@@ -143,6 +147,8 @@ class Cell(AxisValues):
                 d.pop(a.name)
         if d["adaptive"] is None:
             d.pop("adaptive")
+        if d["nodes"] == 1:
+            d.pop("nodes")
         if d["ds_config"] is not None:
             # The file's content is ds_config_sha; how its path was typed (./, absolute, ../) is not the cell.
             d["ds_config"] = PurePath(d["ds_config"]).stem
@@ -166,8 +172,13 @@ class Cell(AxisValues):
 
     # -- derived ------------------------------------------------------------------------------
     @property
+    def ranks(self) -> int:
+        """The data-parallel world: one rank per GPU on every node (what ZeRO partitions over)."""
+        return self.gpus * self.nodes
+
+    @property
     def tokens_per_step(self) -> int:
-        return self.micro_batch * self.grad_accum * self.seq_len * self.gpus
+        return self.micro_batch * self.grad_accum * self.seq_len * self.ranks
 
     # -- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -44,6 +44,15 @@ def _assume_gpus_arg(p):
     )
 
 
+def _shard(v: str):
+    from .execute import Shard
+
+    try:
+        return Shard.parse(v)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _positive(v: str) -> int:
     n = int(v)
     if n < 1:
@@ -75,7 +84,8 @@ def _assumed_platform(n: int | None):
     )
 
 
-def cmd_cells(args) -> int:
+def cmd_cells(args, platform=None, where: str | None = None) -> int:
+    """platform, where: judge the cells as on this platform, described so (a Slurm run's partition)."""
     from collections import Counter
 
     from .execute import plan
@@ -85,10 +95,10 @@ def cmd_cells(args) -> int:
         _resolve(args.matrix),
         args.filter,
         ds_configs=getattr(args, "ds_config", None),
-        platform=_assumed_platform(assumed),
+        platform=platform or _assumed_platform(assumed),
     )
     n_skip = sum(1 for it in p.items if it.skip)
-    where = f"on a host with {assumed} CUDA GPU(s)" if assumed else "here"
+    where = where or (f"on a host with {assumed} CUDA GPU(s)" if assumed else "here")
     print(f"{p.source}: {len(p.items)} cells, {len(p.items) - n_skip} runnable {where}, {n_skip} skipped")
     if n_skip:
         for rule, n in Counter(it.skip.rule for it in p.items if it.skip).most_common():
@@ -101,11 +111,93 @@ def cmd_cells(args) -> int:
     return 0
 
 
+def _duration(text: str) -> float:
+    """Seconds from "90", "90s", "20m", "1h", "1h30m"."""
+    from .matrix import duration_s
+
+    try:
+        return duration_s(text)
+    except ValueError as e:
+        raise ValueError(f"--budget {e}") from None
+
+
+def _answer_settings(args):
+    """--answer and its options as bench.execute.answer.Settings; None without --answer."""
+    given = [f for f, v in (("--budget", args.budget), ("--group-by", args.group_by), ("--pairs", args.pairs)) if v]
+    if not args.answer:
+        if given:
+            raise ValueError(f"{', '.join(given)} only with --answer")
+        return None
+    if args.repeats:
+        raise ValueError("--repeats with --answer: answer mode measures a cell again only while it is in contention")
+    from .axes import AXIS
+    from .execute.answer import Settings
+
+    group_by = tuple(g.strip() for g in (args.group_by or "peft").split(",") if g.strip())
+    unknown = [g for g in group_by if g not in AXIS]
+    if unknown:
+        raise ValueError(f"--group-by {','.join(unknown)}: not an axis; one of {', '.join(AXIS)}")
+    return Settings(
+        group_by=group_by,
+        budget_s=_duration(args.budget) if args.budget else None,
+        pairs=args.pairs or Settings.pairs,
+    )
+
+
+# zerobench run's Slurm options: the matrix's slurm block keys they override (bench.matrix.SlurmSettings).
+_SLURM_OPTIONS = {
+    "partition": "--partition",
+    "account": "--account",
+    "qos": "--qos",
+    "time_limit": "--time-limit",
+    "mem_per_node": "--mem-per-node",
+    "max_jobs": "--max-jobs",
+    "folder": "--slurm-folder",
+}
+
+
+def _slurm_options(args) -> dict | None:
+    """The Slurm options given, checked as the matrix's slurm block checks them; ValueError naming the option."""
+    given = {k: getattr(args, "slurm_folder" if k == "folder" else k) for k in _SLURM_OPTIONS}
+    given = {k: v for k, v in given.items() if v is not None}
+    if args.executor != "slurm":
+        if given:
+            raise ValueError(f"{', '.join(_SLURM_OPTIONS[k] for k in given)} only with --executor slurm")
+        return None
+    if args.assume_gpus:
+        raise ValueError("--assume-gpus with --executor slurm: the partition's nodes say what a cell has (sinfo)")
+    from pydantic import ValidationError
+
+    from .matrix import SlurmSettings
+
+    try:
+        SlurmSettings.model_validate(given)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise ValueError(f"{_SLURM_OPTIONS[str(err['loc'][0])]} {err['msg'].removeprefix('Value error, ')}") from None
+    return given
+
+
+def _slurm_platform(args, options: dict):
+    """A Slurm dry run: the partition's platform (the matrix's slurm block under the command line's options)."""
+    from .execute import slurm
+    from .matrix import load
+
+    block = load(_resolve(args.matrix), ds_configs=args.ds_config).slurm.model_copy(update=options)
+    part = slurm.partition(block.partition)
+    return slurm.platform_of(part), f"on Slurm partition {part.name}'s nodes"
+
+
 def cmd_run(args) -> int:
     from . import report as _  # noqa: F401 - fail early if the report stack is broken
     from .execute import Stopped, run, stop_on_signals
 
     src = _resolve(args.matrix)
+    try:
+        slurm_options = _slurm_options(args)
+    except ValueError as e:
+        print(f"zerobench run: {e}", file=sys.stderr)
+        return 2
     gpu_mem = None
     if args.gpu_mem:
         from .estimate.table import parse_size
@@ -118,10 +210,17 @@ def cmd_run(args) -> int:
     if args.dry_run:
         from .execute import preview
 
-        code = cmd_cells(args)
+        platform, where = _slurm_platform(args, slurm_options) if slurm_options is not None else (None, None)
+        if args.executor == "ray":
+            from .execute.plan import host_platform, placed_by
+
+            platform = placed_by(
+                platform or _assumed_platform(args.assume_gpus) or host_platform(args.gpus_available), "ray"
+            )
+        code = cmd_cells(args, platform, where)
         print("\n".join(preview(src, filters=args.filter, ds_configs=args.ds_config, gpu_mem=gpu_mem,
                                  prune=not args.no_prune, order=args.order, gpus_available=args.gpus_available,
-                                 platform=_assumed_platform(args.assume_gpus),
+                                 platform=platform or _assumed_platform(args.assume_gpus), shard=args.shard,
                                  recorded=_recorded(args, src) if args.resume else frozenset())))  # fmt: skip
         return code
     if args.assume_gpus:
@@ -144,6 +243,11 @@ def cmd_run(args) -> int:
     from .execute import HarnessError
     from .store import StoreWriteError
 
+    try:
+        answer = _answer_settings(args)
+    except ValueError as e:
+        print(f"zerobench run: {e}", file=sys.stderr)
+        return 2
     stopped = None
     # SIGTERM (kill, a job scheduler) ends a run as Ctrl-C does: the running cell recorded as
     # interrupted, the report of what finished written, exit code 128 + the signal's number.
@@ -165,6 +269,11 @@ def cmd_run(args) -> int:
                 gpus_available=args.gpus_available,
                 pack=args.pack,
                 executor=args.executor,
+                answer=answer,
+                replay=args.replay,
+                address=args.address,
+                shard=args.shard,
+                slurm=slurm_options,
             )
         except Stopped as e:
             print(
@@ -202,9 +311,10 @@ def _recorded(args, src: str) -> frozenset[str]:
     """Hashes of the cells the results file already has an outcome for (their first repeat): what --resume
     leaves as it is."""
     from . import matrix
+    from .execute import default_results_path
     from .store import Store
 
-    path = Path(args.results) if args.results else Path("results") / f"{matrix.load(src, args.ds_config).name}.jsonl"
+    path = Path(args.results or default_results_path(matrix.load(src, args.ds_config).name, args.shard))
     if not path.is_file():
         return frozenset()
     done, _ = Store(path).resume_state()
@@ -402,20 +512,25 @@ def cmd_estimate(args) -> int:
 
 def _print_run_time(args, cells, rows, hw) -> None:
     """The predicted GPU time of the cells a run would run (not skipped by a rule, not pruned by the memory
-    model), on one GPU and on this host's GPUs side by side."""
+    model), on one GPU and on this host's GPUs side by side, and their predicted memory/speed frontier."""
     from .estimate import Verdict, verdict
+    from .estimate.frontier import frontier_lines
     from .estimate.steptime import run_time_line
     from .execute.plan import host_platform, plan
 
     platform = host_platform(None)
-    runnable = {it.cell.hash for it in plan(_resolve(args.matrix), args.filter, platform, args.ds_config).runnable}
+    runnable = {
+        it.cell.hash: it.ds_config for it in plan(_resolve(args.matrix), args.filter, platform, args.ds_config).runnable
+    }
     kept = [
-        c
+        (c, est)
         for orig, (c, est, _) in zip(cells, rows)
         if orig.hash in runnable
         and (est is None or verdict(est.gpu_bytes, hw.gpu_memory_bytes, args.margin) != Verdict.PRUNE)
     ]
-    print(run_time_line(kept, hw, max(len(platform.gpus), 1)))
+    print(run_time_line([c for c, _ in kept], hw, max(len(platform.gpus), 1)))
+    for line in frontier_lines([(c, runnable.get(c.hash), est and est.gpu_bytes) for c, est in kept], hw):
+        print(line)
 
 
 def _estimate_check(args) -> int:
@@ -423,9 +538,9 @@ def _estimate_check(args) -> int:
 
     from .estimate import check
 
-    missing = [p for p in args.check if not Path(p).exists()]
+    missing = [p for p in (*args.check, *(args.held_out or ())) if not Path(p).exists()]
     if missing:
-        print(f"zerobench estimate: no such results file: {', '.join(missing)}", file=sys.stderr)
+        print(f"zerobench estimate: no such file: {', '.join(missing)}", file=sys.stderr)
         return 2
     # A folder stands for its *.jsonl files.
     files = [str(f) for p in args.check for f in (sorted(Path(p).glob("*.jsonl")) if Path(p).is_dir() else [p])]
@@ -438,6 +553,11 @@ def _estimate_check(args) -> int:
         for f in dataclasses.fields(k):
             v = getattr(k, f.name)
             print(f"{f.name} = {v / 2**30:.3f} GiB" if v > 1e6 else f"{f.name} = {v:.3f}")
+        from .estimate import timecheck
+
+        tc = timecheck.time_cases(files, gpu=args.gpu_name)
+        if tc:  # the step-time model's literals, as bench/estimate/steptime.py holds them
+            print(timecheck.literals(tc), end="")
         return 0
     rows = check.evaluate(cs, margin=args.margin)
     cv = check.cross_validate(cs, margin=args.margin)
@@ -447,12 +567,21 @@ def _estimate_check(args) -> int:
     print()
     print(check.summary_line(check.summarize(rows), "in-sample"))
     print(check.summary_line(check.summarize(cv), "cross-validated (leave one results file out)"))
+    from .estimate import timecheck
+
+    steps: dict[str, list[float]] = {}
+    for t in timecheck.time_cases(files, gpu=args.gpu_name) if args.held_out else ():
+        steps.setdefault(t.cell.hash, []).append(t.step_s)
+    held = [(p, check.held_out(p, cs, steps)) for p in args.held_out or ()]
+    if held:
+        print()
+        print(check.text_table(check.held_out_table([h for _, h in held])))
     _time_check(files, args.gpu_name)
     if args.markdown:
         from .estimate.fitted import FITTED
 
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.markdown).write_text(check.markdown(args.check, files, rows, cv, FITTED, args.margin))
+        Path(args.markdown).write_text(check.markdown(args.check, files, rows, cv, FITTED, args.margin, held))
         print(f"report: {args.markdown}")
     return 0
 
@@ -461,9 +590,10 @@ def _time_check(files: list[str], gpu: str) -> None:
     """The step-time model's check beside the memory model's (ok records on one or two GPUs)."""
     from .estimate import timecheck
 
-    tc = timecheck.time_cases(files, gpu=gpu)
+    excluded: list[tuple[str, str]] = []
+    tc = timecheck.time_cases(files, gpu=gpu, excluded=excluded)
     if tc:
-        print(timecheck.time_text(timecheck.evaluate_time(tc), timecheck.cross_validate_time(tc)))
+        print(timecheck.time_text(timecheck.evaluate_time(tc), timecheck.cross_validate_time(tc), tc, excluded))
 
 
 def cmd_schema(args) -> int:
@@ -529,8 +659,64 @@ def main(argv: list[str] | None = None) -> int:
         "--executor",
         choices=_executors(),
         default="local",
-        help="what runs the cells: local (this host, cells packed on its GPUs); the orchestrator writes every "
-        "record whichever runs them, so --resume works across executors (default: local)",
+        help="what runs the cells: local (this host, cells packed on its GPUs), ray (a Ray cluster, one task per "
+        "cell attempt: pip install 'zerobench[ray]'; docs/executors.md) or slurm (one Slurm job per cell attempt "
+        "through submitit: docs/slurm.md); this process writes every record whichever runs them, so --resume works "
+        "across executors (default: local)",
+    )
+    r.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="with --executor ray: the cluster's head, host:port (or auto: one started on this host with `ray "
+        "start`); default: RAY_ADDRESS, else a new local Ray instance for this run",
+    )
+    r.add_argument(
+        "--shard",
+        type=_shard,
+        metavar="I/N",
+        help="run only part I of N of the matrix's cells (split by cell hash, so the same whatever the matrix's "
+        "order), into its own results file (default: results/<matrix name>.shard-I-of-N.jsonl): one CI job per "
+        "part; `zerobench report` and --resume take the parts' files together",
+    )
+    sl = r.add_argument_group("with --executor slurm (each overrides the matrix's slurm: block; docs/slurm.md)")
+    sl.add_argument("--partition", metavar="P", help="the partition (default: the cluster's default)")
+    sl.add_argument("--account", metavar="A", help="the account charged (sbatch --account)")
+    sl.add_argument("--qos", metavar="Q", help="the quality of service (sbatch --qos)")
+    sl.add_argument(
+        "--time-limit",
+        metavar="TIME",
+        help="each job's time limit, e.g. 30m, 2h (default: the cell's timeout_s plus 10 minutes); a cell near it is "
+        "stopped and recorded as timeout",
+    )
+    sl.add_argument("--mem-per-node", metavar="SIZE", help="host memory per node, e.g. 256G (sbatch --mem)")
+    sl.add_argument(
+        "--max-jobs",
+        type=_positive,
+        metavar="N",
+        help="jobs in Slurm at once, pending or running (default: the partition's GPUs, or its nodes without GPUs)",
+    )
+    sl.add_argument(
+        "--slurm-folder",
+        metavar="DIR",
+        help="a folder every node shares: a fresh folder of job files per run (default: the logs folder's slurm/)",
+    )
+    r.add_argument(
+        "--answer",
+        action="store_true",
+        help="measure only what settles the answer: the fastest cell that fits per group, the memory/speed frontier "
+        "and each knob's effect with a 95%% interval; every other cell is recorded as unmeasured, saying why",
+    )
+    r.add_argument(
+        "--replay",
+        nargs="+",
+        metavar="RESULTS",
+        help="run nothing: serve these results files' recorded ends as if the cells ran (to check --answer against "
+        "a grid measured in full); judged as on the recorded machine; every record and report says it is a replay",
+    )
+    r.add_argument("--budget", metavar="TIME", help="with --answer: cell time to spend at most, e.g. 20m, 1h, 90s")
+    r.add_argument("--group-by", metavar="AXES", help="with --answer: comma-separated axes to group by (default peft)")
+    r.add_argument(
+        "--pairs", type=_positive, metavar="N", help="with --answer: measured pairs per knob value (default 1)"
     )
     r.add_argument("--results", metavar="PATH", help="results file (default: results/<matrix name>.jsonl)")
     r.add_argument("--logs", metavar="DIR", help="worker logs (default: results/logs/<results name>/)")
@@ -650,8 +836,20 @@ def main(argv: list[str] | None = None) -> int:
         metavar="RESULTS",
         help="predict each recorded cell from its cell and GPU alone, beside what was measured",
     )
+    es.add_argument(
+        "--held-out",
+        nargs="+",
+        metavar="PREDICTIONS",
+        help="with --check: also score these `zerobench estimate MATRIX` outputs, committed before their cells ran, "
+        "against the records of those cells",
+    )
     es.add_argument("--markdown", metavar="PATH", help="with --check: also write the check as Markdown")
-    es.add_argument("--refit", action="store_true", help="with --check: print the constants fitted on these results")
+    es.add_argument(
+        "--refit",
+        action="store_true",
+        help="with --check: print the constants fitted on these results (the memory model's; the step-time model's "
+        "and its error band as bench/estimate/steptime.py holds them)",
+    )
     es.add_argument("--gpu-name", default="H200", help="with --check: the GPU whose records count (default H200)")
     es.set_defaults(func=cmd_estimate)
     cp = sub.add_parser(

@@ -107,7 +107,7 @@ def build(cell: Cell) -> dict[str, Any]:
         # Each swap buffer must hold the largest weight's partition (swap_in asserts "More elements ...
         # than buffer size"): DeepSpeed's 1e8 elements is less than a 7B Llama's embedding (32000 x 4096)
         # on one GPU.
-        largest = -(-(presets.largest_weight(cell.model) or 0) // max(cell.gpus, 1))
+        largest = -(-(presets.largest_weight(cell.model) or 0) // max(cell.ranks, 1))
         zero["offload_param"] = {
             "device": "nvme",
             "nvme_path": path,
@@ -377,7 +377,7 @@ def _auto_values(cell: Cell) -> dict[tuple, Any]:
     out: dict[tuple, Any] = {
         ("train_micro_batch_size_per_gpu",): cell.micro_batch,
         ("gradient_accumulation_steps",): cell.grad_accum,
-        ("train_batch_size",): cell.micro_batch * cell.grad_accum * cell.gpus,
+        ("train_batch_size",): cell.micro_batch * cell.grad_accum * cell.ranks,
         ("gradient_clipping",): t["max_grad_norm"],
         ("optimizer", "params", "lr"): cell.lr,
         ("optimizer", "params", "betas"): t["adam_betas"],

@@ -76,6 +76,10 @@ class Platform:
     nvml: bool = True
     """NVML (nvidia-ml-py) answers. False on a GPU host without it: the GPUs were found through
     nvidia-smi, and the NVML memory and power figures are missing from every record."""
+    hosts: int | None = 1
+    """Hosts one cell's nodes can be placed on: 1 for this host alone (`--executor local`, which runs a
+    multi-node cell's nodes side by side on 127.0.0.1); a cluster's node count; None where the cluster
+    does not say (its scheduler refuses what it cannot place)."""
 
     @property
     def cuda(self) -> bool:

@@ -116,8 +116,8 @@ def check(text: str | None, cells, *, memory_limited: bool = False) -> list[tupl
             steps = c.warmup_steps + c.measured_steps
             if not 0 <= f.step < steps:
                 problems.append((spec, f"step {f.step} is past {c.name}'s steps 0-{steps - 1}: it would never fire"))
-            if f.rank is not None and f.rank >= c.gpus:
-                problems.append((spec, f"{c.name} has ranks 0-{c.gpus - 1}: it would never fire"))
+            if f.rank is not None and f.rank >= c.ranks:
+                problems.append((spec, f"{c.name} has ranks 0-{c.ranks - 1}: it would never fire"))
             if f.kind in ("nan", *VALUED) and c.engine != "deepspeed":
                 problems.append((spec, f"{c.name} runs the {c.engine} engine, whose loss zerobench cannot poison"))
         if f.kind == "oom" and not memory_limited:

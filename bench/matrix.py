@@ -26,7 +26,10 @@ from .axes import AXIS, Offload, lora_target_modules, lora_targets_name
 from .cells import Adaptive, Cell, Lora, Qlora
 from .problems import MAX_DEPTH, ConfigError, Problem, read_text
 
-__all__ = ["Matrix", "MatrixError", "Problem", "CompareSettings", "load", "loads", "expand", "PRESETS"]
+__all__ = [
+    "Matrix", "MatrixError", "Problem", "CompareSettings", "SlurmSettings", "duration_s", "load", "loads", "expand",
+    "PRESETS",
+]  # fmt: skip
 
 # Model presets the worker knows how to build (their shapes: bench/presets.py).
 PRESETS = tuple(presets.PRESETS)
@@ -42,7 +45,8 @@ def _suggest(value: str, choices) -> str:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    # The docstring under a field is its description (docs/matrix.md is generated from them).
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True)
 
 
 def _setting_field(axis: str):
@@ -145,7 +149,7 @@ class CompareSettings(_Strict):
         0.15,
         ge=0,
         description="With one repeat on either side the noise cannot be estimated and only the change "
-        "decides: this much or more. The committed H200 runs of one cell spread 12% between sessions "
+        "decides: this much or more. Two committed H200 runs of one cell differ by 12% in tokens/s "
         "(results/1b.jsonl vs 1b-rerun.jsonl), so a bound inside that band would raise false alarms.",
     )
     memory_tolerance: float = Field(
@@ -239,6 +243,84 @@ Pick = create_model(
 )
 
 
+_DURATION_RE = re.compile(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*")
+
+
+def duration_s(text: str) -> float:
+    """Seconds from "90", "90s", "20m", "1h", "1h30m"; ValueError naming the forms otherwise."""
+    m = _DURATION_RE.fullmatch(text)
+    if not text.strip() or m is None or not any(m.groups()):
+        raise ValueError(f"{text!r}: a duration such as 90s, 20m, 1h or 1h30m")
+    h, mins, sec = (float(x) if x else 0.0 for x in m.groups())
+    return h * 3600 + mins * 60 + sec
+
+
+def _time_limit(value: str | int) -> str:
+    text = str(value)
+    if text.strip().isdigit():  # sbatch reads a bare number as minutes, zerobench's durations as seconds
+        raise ValueError(f"{text!r} has no unit: write {text.strip()}m for minutes (or 90s, 2h, 1h30m)")
+    if duration_s(text) < 60:
+        raise ValueError(f"{text!r} is under a minute: Slurm keeps time limits in whole minutes; give 1m or more")
+    return text
+
+
+def _slurm_mem(text: str) -> str:
+    if not re.fullmatch(r"[1-9]\d*[KMGT]?", text):
+        raise ValueError(f"{text!r} is not a Slurm memory size: a whole number with K, M, G or T, e.g. 64G or 500M")
+    return text
+
+
+# sbatch options zerobench sets for each job itself (docs/slurm.md); `slurm.sbatch` may not give them.
+SBATCH_SET = frozenset(
+    "nodes ntasks ntasks-per-node cpus-per-task gpus gpus-per-node gpus-per-task gres time partition account qos mem "
+    "signal requeue no-requeue output error array job-name open-mode wrap chdir".split()
+)
+
+
+def _sbatch_extra(options: dict) -> dict:
+    taken = sorted(k for k in options if k.replace("_", "-") in SBATCH_SET)
+    if taken:
+        raise ValueError(
+            f"zerobench sets {', '.join(taken)} for each job itself: use the slurm keys (partition, account, qos, "
+            "time_limit, mem_per_node, cpus_per_gpu), or leave it out"
+        )
+    return options
+
+
+class SlurmSettings(_Strict):
+    """Where `zerobench run --executor slurm` submits this matrix's cells: one Slurm job per cell attempt, a
+    node per node of the cell (docs/slurm.md). Each key is also a `zerobench run` option (--partition,
+    --account, --qos, --time-limit, --mem-per-node, --max-jobs, --slurm-folder), which overrides it."""
+
+    partition: str | None = None
+    """The partition (sbatch --partition), whose nodes' GRES, CPUs and memory the rules judge cells by (sinfo).
+    Default: the cluster's default partition."""
+    account: str | None = None
+    """The account the jobs are charged to (sbatch --account)."""
+    qos: str | None = None
+    """The quality of service (sbatch --qos)."""
+    time_limit: Annotated[Union[str, int], AfterValidator(_time_limit)] | None = None
+    """Each job's time limit (sbatch --time), e.g. 30m, 2h, 1h30m; Slurm keeps whole minutes. A cell still
+    running as it nears it is stopped and recorded as timeout. Default: the cell's timeout_s plus 10 minutes,
+    so the cell's own limit stops it first."""
+    mem_per_node: Annotated[str, AfterValidator(_slurm_mem)] | None = None
+    """Host memory per node (sbatch --mem), e.g. 256G: the processes of a node's ranks, offloaded optimizer
+    state and parameters. Default: the cluster's (DefMemPerCPU, DefMemPerGPU or DefMemPerNode)."""
+    cpus_per_gpu: int | None = Field(None, ge=1)
+    """CPUs per rank (the job's --cpus-per-task is this times its ranks per node): CPU offload's optimizer
+    step runs on them. Default: a node's CPUs over its GPUs; on nodes without GPUs, 1."""
+    max_jobs: int | None = Field(None, ge=1)
+    """How many jobs zerobench keeps in Slurm at once (pending or running); the next attempt is submitted when
+    one ends, so an out-of-memory end can still imply the cells behind it. Default: the partition's GPUs, or
+    its nodes where they have none."""
+    folder: str | None = None
+    """A folder this host and every node share: each run's submitit folder (job scripts, pickles, the jobs'
+    stdout and stderr) is a fresh folder in it. Default: `slurm/` in the logs folder."""
+    sbatch: Annotated[dict[str, Union[str, int, bool]], AfterValidator(_sbatch_extra)] = {}
+    """Further sbatch options for every job, as `option: value` (e.g. {constraint: h100, exclusive: true});
+    not those zerobench sets itself (nodes, GPUs, CPUs, time, memory, requeue, output, signal...)."""
+
+
 DEFAULT_MAX_CELLS = 50_000  # the largest committed matrix has a few thousand; planning costs ~0.1 ms a cell
 
 
@@ -246,13 +328,24 @@ class Matrix(_Strict):
     """A matrix file. Fixed settings apply to every cell; axes are crossed."""
 
     name: str | None = None
+    """The matrix's name: its default results file (results/NAME.jsonl) and report; default: the file's name."""
     description: str = ""
+    """What the matrix is for, in words (free text)."""
     model: str = "llama-tiny"
+    """A preset (llama-tiny, llama-small, llama-1b, llama-7b, llama-13b: a shape built with random weights, no
+    download) or a local Hugging Face model folder."""
     data: str = "builtin"
+    """builtin (a deterministic, learnable token source, the same on every machine) or a local .txt or .jsonl
+    file (a "text" field per line), tokenized with `tokenizer`."""
     tokenizer: str | None = None
+    """A local tokenizer folder, for `data` from a file."""
     seq_len: int = Field(128, ge=8)
+    """Tokens per sequence."""
     batch: Batch = Batch()
+    """The micro-batch and gradient accumulation of every cell, unless the micro_batch or grad_accum axis lists
+    values."""
     steps: Steps = Steps()
+    """Warmup and measured steps per cell, fixed or auto."""
     repeats: int = Field(
         1,
         ge=1,
@@ -262,18 +355,37 @@ class Matrix(_Strict):
         "from noise. `zerobench run --repeats N` overrides.",
     )
     compare: CompareSettings = CompareSettings()
+    """How `zerobench compare` judges these cells against a baseline."""
     lr: float = Field(1e-3, gt=0)
+    """Learning rate of every cell's optimizer."""
     seed: int = 0
+    """Seed of the initial weights, the data and the adapters."""
     gpus: int = Field(1, ge=1)
+    """GPUs (ranks) per node of every cell; on a CPU host, N gloo ranks."""
+    nodes: int = Field(1, ge=1)
+    """Nodes every cell spans, each with `gpus` ranks (gpus x nodes ranks in all, torchrun on each node with the
+    rendezvous on the first). On one host (`--executor local`) the nodes run side by side on 127.0.0.1, which
+    only a CPU host does (a test of the multi-node path, not a multi-node measurement)."""
     timeout_s: float = Field(1800.0, gt=0)
+    """Wall-clock limit of one cell attempt: past it the cell is stopped and recorded `timeout`."""
     nvme_path: str | None = None
     """Folder on a local NVMe drive, for cells with offload: nvme (it must exist)."""
     attn: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    """transformers' attention implementation."""
     axes: Axes = Axes()
+    """The values each axis takes; the matrix crosses them (the axes table)."""
     lora: LoraSettings = LoraSettings()
+    """LoRA settings of lora and qlora cells, unless a lora_* axis lists values."""
     qlora: QloraSettings = QloraSettings()
+    """4-bit settings of qlora cells, unless a qlora_* axis lists values."""
     include: list[Pick] = []
+    """Extra cells: each entry a set of axis values (a value or a list each); axes it leaves out take every
+    value of the matrix."""
     exclude: list[Pick] = []
+    """Cells matching an entry are dropped (an entry that matches nothing is an error)."""
+    slurm: SlurmSettings = SlurmSettings()
+    """Where `--executor slurm` submits the cells (partition, account, QoS, time limit...); ignored by the other
+    executors and no part of any cell."""
     max_cells: int = Field(
         DEFAULT_MAX_CELLS,
         ge=1,
@@ -931,6 +1043,7 @@ def expand(m: Matrix) -> list[Cell]:
         lr=m.lr,
         seed=m.seed,
         gpus=m.gpus,
+        nodes=m.nodes,
         attn=m.attn,
         timeout_s=m.timeout_s,
         matrix=m.name or "",

@@ -7,7 +7,8 @@ Every stored record is made by one constructor per status: `Record.started`, `.s
 `.implied_oom` (not run: a lighter cell ran out of memory), `.interrupted` (the orchestrator stopped),
 `.error` (zerobench failed around the cell) and
 `.from_outcome` (whatever the worker and the launcher made of the attempt: ok, diverged, cuda_oom,
-host_oom, killed, timeout, error, interrupted). Each carries the provenance of the process that ran the cell.
+host_oom, killed, timeout, error, interrupted). Each carries the provenance of the process that ran the cell
+(on a cluster, the node's on its outcome, with the orchestrator's beside it).
 `zerobench schema` prints the JSON Schema of `Record`; schema/record-v<N>.schema.json is its copy.
 
 Versions (`schema_version` in every line):
@@ -43,6 +44,7 @@ __all__ = [
     "Gpu",
     "Skip",
     "RankEnd",
+    "NodeRun",
     "StartedBy",
     "upgrade",
     "parse",
@@ -87,10 +89,15 @@ class Metrics(BaseModel):
     model_config = _OPEN
     # In the order the worker writes them, so DataFrame columns keep their order.
     step_time_median_s: float | None = None
+    """Median wall time of a measured step (one optimizer step, its micro-batches included)."""
     step_time_p90_s: float | None = None
+    """The 90th percentile of the measured steps' times."""
     step_time_mean_s: float | None = None
+    """The mean of the measured steps' times."""
     tokens_per_s: float | None = None
+    """Tokens trained per second, all GPUs together: tokens per step over the median step time."""
     samples_per_s: float | None = None
+    """Sequences trained per second, all GPUs together."""
     tflops_per_gpu: float | None = None
     """Model FLOPs per second per GPU, in TFLOP/s."""
     hw_tflops_per_gpu: float | None = None
@@ -98,22 +105,36 @@ class Metrics(BaseModel):
     mfu: float | None = None
     """Model FLOPs utilisation against the GPU's dense peak for the precision; None without a known peak."""
     hfu: float | None = None
+    """Hardware FLOPs utilisation: hw_tflops_per_gpu over the same peak."""
     model_flops_per_token: float | None = None
+    """Training FLOPs per token: 6 per trained dense weight, 4 per frozen one (LoRA and QLoRA bases), plus
+    causal attention (bench.worker.metrics)."""
     hw_flops_per_token: float | None = None
+    """The same with gradient checkpointing's recomputed forward."""
     peak_tflops: float | None = None
+    """The GPU's dense peak for the precision (bench.worker.metrics' table), TFLOP/s."""
     loss_first: float | None = None
+    """The first step's loss (warmup included): before any update."""
     loss_final: float | None = None
+    """The last step's loss."""
     loss_measured_first: float | None = None
+    """The first measured step's loss."""
     energy_j_per_token: float | None = None
     """From NVML's energy counter over the measured phase (the orchestrator adds it)."""
     gpu_util_mean_pct: float | None = None
+    """NVML's GPU utilisation over the measured phase, mean over samples and GPUs."""
     power_mean_w: float | None = None
+    """NVML's power draw over the measured phase, all the cell's GPUs summed, mean over samples."""
     sm_clock_mean_mhz: float | None = None
     """NVML's SM clock over the measured phase, mean of the samples (the orchestrator adds this and below)."""
     sm_clock_min_mhz: float | None = None
+    """The lowest SM clock sampled over the measured phase."""
     mem_clock_mean_mhz: float | None = None
+    """NVML's memory clock over the measured phase, mean of the samples."""
     temperature_max_c: float | None = None
+    """The hottest GPU temperature sampled over the measured phase."""
     power_max_w: float | None = None
+    """The highest power draw sampled over the measured phase (all the cell's GPUs summed)."""
     throttle_reasons: list[str] | None = None
     """NVML's clock-throttle reasons seen in any sample of the measured phase ([] when none; idle excluded)."""
 
@@ -123,41 +144,66 @@ class AllocatorPeaks(BaseModel):
 
     model_config = _OPEN
     torch_max_allocated_bytes: int | None = None
+    """torch.cuda.max_memory_allocated over the phase: tensors alive at once."""
     torch_max_reserved_bytes: int | None = None
+    """torch.cuda.max_memory_reserved over the phase: what the allocator held from the driver."""
     torch_allocated_between_steps_bytes: int | None = None
     """Allocated at the start of a measured step: model states and what persists between steps."""
     torch_max_allocated_forward_bytes: int | None = None
+    """The allocator's peak within the forward passes of the measured steps."""
     torch_max_allocated_backward_bytes: int | None = None
+    """Within the backward passes, ZeRO's gradient reduction included."""
     torch_max_allocated_step_bytes: int | None = None
+    """Within the optimizer steps."""
 
 
 class Memory(BaseModel):
     """Peaks of an attempt: host RSS and NVML sampled by the orchestrator, the allocator's from the
-    ranks (max over ranks; per-GPU lists beside). Whole-attempt figures, then per phase."""
+    ranks (max over ranks; per-GPU lists beside). Whole-attempt figures, then per phase. A cell of several
+    nodes: host RSS is the largest node's, each node sampled where it ran; per-GPU lists in node order."""
 
     model_config = _OPEN
     host_rss_peak_bytes: int | None = None
+    """Peak resident memory of the worker's process tree (all ranks and their children), sampled by the
+    orchestrator."""
     host_rss_peak_setup_bytes: int | None = None
+    """The same over setup (imports, model build, engine init)."""
     host_rss_peak_measured_bytes: int | None = None
+    """The same over the measured steps."""
     nvml_used_peak_setup_bytes: int | None = None
+    """nvml_used_peak_bytes over setup."""
     nvml_proc_peak_setup_bytes: int | None = None
+    """nvml_proc_peak_bytes over setup."""
     nvml_used_peak_measured_bytes: int | None = None
+    """nvml_used_peak_bytes over the measured steps."""
     nvml_proc_peak_measured_bytes: int | None = None
+    """nvml_proc_peak_bytes over the measured steps."""
     nvml_used_peak_bytes: int | None = None
     """The whole device's used memory (other processes included)."""
     nvml_proc_peak_bytes: int | None = None
     """The worker's processes' memory as NVML sees it: with the CUDA context and NCCL buffers."""
     nvml_proc_peak_per_gpu: list[int | None] | None = None
+    """nvml_proc_peak_bytes of each of the cell's GPUs (the figure above is their largest)."""
     torch_max_allocated_bytes: int | None = None
+    """The allocator's peak over the attempt, the largest rank's."""
     torch_max_reserved_bytes: int | None = None
+    """The allocator's peak reservation over the attempt, the largest rank's."""
     torch_max_allocated_per_gpu: list[int | None] | None = None
+    """torch_max_allocated_bytes of each rank."""
     torch_max_allocated_forward_bytes: int | None = None
+    """The allocator's peak within the measured forward passes (largest rank)."""
     torch_max_allocated_backward_bytes: int | None = None
+    """Within the measured backward passes, ZeRO's gradient reduction included."""
     torch_max_allocated_step_bytes: int | None = None
+    """Within the measured optimizer steps."""
     torch_allocated_between_steps_bytes: int | None = None
+    """Allocated at the start of a measured step: model states and what persists between steps (largest rank)."""
     torch_allocated_between_steps_per_gpu: list[int | None] | None = None
+    """torch_allocated_between_steps_bytes of each rank."""
     torch_max_allocated_setup_bytes: int | None = None
+    """The allocator's peak over setup (model build, engine init)."""
     torch_max_reserved_setup_bytes: int | None = None
+    """The allocator's peak reservation over setup."""
 
 
 class WorkerFacts(BaseModel):
@@ -167,26 +213,36 @@ class WorkerFacts(BaseModel):
     optimizer_class: str | None = None
     """The optimizer class that actually ran (module.Class)."""
     zero_optimizer_class: str | None = None
+    """The optimizer wrapper DeepSpeed built around it (DeepSpeedZeroOptimizer, FP16_Optimizer, ...)."""
     params_total: int | None = None
+    """Parameters of the built model (4-bit weights counted by their real shape)."""
     params_trainable: int | None = None
+    """Parameters that train (the adapters under LoRA and QLoRA)."""
     params_embedding: int | None = None
+    """Parameters of the token embeddings."""
     model_build_s: float | None = None
+    """Seconds to build the model (random weights, or a local checkpoint loaded)."""
     engine_init_s: float | None = None
+    """Seconds in deepspeed.initialize (or the Trainer's setup)."""
     setup_s: float | None = None
+    """Seconds from the worker's start to its first step."""
     fp16_skipped_steps: int | None = None
     """Steps the fp16 loss scaler skipped during the measured phase."""
     fp16_skipped_warmup_steps: int | None = None
-    """Steps the fp16 loss scaler skipped during the warmup steps (absent from records before 2027-01)."""
+    """Steps the fp16 loss scaler skipped during the warmup steps (absent from older records)."""
     loss_scale_final: float | None = None
+    """The fp16 loss scale the optimizer held at the end (None where the engine has none)."""
     weights_init: str | None = None
     """How a preset's initial weights were made: "seeded-per-name" (each parameter from its own generator,
     the same at every ZeRO stage, offload and engine); absent: from the global RNG (ZeRO-3 differed)."""
-    """The fp16 loss scale the optimizer held at the end (None where the engine has none)."""
     gpu_name: str | None = None
+    """The GPU the worker ran on, as torch names it."""
     nvme_swap_bytes: int | None = None
     """What DeepSpeed wrote to the attempt's NVMe swap folder: evidence it really swapped."""
     train_mode: bool | None = None
+    """The model was in training mode for the steps (checkpointing and dropout act only then)."""
     compiled: bool | None = None
+    """torch.compile ran on the model."""
     kernels: dict[str, Any] | None = None
     """{"asked", "liger_modules", "liger_settings"}: which kernels the built model runs."""
     versions: dict[str, str | None] | None = None
@@ -205,7 +261,7 @@ class WorkerFacts(BaseModel):
 
 class StepsTaken(BaseModel):
     """How many steps the cell ran and why each phase ended (bench/adaptive.py has the rules), with the
-    median step time's interval over the measured steps. Absent from records before 2027-02."""
+    median step time's interval over the measured steps. Absent from older records."""
 
     model_config = _CLOSED
     warmup: int
@@ -276,9 +332,13 @@ def worker_document(doc: dict) -> dict:
 class Gpu(BaseModel):
     model_config = _OPEN
     index: int
+    """NVML's index."""
     name: str
+    """NVML's name."""
     memory_bytes: int | None = None
+    """Total memory, as NVML reports it."""
     uuid: str | None = None
+    """NVML's UUID."""
 
 
 class Provenance(BaseModel):
@@ -286,25 +346,37 @@ class Provenance(BaseModel):
 
     model_config = _OPEN
     host: str | None = None
+    """Host name."""
     os: str | None = None
+    """platform.platform()."""
     python: str | None = None
+    """Python version."""
     cpu: str | None = None
+    """CPU model."""
     cpu_count: int | None = None
+    """Logical CPUs."""
     host_memory_bytes: int | None = None
+    """Total host memory."""
     gpus: list[Gpu] = []
+    """The GPUs NVML shows (within CUDA_VISIBLE_DEVICES)."""
     gpu_name: str | None = None
+    """The first GPU's name."""
     gpu_count: int | None = None
+    """How many GPUs NVML shows."""
     driver: str | None = None
+    """NVIDIA driver version."""
     nvml: bool | None = None
     """Whether NVML answered (False on a GPU host without nvidia-ml-py: no NVML figures)."""
     versions: dict[str, str | None] = {}
     """The orchestrator's library versions; the worker's own are in worker.versions."""
     zerobench_version: str | None = None
+    """The installed zerobench's version."""
     source_sha256: str | None = None
     """sha256 of the bench package's files: which code ran, whether or not it came from a git checkout."""
     git_commit: str | None = None
     """Only when zerobench ran from its own git checkout (never an enclosing repository's commit)."""
     git_dirty: bool | None = None
+    """The checkout had uncommitted changes."""
 
 
 class Inputs(BaseModel):
@@ -312,6 +384,7 @@ class Inputs(BaseModel):
 
     model_config = _CLOSED
     matrix_sha256: str | None = None
+    """The matrix file."""
     ds_config_sha256: str | None = None
     """The user's DeepSpeed config file, for a cell that runs one (the generated config is stored whole)."""
 
@@ -321,8 +394,11 @@ class Skip(BaseModel):
 
     model_config = _CLOSED
     rule: str
+    """The rule's id (bench.rules.RULES, or predicted-oom)."""
     fix: str
+    """What to change so the cell runs."""
     source: str
+    """What makes the rule true: a DeepSpeed version, an error seen on a run, a document."""
 
 
 class RankEnd(BaseModel):
@@ -330,8 +406,38 @@ class RankEnd(BaseModel):
 
     model_config = _CLOSED
     rank: int | None = None
+    """The rank."""
     status: Status | None = None
+    """How it ended."""
     reason: str = ""
+    """Why."""
+    node: int | None = None
+    """The node it ran on (a cell of several nodes only: `nodes` says where that is)."""
+
+
+class NodeRun(BaseModel):
+    """One node of a multi-node attempt: where it ran, which ranks, how its launch ended, what it held."""
+
+    model_config = _CLOSED
+    node: int
+    """Its rank among the cell's nodes: node 0 hosts the rendezvous and rank 0."""
+    host: str | None = None
+    node_id: str | None = None
+    """The cluster's id of the node where its executor has one (Ray's node id): host names may repeat, ids do not."""
+    addr: str | None = None
+    """The rendezvous address its torchrun met the others at (the first node's)."""
+    ranks: list[int] = []
+    exit_code: int | None = None
+    """Its torchrun's (or lone worker's) exit code."""
+    stopped: str | None = None
+    """Why zerobench stopped its launch, if it did: timeout, stall, interrupt, time_limit (the scheduler's time
+    limit was near), or peer (another node had ended first and this one did not end by itself)."""
+    wall_s: float | None = None
+    log: str | None = None
+    telemetry: dict[str, Any] | None = None
+    """This node's own samples split by its first rank's phases (the record's telemetry combines all nodes')."""
+    provenance: Provenance | None = None
+    """bench.env.provenance() on the node: its host, GPUs, driver, library versions and zerobench's code."""
 
 
 class StartedBy(BaseModel):
@@ -341,7 +447,9 @@ class StartedBy(BaseModel):
     mode: str
     """"fork" or "spawn"."""
     why: str | None = None
+    """Why it was spawned ("several ranks", another program, why the fork server was unusable); None when forked."""
     server_import_s: float | None = None
+    """The fork server's import time."""
 
 
 class FixedCosts(BaseModel):
@@ -367,15 +475,26 @@ class FixedCosts(BaseModel):
 
 
 class Placement(BaseModel):
-    """Where on the host the cell ran, and beside which cells (cells packed side by side, bench.execute.local)."""
+    """Where the cell ran (on a cluster: which node, which job), and beside which cells (cells packed side by
+    side on one host, bench.execute.local, or on one node of a cluster)."""
 
     model_config = _CLOSED
     gpus: list[int] | None = None
-    """The physical GPUs (NVML's indexes) the cell held; absent on a CPU host."""
+    """The physical GPUs (NVML's indexes) the cell held; absent on a CPU host. On a cluster, the first node's GPUs
+    its scheduler gave the cell (on the outcome: the started record is written before they are known)."""
     cpu_slots: list[int] | None = None
     """On a CPU host, the slots it held of `--gpus-available N` (numbers 0..N-1; no core is bound to one)."""
     port: int | None = None
     """The rendezvous port of its (last) launch."""
+    node: str | None = None
+    """The host name of the cluster node that ran it (its first node: rank 0's); absent where the orchestrator's
+    host ran it."""
+    node_id: str | None = None
+    """The cluster's id of that node (Ray's node id): host names may repeat, ids do not."""
+    slurm_job: str | None = None
+    """The Slurm job that ran it (`--executor slurm`: one job per attempt; `scontrol show job ID`)."""
+    slurm_nodes: list[str] | None = None
+    """The Slurm nodes of that job, in the cell's node order (Slurm's names, which need not be host names)."""
     beside: list[str] | None = None
     """Cell hashes of the cells that ran at some time during its measured phase (its whole launch when it
     measured nothing): [] when it ran alone. A cell run beside another shares the host's CPUs, memory
@@ -388,27 +507,37 @@ class Prediction(BaseModel):
 
     model_config = _OPEN
     gpu_bytes: int
+    """Predicted NVML per-process peak on the cell's largest GPU."""
     host_bytes: int
+    """Predicted host RSS of the worker's process tree."""
     phase: str | None = None
     """The moment of a step the GPU peak is predicted at (forward, loss backward, backward, step)."""
     paged_bytes: int | None = None
     """Optimizer state in CUDA managed memory (paged optimizers), outside gpu_bytes."""
     terms: dict[str, int] = {}
+    """gpu_bytes as named terms (weights, gradients, optimizer_state, activations, ...)."""
     host_terms: dict[str, int] = {}
+    """host_bytes as named terms."""
     gpu_memory_bytes: int | None = None
     """The GPU memory it was judged against (NVML's total at the run's start, or --gpu-mem)."""
     host_memory_bytes: int | None = None
+    """The host memory it was judged against."""
     margin: float | None = None
+    """The margin of the verdicts (fits below 1 - margin of the capacity, won't fit above 1 + margin)."""
     gpu_verdict: str | None = None
     """fits, uncertain, won't fit (bench.estimate.verdict)."""
     host_verdict: str | None = None
+    """The same for host memory."""
 
 
 class SearchProbe(BaseModel):
     model_config = _CLOSED
     micro_batch: int
+    """The micro-batch this probe ran."""
     status: Status
+    """How it ended."""
     cell_hash: str | None = None
+    """The probe's cell hash (its record)."""
 
 
 class Search(BaseModel):
@@ -421,6 +550,7 @@ class Search(BaseModel):
     seed: int | None = None
     """The memory model's largest micro-batch that fits, where the search began."""
     probes: list[SearchProbe] = []
+    """Each probe in the order it ran."""
     largest_ok: int | None = None
     """The largest micro-batch that ran (ok or diverged); None if none did."""
     smallest_oom: int | None = None
@@ -435,13 +565,66 @@ class ImpliedBy(BaseModel):
 
     model_config = _CLOSED
     cell_name: str
+    """Its name."""
     cell_hash: str
+    """Its hash."""
     status: Status
     """cuda_oom or host_oom: which memory it ran out of."""
     how: str = ""
     """Where this cell is heavier ("mb=8 vs 2, gc=off vs on"); all else is equal."""
     run_id: str | None = None
     """The run that recorded its out-of-memory end."""
+
+
+UNMEASURED_NOT_NEEDED = "answer mode: not needed to settle the answer (a run without --answer measures it)"
+UNMEASURED_NEEDED = "answer mode: not measured, the --budget was spent; it could still change the answer"
+UNMEASURED_STOPPED = "answer mode: not measured, the run was stopped first; it could still change the answer"
+
+
+class AnswerNote(BaseModel):
+    """Answer mode (`zerobench run --answer`, bench.execute.answer): why the cell was measured, or why not."""
+
+    model_config = _CLOSED
+    role: Literal["leader", "contender", "frontier", "effect", "unmeasured"]
+    """What the measurement was for: a group's (predicted) fastest cell, a cell that could beat it, a cell
+    that could be on the memory/speed frontier, a pair for a knob's effect; or unmeasured."""
+    why: str
+    rung: int | None = None
+    """0: the short schedule (half the measured steps and time cap, twice the tolerance); 1: the matrix's."""
+    group: str | None = None
+    """The group it belongs to (--group-by), as key=value."""
+    needed: bool | None = None
+    """Unmeasured only: whether it could still have changed the answer (the budget ran out) or not."""
+    stopped: bool | None = None
+    """Unmeasured only: the run was stopped (Ctrl-C, SIGTERM, a job's time limit) before the answer was settled."""
+    predicted_tokens_per_s: list[float] | None = None
+    """[low, mid, high] at 95% when it was left unmeasured: the step-time model corrected by the run."""
+    predicted_peak_bytes: list[float] | None = None
+    """[low, mid, high] of its peak memory, the same way."""
+    predicted_wall_s: float | None = None
+    """What measuring it once on the full schedule would take (the step-time model, corrected by the run)."""
+
+
+class Replay(BaseModel):
+    """A replayed end (`zerobench run --replay`, bench.execute.replay): nothing ran; the measurement is the
+    recorded one named here, with its provenance."""
+
+    model_config = _CLOSED
+    source: str
+    """The results file it was read from."""
+    run_id: str
+    attempt: int
+    started_at: str | None = None
+    reused: bool = False
+    """The file had fewer ends of this cell than the replay asked for: an earlier attempt was served it too."""
+
+
+# What a replayed record takes from the recorded one: the measurement and where it was made.
+_REPLAYED = {
+    "wall_s", "exit_code", "phase_at_end", "world_size", "ranks", "metrics", "memory", "losses", "step_times_s",
+    "steps", "worker", "warnings", "telemetry", "ds_config", "foreign_gpu_processes", "gpu_after", "started_by",
+    "log_tail", "traceback", "provenance",
+}  # fmt: skip
 
 
 class _Cell(Protocol):
@@ -460,21 +643,27 @@ class Record(BaseModel):
 
     model_config = _CLOSED
     schema_version: Literal[SCHEMA_VERSION]
+    """The record format's version (bench.record.SCHEMA_VERSION); older records are upgraded on reading."""
     # -- which cell, which attempt
     run_id: str
+    """The run (one `zerobench run`) that wrote it: start time and a random suffix."""
     attempt: int
     """1 for a cell's first attempt in a results file, then counting up (resume, reruns, repeats)."""
     repeat: int = 1
     """Which process-level repeat of the cell this is (`repeats: N` in the matrix, `--repeats`): 1..N.
     Absent from records before repeats existed: those are repeat 1. Not part of the cell's identity."""
     matrix: str
+    """The matrix's name."""
     matrix_file: str | None = None
+    """The matrix file as given."""
     inputs: Inputs | None = None
     """sha256 of the matrix file and of the user's DeepSpeed config (absent from records before 2026-12)."""
     cell_id: str
     """`cell_name#cell_hash`; the hash is stable across runs and zerobench versions."""
     cell_hash: str
+    """Short stable hash of the cell's canonical config: two runs of the same cell share it."""
     cell_name: str
+    """The readable key=value name (axes off their default, in bench.axes order)."""
     cell: dict[str, Any]
     """The cell as bench.cells.Cell.to_dict() wrote it (a field added later is absent from older records:
     it ran at that field's default)."""
@@ -482,30 +671,45 @@ class Record(BaseModel):
     """selfcheck only: reference, zerobench or no-telemetry."""
     # -- how it ended
     status: Status
+    """How the attempt ended (the statuses below)."""
     reason: str
-    """Why it ended so ("" when it simply ran); for a skip, the rule's reason, fix and source."""
+    """Why it ended so ("" when it simply ran); for a skip, the rule's reason, fix and source; for a multi-rank
+    cell, the end of the rank that failed first (the others' lost connections are its consequence)."""
     warnings: list[str] | None = None
     """What makes the measurement less clean than its status says (an op compiled inside the cell, a
     relaunch after a taken port); shown in the report's notes. None when there is nothing to say."""
     skip: Skip | None = None
+    """For a skipped cell: the rule, the fix and the source."""
     started_at: str
     """ISO 8601, UTC."""
     ended_at: str | None = None
+    """ISO 8601, UTC."""
     wall_s: float | None = None
+    """Wall seconds from launch to the worker's end."""
     exit_code: int | None = None
+    """The worker's exit code (negative: the signal that ended it)."""
     phase_at_end: str | None = None
+    """The phase the worker was in when it ended (import, setup, warmup, measured, teardown, exit)."""
     world_size: int | None = None
+    """Ranks of the attempt."""
     ranks: list[RankEnd] | None = None
     """Every rank's own end (multi-rank attempts only)."""
+    nodes: list[NodeRun] | None = None
+    """Every node's launch (cells of several nodes only); the memory and telemetry figures are then the
+    largest node's or GPU's (host RSS per node, NVML per GPU), the metrics rank 0's."""
     # -- what was measured
     metrics: Metrics | None = None
+    """Throughput, FLOPs and the GPU's state over the measured steps (ok and diverged records)."""
     memory: Memory | None = None
+    """Peaks of the attempt: host RSS, NVML and the allocator, whole and per phase."""
     losses: list[float | None] | None = None
     """Every step's loss, warmup included."""
     step_times_s: list[float] | None = None
+    """Every measured step's wall time."""
     steps: StepsTaken | None = None
-    """Steps taken and why measuring ended (every worker since 2027-02; adaptive or fixed)."""
+    """Steps taken and why measuring ended (adaptive or fixed; absent from older records)."""
     worker: WorkerFacts | None = None
+    """What the worker found out: the optimizer that ran, parameter counts, build times, versions."""
     telemetry: dict[str, Any] | None = None
     """The orchestrator's samples split by phase (bench.telemetry): open-ended."""
     # -- where and how it ran
@@ -514,22 +718,37 @@ class Record(BaseModel):
     foreign_gpu_processes: ByGpu = None
     """Other processes on the cell's GPUs before it started, by GPU index."""
     gpu_after: ByGpu = None
+    """NVML's used memory on the cell's GPUs after it ended, by GPU index (back to baseline or not)."""
     started_by: StartedBy | None = None
+    """How the worker process began: forked from the pre-imported server or spawned."""
     fixed_costs: FixedCosts | None = None
     """What the run paid once before its cells (absent from records before 2026-12)."""
     placement: Placement | None = None
-    """Its GPUs (or CPU slots), port and neighbours (absent from records before packing existed)."""
+    """Its GPUs (or CPU slots), port and neighbours (absent from records before packing existed); on a cluster its
+    node and job."""
     provenance: Provenance | None
-    """Required; null only on a record upgraded from v1 that was written without one."""
+    """Required; null only on a record upgraded from v1 that was written without one. The machine that ran the
+    cell: on an outcome from a cluster node, that node's (its first node's; `nodes` has each node's), taken there;
+    otherwise the orchestrator's host."""
+    orchestrator: Provenance | None = None
+    """On an outcome a cluster node ran (`--executor ray` or `slurm`): the provenance of the host that planned the
+    run and wrote this record (its started record's). Absent where one host did both."""
     predicted: Prediction | None = None
     """The memory model's prediction, where a GPU was known (absent from records before 2026-12)."""
     search: Search | None = None
     """On the last record of a `micro_batch: auto` search: the whole search."""
     implied_by: ImpliedBy | None = None
-    """On an implied_oom record: the cell that ran out of memory and proves it (absent before 2027-02)."""
+    """On an implied_oom record: the cell that ran out of memory and proves it (absent from older records)."""
+    answer: AnswerNote | None = None
+    """In answer mode: why it was measured (its role and rung) or why it was not (status unmeasured)."""
+    replay: Replay | None = None
+    """A replayed end: the recorded record it repeats (nothing ran)."""
     log: str | None = None
+    """Path of the worker's log file."""
     log_tail: str | None = None
+    """The end of the worker's log (failures)."""
     traceback: str | None = None
+    """The worker's traceback (failures)."""
 
     # -- one constructor per status ---------------------------------------------------------------
 
@@ -546,6 +765,7 @@ class Record(BaseModel):
         repeat: int = 1,
         fixed_costs: dict | None = None,
         placement: dict | None = None,
+        answer: dict | None = None,
     ) -> "Record":
         """Written before launch, so a run killed mid-cell is found by --resume."""
         return cls(
@@ -557,6 +777,7 @@ class Record(BaseModel):
             **({"predicted": predicted} if predicted else {}),
             **({"fixed_costs": fixed_costs} if fixed_costs else {}),
             **({"placement": placement} if placement else {}),
+            **({"answer": answer} if answer else {}),
         )
 
     @classmethod
@@ -613,6 +834,38 @@ class Record(BaseModel):
             provenance=env.provenance(),
             **({"predicted": predicted} if predicted else {}),
         )
+
+    @classmethod
+    def unmeasured(
+        cls, cell: _Cell, note: dict, *, run_id: str, attempt: int, matrix_file: str, at: str,
+        predicted: dict | None = None,
+    ) -> "Record":  # fmt: skip
+        """Answer mode left it unmeasured: its answer note says why (not needed, or the budget ran out). The
+        reason is one of two sentences, so reports group these; the note has the figures."""
+        note = AnswerNote.model_validate({**note, "role": "unmeasured"})
+        return cls(
+            **_identity(cell, run_id, attempt, matrix_file),
+            status=Status.UNMEASURED,
+            reason=UNMEASURED_NOT_NEEDED
+            if not note.needed
+            else UNMEASURED_STOPPED
+            if note.stopped
+            else UNMEASURED_NEEDED,
+            answer=note,
+            started_at=at,
+            ended_at=at,
+            provenance=env.provenance(),
+            **({"predicted": predicted} if predicted else {}),
+        )
+
+    @classmethod
+    def replayed(cls, started: "Record", recorded: dict, *, source: str, reused: bool, ended_at: str) -> "Record":
+        """The recorded end `recorded` served for `started` by the replay executor: its measurement and
+        provenance, with `replay` naming it."""
+        rec = parse(recorded)
+        replay = Replay(source=source, run_id=rec.run_id, attempt=rec.attempt, started_at=rec.started_at, reused=reused)
+        fields = rec.model_dump(include=_REPLAYED, exclude_unset=True)
+        return started._end(rec.status, rec.reason, ended_at=ended_at, replay=replay, **fields)
 
     @classmethod
     def interrupted(cls, started: "Record", reason: str, *, ended_at: str, log: str | None = None) -> "Record":
@@ -673,9 +926,10 @@ class Record(BaseModel):
             step_times_s=rank0.step_times_s,
             **({"steps": rank0.steps} if rank0.steps is not None else {}),
             world_size=len(out.ranks) or None,
-            ranks=[RankEnd(rank=d.rank, status=d.status, reason=d.reason[:600]) for d in docs]
+            ranks=[RankEnd(rank=d.rank, status=d.status, reason=d.reason[:600], **_node_of(out, d.rank)) for d in docs]
             if len(out.ranks) > 1
             else None,
+            **({"nodes": [NodeRun.model_validate(n) for n in out.nodes]} if getattr(out, "nodes", None) else {}),
             # Every fact, None where the worker had none, so each record has the same keys.
             worker=WorkerFacts(**facts),
             warnings=_warnings(docs, getattr(out, "warnings", None)) or None,
@@ -684,7 +938,8 @@ class Record(BaseModel):
             foreign_gpu_processes=foreign or None,
             gpu_after=out.gpu_after or None,
             started_by=out.started_by or None,
-            **_placement(started.placement, getattr(out, "port", None), beside),
+            **_placement(started.placement, getattr(out, "port", None), beside, getattr(out, "node", None)),
+            **_node_provenance(started, getattr(out, "node", None)),
             log=log,
             log_tail=out.log_tail[-6000:],
             traceback=rank0.traceback,
@@ -711,9 +966,10 @@ class Record(BaseModel):
                 "predicted",
                 "fixed_costs",
                 "placement",
+                "answer",
             }
         )
-        for k in ("predicted", "fixed_costs", "placement"):
+        for k in ("predicted", "fixed_costs", "placement", "answer"):
             if keep.get(k) is None:
                 keep.pop(k, None)  # a record without one has no such key
         # As the started record has them, without the unset defaults.
@@ -721,6 +977,8 @@ class Record(BaseModel):
             keep["fixed_costs"] = self.fixed_costs.model_dump(exclude_unset=True)
         if self.placement is not None:
             keep["placement"] = self.placement.model_dump(exclude_unset=True)
+        if self.answer is not None:
+            keep["answer"] = self.answer.model_dump(exclude_unset=True)
         return type(self).model_validate(
             {**keep, "schema_version": SCHEMA_VERSION, "status": status, "reason": reason, **fields}
         )
@@ -732,16 +990,36 @@ class Record(BaseModel):
         return self.model_dump(mode="json", exclude_unset=True)
 
 
-def _placement(start: Placement | None, port: int | None, beside: list[str] | None) -> dict:
-    """The outcome's placement: where its start said it runs, with the port and the neighbours it had."""
-    if start is None and port is None and beside is None:
+def _node_of(out: Any, rank: int) -> dict:
+    """{"node": k} for a rank of a cell of several nodes; {} on one node."""
+    node = next((n["node"] for n in getattr(out, "nodes", None) or [] if rank in n["ranks"]), None)
+    return {"node": node} if node is not None else {}
+
+
+def _placement(start: Placement | None, port: int | None, beside: list[str] | None, node: dict | None) -> dict:
+    """The outcome's placement: where its start said it runs, with the port and the neighbours it had, and on a
+    cluster what its executor learnt once it ran (the node, the GPUs its scheduler gave it, the job)."""
+    if start is None and port is None and beside is None and not node:
         return {}
     p = (start or Placement()).model_copy()
     if port is not None:
         p.port = port
     if beside is not None:
         p.beside = beside
+    for field_, key in (
+        ("node", "host"), ("node_id", "node_id"), ("gpus", "gpus"), ("slurm_job", "slurm_job"),
+        ("slurm_nodes", "slurm_nodes"),
+    ):  # fmt: skip
+        if node and node.get(key) is not None:
+            setattr(p, field_, node[key])
     return {"placement": p}
+
+
+def _node_provenance(started: "Record", node: dict | None) -> dict:
+    """On an outcome a cluster node ran: the node's provenance, and the orchestrator's (the start's) beside it."""
+    if not node or not node.get("provenance"):
+        return {}
+    return {"provenance": node["provenance"], "orchestrator": started.provenance}
 
 
 def _identity(cell: _Cell, run_id: str, attempt: int, matrix_file: str, repeat: int = 1) -> dict:

@@ -22,6 +22,7 @@ __all__ = [
     "load",
     "latest",
     "records_to_frame",
+    "peak_memory",
     "fixed_cost_s",
     "AXIS_COLUMNS",
     "METRIC_COLUMNS",
@@ -38,6 +39,7 @@ _CELL_COLUMNS = AXIS_COLUMNS + [
     "model",
     "seq_len",
     "gpus",
+    "nodes",
     "warmup_steps",
     "measured_steps",
     "seed",
@@ -47,6 +49,7 @@ _CELL_COLUMNS = AXIS_COLUMNS + [
 ]
 
 _CELL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Cell) if f.default is not dataclasses.MISSING}
+_CELL_COLUMN_DEFAULTS = [(k, _CELL_DEFAULTS.get(k)) for k in _CELL_COLUMNS]
 
 # Always present (NaN where a record lacks them: skipped cells, CPU runs without NVML or a CUDA
 # allocator), so notebooks and the reports can index them without checking first.
@@ -93,6 +96,15 @@ STEPS_COLUMNS = {
     "steps_tolerance": "tolerance",
     "steps_max_seconds": "max_seconds",
 }
+
+
+def peak_memory(rec: Record) -> tuple[int | None, str | None]:
+    """A record's `peak_memory_bytes` and its source, as records_to_frame has them (PEAK_MEMORY_SOURCES)."""
+    for col, name in PEAK_MEMORY_SOURCES.items():
+        v = getattr(rec.memory, col, None) if rec.memory is not None else None
+        if v is not None:
+            return v, name
+    return None, None
 
 
 def steps_schedule(cell: dict) -> str:
@@ -142,9 +154,8 @@ def _row(rec: Record) -> dict:
         "ended_at": rec.ended_at,
         "wall_s": rec.wall_s,
     }
-    for k in _CELL_COLUMNS:
-        # A record written before a field existed ran at that field's default (compile off, hf kernels).
-        row[k] = cell.get(k, _CELL_DEFAULTS.get(k))
+    # A record written before a field existed ran at that field's default (compile off, hf kernels).
+    row.update({k: cell.get(k, default) for k, default in _CELL_COLUMN_DEFAULTS})
     # The schedule the cell asked for (what cells must share to be compared), then the steps it took:
     # warmup_steps and measured_steps are what ran, so everything that splits step_times_s splits it right.
     row["steps_schedule"] = steps_schedule(cell)
@@ -207,7 +218,7 @@ def _row(rec: Record) -> dict:
             params=worker.params_total,
             trainable=worker.params_trainable,
             zero_stage=cell["zero_stage"],
-            gpus=cell.get("gpus", 1),
+            gpus=cell.get("gpus", 1) * cell.get("nodes", 1),
             precision=cell["precision"],
             optimizer=cell["optimizer"],
             offload=cell["offload"],
@@ -219,6 +230,12 @@ def _row(rec: Record) -> dict:
     row["predicted_gpu_bytes"] = rec.predicted.gpu_bytes if rec.predicted else None
     row["predicted_host_bytes"] = rec.predicted.host_bytes if rec.predicted else None
     row["search_largest_ok"] = rec.search.largest_ok if rec.search else None
+    if rec.answer:  # columns only where records carry them: other files' frames stay as they were
+        note = rec.answer
+        row |= {"answer_role": note.role, "answer_rung": note.rung, "answer_group": note.group}
+        row |= {"answer_needed": note.needed, "answer_predicted_wall_s": note.predicted_wall_s}
+    if rec.replay:
+        row["replay_source"] = rec.replay.source
     row["losses"] = rec.losses
     row["step_times_s"] = rec.step_times_s
     return row

@@ -64,6 +64,22 @@ RULES: tuple[Rule, ...] = (
         "NVML device count",
     ),
     Rule(
+        "nodes-on-one-host",
+        lambda c, p: p.cuda and c.nodes > 1 and p.hosts == 1,
+        "the cell spans {nodes} nodes and this run places cells on this host alone, where its nodes would run "
+        "side by side on 127.0.0.1 over shared memory and PCIe: it would measure one node under a multi-node name",
+        "run it where cells are placed on several hosts (a cluster executor), or as one node (nodes: 1, gpus: {ranks})",
+        "bench/execute/launch/nodes.py: one host starts every node's torchrun at 127.0.0.1 (NCCL then "
+        "uses the host's shared memory and P2P paths, not the network)",
+    ),
+    Rule(
+        "nodes-available",
+        lambda c, p: p.hosts is not None and p.hosts > 1 and c.nodes > p.hosts,
+        "the cell spans {nodes} nodes; the cluster has {hosts}",
+        "lower nodes, or run it on a larger cluster",
+        "the executor's node count",
+    ),
+    Rule(
         "fp16-needs-cuda",
         lambda c, p: not p.cuda and c.precision == "fp16",
         "DeepSpeed's CPU accelerator has no fp16 ('Type fp16 is not supported on your device') except on CPUs "
@@ -140,10 +156,11 @@ RULES: tuple[Rule, ...] = (
         "torch.compile of Liger-Kernel's Triton kernels is unreliable: dynamo cannot analyse the kernels' "
         "mutations (\"'float' object has no attribute 'to'\"), and at the 1.1B shape the first step ends in "
         "'CUDA error: an illegal memory access'",
-        "use kernels: liger without compile (it was the faster of the two), or compile with kernels: hf",
+        "use kernels: liger without compile (faster than compiled kernels: hf at micro-batch 16 on the H200: "
+        "results/1b-mfu-2.jsonl, 1b-mfu.jsonl), or compile with kernels: hf",
         "liger-kernel 0.8.5, torch 2.11 on the H200: 3 of 3 compiled 1.1B liger cells crashed "
-        "(results/1b-mfu-2.jsonl), and a 1.1B cell at seq 512 in tests/test_gpu_rules.py; the tiny preset "
-        "ran (results/gpu-evidence/session3_gpu_rules_liger.log)",
+        "(results/1b-mfu-2.jsonl), and a 1.1B cell at seq 512 in tests/test_gpu_rules.py; a tiny-preset cell "
+        "ran (results/gpu-evidence/2026-11-30_gpu-rules-h200_liger.log)",
     ),
     # -- DeepSpeed ZeRO ------------------------------------------------------------------------
     Rule(
@@ -210,8 +227,8 @@ RULES: tuple[Rule, ...] = (
         lambda c, p: c.optimizer in ONEBIT and c.zero_stage not in _opt(c).zero_stages,
         "the 1-bit optimizers run only at ZeRO stage 0",
         "set zero_stage: 0",
-        "DeepSpeed 1-bit Adam tutorial; fails at ZeRO-1 on the H200 (results/gpu-evidence/gpu_rules_h200.log). "
-        "bf16 was ruled out too until that run showed OneBitAdam in bf16 at ZeRO-0 working",
+        "DeepSpeed 1-bit Adam tutorial; fails at ZeRO-1 on the H200, and OneBitAdam in bf16 at ZeRO-0 runs "
+        "(results/gpu-evidence/2026-11-30_gpu-rules-h200.log)",
     ),
     Rule(
         "onebit-needs-cuda",
@@ -220,9 +237,9 @@ RULES: tuple[Rule, ...] = (
         "run them on a GPU host with cupy",
         "seen on a CPU run (tests/test_rules_evidence.py)",
     ),
-    # Removed after the H200 ran them (results/gpu-evidence/gpu_rules_h200.log, now GPU tests that they
-    # run: tests/test_gpu_rules.py): 1-bit with LoRA, 1-bit under the HF Trainer, QLoRA in fp32, QLoRA
-    # with ZeRO-3 parameter offload.
+    # Not rules, since they ran on the H200 (results/gpu-evidence/2026-11-30_gpu-rules-h200_removed-rules.log;
+    # GPU tests in tests/test_gpu_rules.py keep them running): 1-bit with LoRA, 1-bit under the HF Trainer,
+    # QLoRA in fp32, QLoRA with ZeRO-3 parameter offload.
 )
 
 
@@ -231,10 +248,12 @@ def check(cell: Cell, platform: Platform) -> Skip | None:
     for rule in RULES:
         if rule.when(cell, platform):
             reason = rule.reason.format(
+                nodes=cell.nodes,
+                hosts=platform.hosts,
                 opt=cell.optimizer,
                 ds=platform.versions.get("deepspeed"),
                 lora=", ".join(_set_off_default(cell, "lora")),
                 qlora=", ".join(_set_off_default(cell, "qlora")),
             )
-            return Skip(rule.name, reason, rule.fix, rule.source)
+            return Skip(rule.name, reason, rule.fix.format(ranks=cell.ranks), rule.source)
     return None

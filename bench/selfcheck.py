@@ -26,7 +26,7 @@ from .store import Store, check_writable
 
 __all__ = ["selfcheck", "compare", "BARS"]
 
-# What the harness promises about itself (issue #3): its step time within 3% of a hand-written loop,
+# What the harness promises about itself: its step time within 3% of a hand-written loop,
 # telemetry costing under 1% of throughput, and at most 15 s per cell beyond the steps and the model build.
 BARS = {"step_time_vs_reference": 0.03, "telemetry_cost": 0.01, "fixed_cost_s": 15.0}
 

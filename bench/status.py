@@ -4,32 +4,61 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["Status"]
+__all__ = ["Status", "MEANINGS"]
 
 
 class Status(str, enum.Enum):
     OK = "ok"
-    SKIPPED = "skipped"  # a rule says this combination cannot run here; the reason says what to change
-    CUDA_OOM = "cuda_oom"  # the GPU allocator ran out; the record carries the allocator state
-    HOST_OOM = "host_oom"  # the kernel's OOM killer stopped the worker: an OOM kill or RSS at the limit was seen
-    # Not run: a cell needing no more memory in every respect ran out (bench.schedule); the record names it.
+    SKIPPED = "skipped"
+    CUDA_OOM = "cuda_oom"
+    HOST_OOM = "host_oom"
     IMPLIED_OOM = "implied_oom"
-    KILLED = "killed"  # SIGKILLed from outside zerobench with no evidence of an OOM kill; --resume runs it again
-    TIMEOUT = "timeout"  # wall-clock limit or no-progress watchdog
-    DIVERGED = "diverged"  # NaN/inf loss
-    ERROR = "error"  # anything else; the reason carries the exception and the log tail
-    INTERRUPTED = "interrupted"  # the orchestrator was stopped while the cell ran
-    STARTED = "started"  # not an outcome: written before launch so a killed run can be detected
+    KILLED = "killed"
+    TIMEOUT = "timeout"
+    DIVERGED = "diverged"
+    ERROR = "error"
+    INTERRUPTED = "interrupted"
+    UNMEASURED = "unmeasured"
+    STARTED = "started"
+
+    @property
+    def meaning(self) -> str:
+        """What a record with this status says (the results reference, docs/results.md, prints it)."""
+        return MEANINGS[self]
 
     @property
     def is_outcome(self) -> bool:
         """A terminal record: the cell does not need to run again on --resume."""
-        return self not in (Status.STARTED, Status.INTERRUPTED, Status.KILLED)
+        return self not in (Status.STARTED, Status.INTERRUPTED, Status.KILLED, Status.UNMEASURED)
 
     @property
     def ran(self) -> bool:
         """The worker started training (as opposed to a skip decided before launch)."""
-        return self not in (Status.SKIPPED, Status.STARTED, Status.IMPLIED_OOM)
+        return self not in (Status.SKIPPED, Status.STARTED, Status.IMPLIED_OOM, Status.UNMEASURED)
 
     def __str__(self) -> str:  # so f-strings print "ok", not "Status.OK"
         return self.value
+
+
+MEANINGS = {
+    Status.OK: "The cell ran its warmup and measured steps; its metrics and memory are measurements.",
+    Status.SKIPPED: "Not run: a rule says this combination cannot run here, or the memory model predicts it "
+    "does not fit (rule predicted-oom); the reason says why, what to change and the source.",
+    Status.CUDA_OOM: "The GPU allocator ran out of memory; the record carries the allocator's state at the failure.",
+    Status.HOST_OOM: "The kernel's OOM killer stopped the worker: an OOM kill was counted, or the worker's RSS was "
+    "at the memory limit; or Slurm ended its job for memory.",
+    Status.IMPLIED_OOM: "Not run: a cell that needs no more memory in every respect ran out (bench.schedule); "
+    "implied_by names it. An outcome for --resume, never a measurement.",
+    Status.KILLED: "SIGKILLed from outside zerobench with no evidence of an OOM kill, or its Slurm job's node failed; "
+    "--resume runs it again.",
+    Status.TIMEOUT: "The cell's wall-clock limit (timeout_s), the no-progress watchdog, or its Slurm job's time "
+    "limit ended it.",
+    Status.DIVERGED: "The loss became NaN or infinite.",
+    Status.ERROR: "Anything else; the reason carries the exception, the traceback and the log's tail.",
+    Status.INTERRUPTED: "The orchestrator was stopped (Ctrl-C, SIGTERM) while the cell ran, or its Slurm job was "
+    "preempted or cancelled; --resume runs it again.",
+    Status.UNMEASURED: "Not run: answer mode (run --answer) settled the answer without it, or its --budget ran out "
+    "while it could still change the answer; the record's answer note says which, with its predicted figures. Not "
+    "an outcome: a run without --answer (or --resume) measures it.",
+    Status.STARTED: "Not an outcome: written before the launch, so a run killed mid-cell is found by --resume.",
+}

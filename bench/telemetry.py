@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 
 import psutil
 
-__all__ = ["Sampler", "gpu_snapshot", "nvml_available", "interval_for", "THROTTLE_REASONS", "throttle_names"]
+__all__ = [
+    "Sampler",
+    "gpu_snapshot",
+    "nvml_available",
+    "interval_for",
+    "THROTTLE_REASONS",
+    "throttle_names",
+    "across_nodes",
+]
 
 # NVML's clock event ("throttle") reason bits (nvml.h, nvmlClocksEventReason*; stable since NVML 10).
 THROTTLE_REASONS = {
@@ -237,4 +245,52 @@ def _gpu_state(s: Series, sl: list[int]) -> dict:
         for m in masks:
             seen |= m
         out["throttle_reasons"] = throttle_names(seen)
+    return out
+
+
+def _union(values: list) -> list:
+    return sorted({x for v in values for x in v})
+
+
+# How one figure of a window combines over the nodes of a cell: per GPU and per node it is the largest
+# (a figure per GPU, or per host, as on one node), what adds up adds up, the GPUs' lists follow node order.
+_ACROSS = {
+    "host_rss_peak_bytes": max,
+    "duration_s": lambda v: v[0],  # node 0's, where rank 0 ran
+    "nvml_used_peak_bytes": max,
+    "nvml_used_peak_per_gpu": lambda v: [x for per in v for x in per],
+    "nvml_proc_peak_bytes": max,
+    "nvml_proc_peak_per_gpu": lambda v: [x for per in v for x in per],
+    "nvml_proc_peak_total_bytes": sum,
+    "gpu_util_mean_pct": lambda v: sum(v) / len(v),
+    "power_mean_w": sum,
+    "energy_j": sum,
+    "power_max_w": max,
+    "sm_clock_mean_mhz": lambda v: sum(v) / len(v),
+    "sm_clock_min_mhz": min,
+    "mem_clock_mean_mhz": lambda v: sum(v) / len(v),
+    "temperature_max_c": max,
+    "throttle_reasons": _union,
+}
+
+
+def _across(windows: list[dict]) -> dict:
+    keys = dict.fromkeys(k for w in windows for k in w)
+    out = {}
+    for k in keys:
+        values = [w[k] for w in windows if w.get(k) is not None]
+        out[k] = _ACROSS.get(k, lambda v: v[0])(values) if values else None
+    return out
+
+
+def across_nodes(summaries: list[dict]) -> dict:
+    """One summary (summarize's shape) for a cell's nodes, node 0 first: each window (the whole cell, each
+    of node 0's phases, every node split by its own first rank's phases) combined figure by figure (_ACROSS).
+    Host RSS is then the largest node's: what one host held, as the memory model predicts it."""
+    if len(summaries) == 1:
+        return summaries[0]
+    out: dict = {"samples": sum(s.get("samples", 0) for s in summaries), "nvml": any(s.get("nvml") for s in summaries)}
+    out["all"] = _across([s.get("all", {}) for s in summaries])
+    phases = summaries[0].get("phases", {})
+    out["phases"] = {name: _across([s.get("phases", {}).get(name, {}) for s in summaries]) for name in phases}
     return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +66,45 @@ steps: {warmup: 1, measured: 4}
 lr: 3.0e-3
 timeout_s: 600
 """
+
+# The multi-node comparison every executor's path passes: ZeRO-3 over 2 nodes x 1 rank and over 1 node x 2 ranks is
+# the same training. fp32: a two-rank bf16 ZeRO-3 CPU cell once ended in a NaN loss (tests/test_multirank.py).
+ZERO3 = TINY + "axes: {zero_stage: [3], precision: [fp32]}\n"
+
+
+def agree_across_nodes(across: dict, within: dict) -> None:
+    """The records of ZERO3 as 2 nodes x 1 rank (across) and as 1 node x 2 ranks (within): both ok, the same
+    losses, and across names each node with its rank."""
+    assert across["status"] == within["status"] == "ok", (across["reason"], within["reason"])
+    assert across["losses"] == pytest.approx(within["losses"], rel=1e-5)
+    assert across["world_size"] == 2 and across["cell_name"].endswith("nodes=2")
+    assert [(r["rank"], r["node"]) for r in across["ranks"]] == [(0, 0), (1, 1)]
+    assert [(n["node"], n["ranks"], n["exit_code"]) for n in across["nodes"]] == [(0, [0], 0), (1, [1], 0)]
+    assert "nodes" not in within and all("node" not in r for r in within["ranks"])
+
+
+def blamed_on_the_second_node(rec: dict) -> dict:
+    """The record of a 2 nodes x 1 rank cell whose rank 1 SIGKILLed itself at step 2 (ZEROBENCH_FAULT sigkill@2#1):
+    killed, blamed on rank 1 on node 1 and its host; that node ended by itself. Its nodes, by node."""
+    assert rec["status"] == "killed", rec["reason"]
+    assert rec["reason"].startswith(f"rank 1 on node 1 ({socket.gethostname()}): killed by signal 9"), rec["reason"]
+    nodes = {n["node"]: n for n in rec["nodes"]}
+    assert nodes[1]["exit_code"] != 0 and nodes[1]["ranks"] == [1]
+    assert nodes[1]["stopped"] is None  # it ended by itself; zerobench stopped nothing there
+    return nodes
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real Slurm cluster of two nodes on this machine (tests/slurm_cluster.py), for the whole session;
+    stopped, with its jobs and folder, when the session ends however it ends."""
+    from . import slurm_cluster as sc
+
+    why = sc.missing()
+    if why:
+        pytest.skip(why)
+    cluster = sc.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -274,6 +274,20 @@ def test_ratio_interval():
     assert math.isclose(stats.median([1, 2, None, float("nan"), 3]), 2)
 
 
+def test_t_quantiles_against_the_table():
+    # Student's t, two-sided 95% (Abramowitz and Stegun's table 26.10); the normal's beyond 1000 df.
+    table = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 10: 2.228, 30: 2.042, 120: 1.980}
+    for df, t in table.items():
+        assert stats.t_quantile(0.95, df) == pytest.approx(t, abs=6e-4), df
+    assert stats.t_quantile(0.99, 1) == pytest.approx(63.657, abs=1e-3)
+    assert (
+        stats.t_quantile(0.95, 5000) == pytest.approx(stats.normal_quantile(0.95)) == pytest.approx(1.95996, abs=1e-5)
+    )
+    est, lo, hi = stats.log_mean_ci([math.log(0.8), math.log(0.9)])
+    assert est == pytest.approx(math.sqrt(0.72)) and lo < 0.8 and hi > 0.9
+    assert stats.log_mean_ci([0.1]) is None
+
+
 # -- reports use the same rule -------------------------------------------------------------------------
 
 
@@ -281,7 +295,8 @@ def _effect(recs) -> dict:
     from bench.report.analysis import analyse
 
     a = analyse(frame(recs))
-    (ab,) = [x for x in a.ablations if x.axis == "zero_stage"]
+    (section,) = a.sections
+    (ab,) = [x for x in section.ablations if x.axis == "zero_stage"]
     return ab.effects[0], a
 
 
@@ -289,7 +304,11 @@ def test_report_says_no_significant_difference_inside_the_noise():
     recs = [rec(0, r, tps=30_000 * f) for r, f in zip((1, 2, 3), NOISE)]
     recs += [rec(1, r, tps=30_300 * f) for r, f in zip((1, 2, 3), (0.99, 1.0, 1.01))]  # 1% apart
     e, a = _effect(recs)
-    assert e["verdict"] == "no significant difference" and "3 repeats" in e["basis"]
+    t = e["tokens"]
+    assert t.verdict == "no significant difference" and t.why.startswith("compare: p = ")
+    # compare's own interval over the repeats; 3 against 3 reach 90%, and the report says so.
+    assert t.method == "1 pair: Moses' interval over repeats" and t.ci_conf == pytest.approx(0.9)
+    assert t.ci[0] < 1 < t.ci[1] and e["n"] == 1
     row = a.cells[a.cells["cell_hash"] == f"{0:010x}"].iloc[0]
     assert row["repeats"] == 3 and row["tokens_per_s"] == pytest.approx(30_000)
     assert (row["tokens_per_s_ci_low"], row["tokens_per_s_ci_high"]) == pytest.approx((29_700, 30_300))
@@ -303,12 +322,19 @@ def test_report_ranks_an_effect_beyond_the_noise():
     recs = [rec(0, r, tps=30_000 * f) for r, f in zip((1, 2, 3), NOISE)]
     recs += [rec(1, r, tps=24_000 * f) for r, f in zip((1, 2, 3), NOISE)]
     e, _ = _effect(recs)
-    assert e["verdict"] == "slower" and e["tokens_ci"][1] < 1
+    assert e["tokens"].verdict == "slower" and e["tokens"].ci[1] < 1
 
 
 def test_report_single_runs_use_the_wide_bound():
-    e, _ = _effect([rec(0, 1, tps=30_000), rec(1, 1, tps=32_000)])  # x1.07, one run each
-    assert e["verdict"] == "no significant difference" and "one run each" in e["basis"]
+    e, a = _effect([rec(0, 1, tps=30_000), rec(1, 1, tps=32_000)])  # x1.07, one run each
+    # Steady steps give each run a zero-width interval, which excludes 1: compare's bound still decides.
+    t = e["tokens"]
+    assert t.ci[0] > 1 and t.verdict == "no significant difference" and "15% bound" in t.why
+    from bench.report.markdown import render_analysis
+
+    assert "| ZeRO stage | 1 vs 0 | 1 | ×1.07 [1.07–1.07] | no significant difference (one run a side: " in (
+        render_analysis(a)
+    )
 
 
 # -- the faults the gate is checked with --------------------------------------------------------------

@@ -30,8 +30,9 @@ CASES = [
     ("offload-optimizer-kind", Cell(zero_stage=2, offload="optimizer", optimizer="paged_adamw_8bit", **SMALL)),
     ("onebit-needs-zero0", Cell(zero_stage=1, optimizer="onebitadam", precision="fp16", **SMALL)),
     ("cpuadam-needs-offload", Cell(optimizer="cpuadam", **SMALL)),
-    # At the 1.1B shape; the tiny preset compiled with Liger ran (results/gpu-evidence/session3_gpu_rules_liger.log),
-    # so the failure depends on the shapes and the rule stops the combination as unreliable.
+    # At the 1.1B shape; a tiny-preset cell compiled with Liger ran
+    # (results/gpu-evidence/2026-11-30_gpu-rules-h200_liger.log), so the failure depends on the shapes and the
+    # rule stops the combination as unreliable.
     (
         "liger-no-compile",
         Cell(kernels="liger", compile=True, optimizer="fusedadam", **{**SMALL, "model": "llama-1b", "seq_len": 512}),
@@ -39,8 +40,8 @@ CASES = [
     ("fusedlamb-no-bf16", Cell(optimizer="fusedlamb", precision="bf16", **SMALL)),
 ]
 
-# Combinations a rule used to forbid until the H200 ran them (results/gpu-evidence/gpu_rules_h200.log):
-# they stay runnable, and must keep running.
+# Combinations no rule forbids: they ran on the H200 (results/gpu-evidence/2026-11-30_gpu-rules-h200.log and
+# 2026-11-30_gpu-rules-h200_removed-rules.log), and must keep running.
 RUNS = [
     ("onebit-bf16", Cell(zero_stage=0, optimizer="onebitadam", precision="bf16", **SMALL)),
     ("onebit-lora", Cell(optimizer="onebitadam", precision="fp16", peft="lora", lora=Lora(r=8), **SMALL)),

@@ -12,8 +12,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_two_ranks_one_record(tmp_path):
-    # fp32: this test is about the merge of rank results; a two-rank bf16 ZeRO-3 CPU cell once ended in
-    # a NaN loss in a CI rehearsal (1 of 8 runs, not reproduced since), tracked in the issue notes.
+    # fp32: this test is about the merge of rank results; a two-rank bf16 ZeRO-3 CPU cell ended in a NaN
+    # loss in 1 of 8 CI runs (not reproduced), which would fail it for a reason that is not the merge.
     m = write_matrix(tmp_path / "m.yaml", TINY + "gpus: 2\naxes: {zero_stage: [3], precision: [fp32]}\n")
     res = tmp_path / "r.jsonl"
     r = zerobench("run", str(m), "--results", str(res), "--no-report", cwd=tmp_path)

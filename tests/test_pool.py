@@ -4,13 +4,16 @@ every running cell; and what it relies on (ports held per running cell, serializ
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from bench.cells import Cell
 from bench.execute import local as pool
+from bench.execute.executor import WAIT, Attempt, Job, Shape, dispatch
 from bench.execute.launch import ports
 from bench.record import Record
 from bench.store import Store
@@ -37,20 +40,42 @@ def test_slots_max_cells_bounds_how_many_run_at_once():
     assert s.take(2) == (0, 1)
 
 
+class _Job:
+    """The payload the executor under test runs (it is real; what it runs only sleeps and notes where):
+    called as a Job is, with the GPUs it holds and its stop request."""
+
+    def __init__(self, name, work):
+        self.name, self.work, self.cell = name, work, Cell(matrix="m", model="llama-tiny")
+
+    def __call__(self, gpus, stop):
+        self.work(self.name, gpus, stop)
+        return SimpleNamespace(name=self.name, window=None, beside=None)
+
+
+def _dispatch(units, slots, work, *, admit=None, done=None):
+    """Run (name, width) units through a real LocalExecutor and dispatch; done gets each Finished."""
+    attempts = (
+        WAIT if u is WAIT else Attempt(key=u[0], cell=None, shape=Shape(u[1]), job=_Job(u[0], work)) for u in units
+    )
+    dispatch(
+        pool.LocalExecutor(slots),
+        attempts,
+        admit=(lambda h: admit(h.attempt.key)) if admit else (lambda h: True),
+        done=done or (lambda f: None),
+    )
+
+
 def _run(units, slots, hold_s=0.3):
     """Run units (name, width) through the pool; return per name its slots and [start, end)."""
     seen: dict[str, dict] = {}
     order: list[str] = []
 
-    def work(u):
-        name, _ = u
-        ln = pool.lane()
+    def work(name, gpus, stop):
         t0 = time.time()
         time.sleep(hold_s)
-        seen[name] = {"slots": ln.slots if ln else (), "t0": t0, "t1": time.time()}
-        return name
+        seen[name] = {"slots": tuple(gpus), "t0": t0, "t1": time.time()}
 
-    pool.run_units(units, slots, need=lambda u: u[1], work=work, done=lambda u, r: order.append(r))
+    _dispatch(units, slots, work, done=lambda f: order.append(f.value.name))
     return seen, order
 
 
@@ -93,28 +118,33 @@ def test_units_are_drawn_only_when_they_can_be_placed():
     assert drawn[1] >= seen["a"]["t1"] and drawn[2] >= seen["b"]["t1"]
 
 
-def test_a_unit_that_needs_nothing_runs_in_the_main_thread_in_its_turn():
-    where: dict[str, str] = {}
+def test_a_source_that_waits_is_asked_again_once_an_attempt_ends():
+    # A micro-batch search: its next probe exists only once the last one has ended.
+    ended: list[str] = []
 
-    def work(u):
-        where[u[0]] = threading.current_thread().name
-        return u[0]
+    def units():
+        yield ("probe1", 1)
+        yield WAIT  # two slots free, but nothing to run until probe1 ends
+        assert ended == ["probe1"]
+        yield ("probe2", 1)
 
-    pool.run_units([("skip", 0), ("run", 1)], pool.Slots([0]), need=lambda u: u[1], work=work, done=lambda u, r: None)
-    assert where["skip"] == threading.main_thread().name and where["run"] != where["skip"]
+    _dispatch(units(), pool.Slots([0, 1]), lambda *a: time.sleep(0.1), done=lambda f: ended.append(f.value.name))
+    assert ended == ["probe1", "probe2"]
+    with pytest.raises(RuntimeError, match="none is in flight"):
+        _dispatch(iter([WAIT]), pool.Slots([0]), lambda *a: None)
 
 
-def test_a_stop_in_the_main_thread_stops_every_running_cell_and_waits_for_them():
+def test_a_stop_in_the_main_thread_stops_every_running_cell_and_hands_back_each_end():
     stopped: dict[str, BaseException] = {}
+    ends: dict[str, BaseException] = {}
     started = threading.Barrier(3)
 
-    def work(u):
-        ln = pool.lane()
+    def work(name, gpus, stop):
         started.wait(5)
-        assert ln.stop.wait(10), "never asked to stop"
-        stopped[u[0]] = ln.stop.exc
-        time.sleep(0.2)  # its record being written: the pool waits for it
-        raise ln.stop.exc
+        assert stop.wait(10), "never asked to stop"
+        stopped[name] = stop.exc
+        time.sleep(0.2)  # its worker being stopped: the pool waits for it
+        raise stop.exc
 
     class Stop(KeyboardInterrupt):
         pass
@@ -127,70 +157,67 @@ def test_a_stop_in_the_main_thread_stops_every_running_cell_and_waits_for_them()
 
     # Three GPUs, so the pool draws again (and meets the "signal") while a and b run.
     with pytest.raises(Stop):
-        pool.run_units(units(), pool.Slots([0, 1, 2]), need=lambda u: u[1], work=work, done=lambda u, r: None)
-    assert set(stopped) == {"a", "b"}
+        _dispatch(units(), pool.Slots([0, 1, 2]), work, done=lambda f: ends.update({f.handle.attempt.key: f.error}))
+    assert set(stopped) == {"a", "b"} == set(ends)
     assert all(isinstance(e, Stop) for e in stopped.values())
     assert stopped["a"] is not stopped["b"]  # each thread raises its own copy
+    assert all(isinstance(e, Stop) for e in ends.values())  # handed back: the session records them interrupted
 
 
-def test_a_units_error_stops_the_others_and_is_raised():
+def _raise_errors(f):
+    if f.error is not None and not isinstance(f.error, KeyboardInterrupt):
+        raise f.error  # as the session does with zerobench's own failure (HarnessError)
+
+
+def test_an_error_raised_by_done_stops_the_others_and_is_raised():
     others_stopped = threading.Event()
 
-    def work(u):
-        ln = pool.lane()
-        if u[0] == "bad":
+    def work(name, gpus, stop):
+        if name == "bad":
             time.sleep(0.2)
             raise OSError("disk full")
-        if ln.stop.wait(10):
+        if stop.wait(10):
             others_stopped.set()
-            raise ln.stop.exc
-        return u[0]
+            raise stop.exc
 
     with pytest.raises(OSError, match="disk full"):
-        pool.run_units(
-            [("slow", 1), ("bad", 1)], pool.Slots([0, 1]), need=lambda u: u[1], work=work, done=lambda u, r: None
-        )
+        _dispatch([("slow", 1), ("bad", 1)], pool.Slots([0, 1]), work, done=_raise_errors)
     assert others_stopped.is_set()
 
 
 def test_a_cell_stopped_because_another_failed_says_so_not_the_user():
     stops: list[BaseException] = []
 
-    def work(u):
-        ln = pool.lane()
-        if u[0] == "bad":
+    def work(name, gpus, stop):
+        if name == "bad":
             time.sleep(0.2)
             raise OSError(28, "No space left on device")
-        ln.stop.wait(10)
-        stops.append(ln.stop.exc)
-        raise ln.stop.exc
+        stop.wait(10)
+        stops.append(stop.exc)
+        raise stop.exc
 
     with pytest.raises(OSError):
-        pool.run_units([("a", 1), ("bad", 1)], pool.Slots([0, 1]), need=lambda u: u[1], work=work, done=lambda *_: None)
+        _dispatch([("a", 1), ("bad", 1)], pool.Slots([0, 1]), work, done=_raise_errors)
     (exc,) = stops
     assert isinstance(exc, pool.Halted) and isinstance(exc, KeyboardInterrupt)  # unwinds as a stop does
     assert exc.reason.startswith("stopped: the run failed beside it (OSError") and "No space left" in exc.reason
 
 
 def test_a_unit_turned_away_at_placement_does_not_run_and_frees_its_slots():
-    # Issue 16 with packing: a cell drawn while it waits for GPUs may be implied out of memory by a cell that
-    # ends meanwhile; at placement it is turned away, not run.
+    # With packing, a cell drawn while it waits for GPUs may be implied out of memory by a cell that ends
+    # meanwhile; at placement it is turned away, not run.
     ran: list[str] = []
     admitted: list[str] = []
 
-    def work(u):
+    def work(name, gpus, stop):
         time.sleep(0.1)
-        ran.append(u[0])
-        return u[0]
+        ran.append(name)
 
-    def admit(u):
-        admitted.append(u[0])
-        return u[0] != "implied"
+    def admit(name):
+        admitted.append(name)
+        return name != "implied"
 
-    pool.run_units(
-        [("a", 1), ("implied", 2), ("c", 2)], pool.Slots([0, 1]), need=lambda u: u[1], work=work,
-        done=lambda u, r: None, admit=admit,
-    )  # fmt: skip
+    _dispatch([("a", 1), ("implied", 2), ("c", 2)], pool.Slots([0, 1]), work, admit=admit)
     assert sorted(ran) == ["a", "c"] and admitted == ["a", "implied", "c"]
 
 
@@ -253,3 +280,15 @@ def test_placement_is_kept_from_start_to_end():
     assert stopped.to_dict()["placement"] == {"gpus": [3]}
     plain = Record.started(cell, run_id="r", attempt=1, matrix_file="", started_at="2026-01-01T00:00:00+00:00")
     assert "placement" not in plain.to_dict()
+
+
+def test_cells_sharing_a_cpu_host_each_get_their_share_of_the_cores(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    job = Job(cell=Cell(matrix="m", model="llama-tiny"), ds_config=None, log_path="x.log", extra_env={"A": "1"})
+    cores = len(os.sched_getaffinity(0))
+    two = pool._sharing_cores(job, 1, 2)
+    assert two.extra_env == {"A": "1", "OMP_NUM_THREADS": str(max(1, cores // 2))}
+    assert pool._sharing_cores(job, 2, 2).extra_env["OMP_NUM_THREADS"] == str(max(1, cores // 2) * 2)
+    assert pool._sharing_cores(job, 1, 1) is job  # alone: the whole host, as torch sizes it
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert pool._sharing_cores(job, 1, 2) is job  # the user's setting wins

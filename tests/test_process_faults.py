@@ -1,4 +1,4 @@
-"""The process side of issue 13, in pieces that need no training run: the fault specs and their
+"""The fault suite's process side, in pieces that need no training run: the fault specs and their
 validation, the classification of a killed worker and of a multi-rank end, the stale-lock check
 against real processes, held signals, whole failure messages, and the report's notes. The same
 behaviours end to end, with real workers, are in tests/faults/."""

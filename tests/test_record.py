@@ -330,3 +330,21 @@ def test_frame_is_unchanged():
 if __name__ == "__main__":  # python -m tests.test_record --write-frame: a deliberate change of the frame
     if sys.argv[1:] == ["--write-frame"]:
         FRAME_FILE.write_bytes(gzip.compress(json.dumps(_frames(), separators=(",", ":")).encode(), mtime=0))
+
+
+def test_an_outcome_a_cluster_node_ran_carries_that_nodes_provenance_and_the_orchestrators():
+    started = Record.started(
+        CELL, started_at="2026-01-01T00:00:00.000+00:00", placement={"node": "n1", "node_id": "abc"}, **IDENT
+    )
+    node_prov = {**env.provenance(), "host": "n1", "gpu_name": "node GPU", "gpu_count": 8}
+    out = _outcome(node={"host": "n1", "node_id": "abc", "gpus": [2, 3], "provenance": node_prov}, port=29600)
+    d = Record.from_outcome(started, out, ds_config=None, log="l", ended_at="t").to_dict()
+    jsonschema.validate(d, json.loads(SCHEMA_FILE.read_text()))
+    # The machine that ran the cell is the record's provenance (what reports and checks read); the host that
+    # planned and wrote it is beside it.
+    assert d["provenance"]["host"] == "n1" and d["provenance"]["gpu_name"] == "node GPU"
+    assert d["orchestrator"] == started.to_dict()["provenance"]
+    assert d["placement"] == {"node": "n1", "node_id": "abc", "gpus": [2, 3], "port": 29600}
+    # One host: no orchestrator of its own, no node.
+    d = Record.from_outcome(_started(), _outcome(), ds_config=None, log="l", ended_at="t").to_dict()
+    assert "orchestrator" not in d and d["provenance"]["host"] == env.provenance()["host"]

@@ -27,9 +27,9 @@ def test_best_mfu_headline_is_not_an_fp32_cell(tmp_path):
     bf16 = {**bf16, "metrics": {**bf16["metrics"], "mfu": 0.406}}
     path = tmp_path / "r.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in (fp32, bf16)))
-    a = analysis.analyse(results.load(path))
-    assert a.best_mfu["precision"] == "bf16" and a.best_mfu["mfu"] == 0.406
-    only_fp32 = analysis.analyse(results.load(path).query("precision == 'fp32'"))
+    (s,) = analysis.analyse(results.load(path)).sections
+    assert s.best_mfu["precision"] == "bf16" and s.best_mfu["mfu"] == 0.406
+    (only_fp32,) = analysis.analyse(results.load(path).query("precision == 'fp32'")).sections
     assert only_fp32.best_mfu["mfu"] == 0.424  # with nothing else, fp32 is still shown
 
 

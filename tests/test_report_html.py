@@ -134,19 +134,18 @@ def test_all_cells_and_sections_present(page, expected_cells):
     text = page.locator("#cells-table").inner_text()
     for h in expected_cells["cell_hash"]:
         assert f"#{h}" in text
-    for section in (
-        "summary",
-        "tradeoff",
-        "cells",
-        "ablations",
-        "memory",
-        "loss",
-        "compute",
-        "failures",
-        "baseline",
-        "environment",
-    ):
+    for section in ("cells", "memory", "loss", "failures", "baseline", "environment"):
         assert page.locator(f"section#{section}").count() == 1, section
+    # Three models (the smoke run's llama-tiny, one of its cells renamed, the GPU fixture's llama-1b):
+    # a section each, with its own headline cards, chart and MFU table; the CPU smoke's knobs have effects.
+    models = page.locator("section.model")
+    assert models.count() == expected_cells["model"].nunique() == 3
+    for i in range(3):
+        m = models.nth(i)
+        slug = m.get_attribute("id")
+        for part in ("summary", "tradeoff", "compute"):
+            assert m.locator(f"section#{slug}-{part}").count() == 1, (slug, part)
+    assert page.locator("section.model section.ablations").count() >= 1
     # Failed and skipped cells, each with its reason.
     failed = expected_cells[expected_cells["status"] != "ok"]
     assert page.locator("#failures-table tbody tr").count() == len(failed)
@@ -154,16 +153,20 @@ def test_all_cells_and_sections_present(page, expected_cells):
 
 
 def test_charts_present(page, expected_cells):
-    assert page.locator("svg.chart").count() == 2  # throughput-vs-memory scatter, loss curves
-    ok = expected_cells[expected_cells["status"] == "ok"]
-    # One point per ok cell, its cell as the tooltip; the frontier's numbered as in the table beside.
-    tips = page.locator("#tradeoff svg g.pt > title").all_text_contents()
-    assert len(tips) == page.locator("#tradeoff svg g.pt").count() == len(ok)
-    for name in ok["cell_name"]:
-        assert any(name in t for t in tips), name
-    frontier = page.locator("#tradeoff svg g.pt.frontier > title").all_text_contents()
-    assert len(frontier) >= 2 and all(t.startswith(f"frontier #{i}: ") for i, t in enumerate(frontier, start=1))
-    assert page.locator("#tradeoff tbody tr").count() == len(frontier)
+    models = expected_cells.groupby("model")
+    assert page.locator("svg.chart").count() == len(models) + 1  # a scatter per model, the loss curves
+    for model, cells in models:
+        ok = cells[cells["status"] == "ok"]
+        # One point per ok cell of that model, its cell as the tooltip; the frontier's numbered as in the
+        # table beside; no other model's cell among them.
+        section = page.locator("section.model", has=page.locator("h2", has_text=model)).first
+        tips = section.locator(".tradeoff svg g.pt > title").all_text_contents()
+        assert len(tips) == section.locator(".tradeoff svg g.pt").count() == len(ok), model
+        for name in ok["cell_name"]:
+            assert any(name in t for t in tips), name
+        frontier = section.locator(".tradeoff svg g.pt.frontier > title").all_text_contents()
+        assert len(frontier) >= 1 and all(t.startswith(f"frontier #{i}: ") for i, t in enumerate(frontier, start=1))
+        assert section.locator(".tradeoff tbody tr").count() == len(frontier)
     curves = page.locator("#loss svg g.series > title").all_text_contents()
     assert len(curves) >= 2 and len(curves) == page.locator("#loss ul.legend li").count()
     # GPU memory side by side: NVML, allocator reserved, allocator allocated, and the estimate column.
@@ -171,7 +174,7 @@ def test_charts_present(page, expected_cells):
     for col in ("NVML process", "allocator reserved", "allocator allocated", "model states"):
         assert col in head
     assert page.locator("#memory .bar").count() > 0
-    assert "41.2%" in page.locator("#compute").inner_text()  # the best MFU of the GPU fixture
+    assert "41.2%" in page.locator("section.model .compute").all_inner_texts()[-1]  # the GPU fixture's best MFU
 
 
 def test_table_sorts_and_filters(page, expected_cells):
@@ -213,24 +216,26 @@ def test_inline_charts_fit_the_page(report):
     assert len(ids) == len(set(ids))
     assert set(re.findall(r'(?:href="#|url\(#)([^")]+)', page)) <= set(ids)
     assert "<?xml" not in page and "<!DOCTYPE svg" not in page and "<metadata" not in page
-    assert page.count("<svg") == 2 and page.count("<style") == 1 and "xlink:" not in page
+    assert page.count("<svg") == 4 and page.count("<style") == 1 and "xlink:" not in page  # 3 models, loss
     assert page.count('<g class="pt') == len(re.findall(r'<g class="pt[^"]*"><title>', page)) > 0
 
 
 def test_one_chart_description_for_both_reports(inputs):
-    # The PNG and the inline SVG draw the same Chart: the frontier numbered as the Markdown table numbers
-    # it, a tooltip per point, and the HTML loss list coloured as the curves are.
+    # The PNG and the inline SVG draw the same Chart: each model's frontier numbered as the Markdown table
+    # numbers it, a tooltip per point, and the HTML loss list coloured as the curves are.
     from bench.report import charts, figures, html
     from bench.report.analysis import analyse
 
     a = analyse(load(*inputs["results"]))
     built = charts.build(a)
-    assert list(built) == ["tradeoff", "loss"]
-    frontier = next(s for s in built["tradeoff"].series if s.css == "pt frontier")
-    assert frontier.numbers == tuple(range(1, len(a.frontier) + 1))
-    svg = figures.svg(built["tradeoff"])
-    assert svg.count('<g class="pt frontier"><title>frontier #') == len(a.frontier)
-    assert svg.count('<g class="pt"><title>') == sum(len(s.tips) for s in built["tradeoff"].series) - len(a.frontier)
+    assert list(built) == [f"tradeoff-{s.slug}" for s in a.sections] + ["loss"]
+    for s in a.sections:
+        chart = built[f"tradeoff-{s.slug}"]
+        frontier = next(x for x in chart.series if x.css == "pt frontier")
+        assert frontier.numbers == tuple(range(1, len(s.frontier) + 1))
+        svg = figures.svg(chart)
+        assert svg.count('<g class="pt frontier"><title>frontier #') == len(s.frontier)
+        assert svg.count('<g class="pt"><title>') == sum(len(x.tips) for x in chart.series) - len(s.frontier)
     page = html.render_analysis(a, built)
     for s in built["loss"].series:
         assert f'style="background:{s.color}"' in page
@@ -242,7 +247,8 @@ def test_reports_are_deterministic(inputs, tmp_path):
         out = tmp_path / name / "r"
         written = write_reports(inputs["results"], out, baseline=inputs["baseline"])
         outs.append({p.name: p.read_bytes() for p in written})
-    assert sorted(outs[0]) == sorted(outs[1]) == ["r.html", "r.loss.png", "r.md", "r.tradeoff.png"]
+    charts = [f"r.tradeoff-{m}.png" for m in ("llama-1b-seq1024", "llama-tiny-seq64", "script-alert-1-script-seq64")]
+    assert sorted(outs[0]) == sorted(outs[1]) == sorted(["r.html", "r.loss.png", "r.md", *charts])
     for name in outs[0]:
         assert outs[0][name] == outs[1][name], f"{name} differs between two renders of the same results"
 
@@ -253,10 +259,15 @@ def test_markdown_escapes_and_links_its_charts(report):
     assert "<script" not in md and "<img" not in md
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in md  # the model name, shown as text
     assert "&lt;img src=x onerror=alert(2)&gt;" in md  # the OOM reason, shown as text
-    for chart in ("showcase.tradeoff.png", "showcase.loss.png"):
+    for chart in (
+        "showcase.tradeoff-llama-tiny-seq64.png",
+        "showcase.tradeoff-llama-1b-seq1024.png",
+        "showcase.loss.png",
+    ):
         assert f"]({chart})" in md and (md_path.parent / chart).exists()
-    for heading in ("## Best cells", "## What fits", "## Failed and skipped", "## Against the baseline"):
+    for heading in ("## llama-tiny, sequence length 64", "### Best cells", "### What fits", "## Failed and skipped"):
         assert heading in md
+    assert "## Against the baseline" in md
 
 
 def test_markdown_escape_neutralises_table_syntax():

@@ -34,5 +34,10 @@ def test_every_stage_offload_and_engine_starts_from_the_same_weights(tmp_path):
     assert len(recs) == 7 and all(x["status"] == "ok" for x in recs), [(x["cell_id"], x["reason"]) for x in recs]
     first = {x["cell_id"]: x["losses"][0] for x in recs}
     ref = next(iter(first.values()))
-    assert all(abs(v - ref) <= 1e-6 for v in first.values()), "\n".join(f"{v!r} {k}" for k, v in first.items())
+    # Relative 1e-4: on an AMD EPYC (AVX2) host the own loop's ZeRO-3 cell's first loss is 4.4e-5 (relative) from
+    # the others' (7.575944 vs 7.575608; equal to 1e-6 on other CPUs, and the Trainer's ZeRO-3 equal here), while
+    # another seed (seed: 1, its own weights and data) moves it by 7.5e-3.
+    assert all(abs(v - ref) <= 1e-4 * abs(ref) for v in first.values()), "\n".join(
+        f"{v!r} {k}" for k, v in first.items()
+    )
     assert all(x["worker"]["weights_init"] == "seeded-per-name" for x in recs)

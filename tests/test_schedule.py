@@ -189,7 +189,8 @@ def test_reports_compare_and_the_model_check_keep_implied_apart(tmp_path):
     check leaves it out."""
     recs = [rec(0, 1, tps=30_000), rec(1, 1, tps=0, status="cuda_oom"), rec(2, 1, tps=0, status="implied_oom")]
     a = analysis.analyse(records_to_frame(recs))
-    assert len(a.did_not_fit) == 1 and len(a.implied) == 1 and a.counts["implied_oom"] == 1
+    (s,) = a.sections
+    assert len(s.did_not_fit) == 1 and len(s.implied) == 1 and a.counts["implied_oom"] == 1
     md = markdown.render_analysis(a)
     assert "1 ran out of memory. 1 more did not run: implied out of memory" in md
     assert "**1 of 2** cells that ran" in md

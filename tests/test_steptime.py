@@ -9,19 +9,57 @@ from pathlib import Path
 
 import pytest
 
-from bench.cells import Cell, Lora
+from bench.cells import Cell, Lora, Qlora
 from bench.estimate import Hardware
+from bench.estimate.band import BAND_COVERAGE, band_group, step_time_band
 from bench.estimate.shapes import shape_of
-from bench.estimate.steptime import FITTED_TIME, flops_per_token, predict_step, predict_wall, run_seconds
-from bench.estimate.timecheck import cross_validate_time, fit_time, time_cases, time_summary
+from bench.estimate.steptime import (
+    FITTED_TIME,
+    STEP_BAND,
+    TRAIT_FILES,
+    compute_seconds,
+    flops_per_token,
+    pinned,
+    predict_step,
+    predict_wall,
+    run_seconds,
+    step_parts,
+)
+from bench.estimate.timecheck import (
+    EXCLUDED,
+    band_coverage,
+    cross_validate_time,
+    error_band,
+    fit_time,
+    literals,
+    time_cases,
+    time_summary,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = Hardware(gpu_name="NVIDIA H200")
 
 
+RESULTS = sorted(glob.glob(str(ROOT / "results" / "*.jsonl")))
+
+
 @pytest.fixture(scope="module")
 def cases():
-    return time_cases(sorted(glob.glob(str(ROOT / "results" / "*.jsonl"))))
+    return time_cases(RESULTS)
+
+
+@pytest.fixture(scope="module")
+def cv(cases):
+    return cross_validate_time(cases)
+
+
+def test_records_with_an_injected_fault_are_left_out_and_counted():
+    excluded: list[tuple[str, str]] = []
+    kept = time_cases(RESULTS, excluded=excluded)
+    # The comparison gate's A/B runs slowed one cell by 12% and burdened another with 3 GiB on purpose.
+    assert len(excluded) == 11 and {f for f, _ in excluded} == {"compare-h200-b.jsonl", "compare-h200-b2.jsonl"}
+    assert "fault injected" in EXCLUDED
+    assert len(kept) == 279
 
 
 def test_frozen_weights_need_no_weight_gradient_matmul():
@@ -46,22 +84,110 @@ def test_refit_on_committed_records_gives_the_literals(cases):
         assert getattr(k, f.name) == pytest.approx(getattr(FITTED_TIME, f.name), abs=2e-3), f.name
 
 
-def test_cross_validated_step_time_error_is_pinned(cases):
-    s = time_summary(cross_validate_time(cases))
-    # Achieved: median 7.3% (the target: 10%), p95 34.4% (the target, 30%, is not met).
-    assert s["median"] <= 0.073 + 0.01
-    assert s["p95"] <= 0.344 + 0.02
+def test_refit_prints_the_literals_as_the_module_holds_them(cases):
+    # `zerobench estimate --check results --refit` prints these, to paste over steptime.py's.
+    from bench.estimate import steptime
+
+    printed: dict = {}
+    exec(literals(cases), {}, printed)  # noqa: S102 - our own output, Python literals
+    assert [n for n in printed if not n.startswith("__")] == ["_FIT", "STEP_BAND", "TRAIT_FILES"]
+    assert printed["_FIT"] == pytest.approx(steptime._FIT, abs=2e-3)  # a BLAS may move the last place
+    assert printed["TRAIT_FILES"] == steptime.TRAIT_FILES
+    for group, band in printed["STEP_BAND"].items():
+        assert band == pytest.approx(steptime.STEP_BAND[group], abs=2e-3), group
 
 
-def test_cross_validated_setup_and_start_errors_are_pinned(cases):
-    cv = cross_validate_time(cases)
+def test_cross_validated_step_time_error_is_pinned(cv):
+    s = time_summary(cv)
+    # Achieved: median 5.9% (the target: 10%), p95 28.3% (the target: 30%).
+    assert s["n"] == 279
+    assert s["median"] <= 0.059 + 0.005
+    assert s["p95"] <= 0.283 + 0.01
+
+
+def test_cross_validated_setup_and_start_errors_are_pinned(cv):
     setup, start = time_summary(cv, "setup"), time_summary(cv, "start")
-    # Achieved: setup median 19.3%, p95 66.1%; start median 16.4%, p95 72.3%.
-    assert setup["n"] >= 250 and setup["median"] <= 0.193 + 0.02 and setup["p95"] <= 0.661 + 0.03
-    assert start["n"] >= 250 and start["median"] <= 0.164 + 0.02 and start["p95"] <= 0.723 + 0.03
+    # Achieved: setup median 21.3%, p95 66.0%; start median 15.9%, p95 75.9%.
+    assert setup["n"] >= 250 and setup["median"] <= 0.213 + 0.02 and setup["p95"] <= 0.660 + 0.03
+    assert start["n"] >= 250 and start["median"] <= 0.159 + 0.02 and start["p95"] <= 0.759 + 0.03
     wall = time_summary(cv, "wall")
-    # Achieved: wall median 9.9%, p95 45.6%.
-    assert wall["n"] >= 250 and wall["median"] <= 0.099 + 0.02 and wall["p95"] <= 0.456 + 0.03
+    # Achieved: wall median 10.8%, p95 49.4%.
+    assert wall["n"] >= 250 and wall["median"] <= 0.108 + 0.02 and wall["p95"] <= 0.494 + 0.03
+
+
+def test_the_published_band_is_the_held_out_error_of_the_fit(cases, cv):
+    band, files = error_band(cases, cv)
+    assert files == TRAIT_FILES
+    for group, b in band.items():
+        assert b["n"] == STEP_BAND[group]["n"], group
+        for key in ("median", "p95", "low", "high"):
+            assert b[key] == pytest.approx(STEP_BAND[group][key], abs=2e-3), (group, key)
+    # A trait the fit saw in fewer files gets the wider band.
+    f, u = STEP_BAND["familiar"], STEP_BAND["unfamiliar"]
+    assert u["high"] - u["low"] > f["high"] - f["low"] and f["n"] >= 250
+
+
+def test_the_band_covers_held_out_records_of_files_it_was_not_derived_from(cases, cv):
+    cover = band_coverage(cases, cv)
+    inside, n = cover["all"]
+    # By construction 95% of the held-out records lie inside the band derived from them; derived from the
+    # other files' held-out records only, it holds 263 of 279 (94.3%).
+    assert n == 279 and inside / n >= 0.93
+    assert BAND_COVERAGE == 0.95
+
+
+def test_step_time_band_brackets_the_prediction_and_widens_for_unfamiliar_cells():
+    cell = Cell(model="llama-1b", seq_len=2048, micro_batch=4, zero_stage=2)
+    low, pred, high = step_time_band(cell, H200)
+    assert low < pred < high and pred == predict_step(cell, H200)
+    assert band_group(cell) == "familiar"
+    nvme = dataclasses.replace(cell, zero_stage=3, offload="nvme", optimizer="cpuadam")
+    assert band_group(nvme) == "unfamiliar"  # NVMe offload: in two results files only
+    nlow, npred, nhigh = step_time_band(nvme, H200)
+    assert nhigh / nlow > high / low
+    assert step_time_band(dataclasses.replace(cell, model="no-such-model"), H200) is None
+
+
+def test_a_small_micro_batch_waits_on_the_host_and_a_large_one_on_the_gpu():
+    # The host launches each block's kernels and PEFT's wrappers while the GPU runs those queued before: 1B
+    # QLoRA micro-batches of 2048, 4096 and 8192 tokens cost about the same (the host's launches), as
+    # results/memcheck-h200-*.jsonl measured (0.230, 0.246, 0.253 s); one of 32768 costs more (the GPU's work).
+    q = Cell(model="llama-1b", seq_len=1024, peft="qlora", lora=Lora(r=16), qlora=Qlora(), grad_ckpt=False)
+    small, eight, large = (predict_step(dataclasses.replace(q, micro_batch=m), H200) for m in (2, 8, 32))
+    assert eight / small < 1.15 and large / small > 2
+    # The wrappers' cost counts adapted linears: LoRA on q, k, v is cheaper on the host than on all seven.
+    lora = dataclasses.replace(q, peft="lora", qlora=None, micro_batch=8, grad_ckpt=True)
+    qkv = dataclasses.replace(lora, lora=Lora(r=16, targets=("q_proj", "k_proj", "v_proj")))
+    assert step_parts(qkv, H200)["wrappers"][0] == pytest.approx(step_parts(lora, H200)["wrappers"][0] * 3 / 7)
+    # A 7B LoRA micro-batch of 2048 tokens is the GPU's: four of them cost four times one.
+    seven = Cell(model="llama-7b", seq_len=2048, micro_batch=1, peft="lora", lora=Lora(r=16), grad_ckpt=False)
+    four = dataclasses.replace(seven, grad_accum=4)
+    assert predict_step(four, H200) == pytest.approx(4 * predict_step(seven, H200), rel=0.1)
+
+
+def test_torch_adamw_on_the_host_is_not_torch_adamw_on_the_gpu():
+    # DeepSpeed's CPU Adam is "5X-7X faster than the standard PyTorch implementation"; on the GPU torch's
+    # AdamW (foreach) costs about what FusedAdam does (results/1b-axes.jsonl: 0.250 s against 0.249 s).
+    gpu = Cell(model="llama-1b", seq_len=2048, micro_batch=4)
+    assert predict_step(dataclasses.replace(gpu, optimizer="adamw"), H200) < 1.1 * predict_step(gpu, H200)
+    off = Cell(model="llama-1b", seq_len=2048, micro_batch=4, zero_stage=2, offload="optimizer", optimizer="cpuadam")
+    torch_off = dataclasses.replace(off, optimizer="adamw")
+    assert predict_step(torch_off, H200) > 2 * predict_step(off, H200)
+
+
+def test_fp32_runs_on_the_fp32_cores_and_offload_reads_pinning_and_host_cores():
+    bf16 = Cell(model="llama-1b", seq_len=2048, micro_batch=4, precision="bf16")
+    fp32 = dataclasses.replace(bf16, precision="fp32")
+    # PyTorch's default fp32 matmul is full fp32: the H200's 66.9 TFLOP/s, not the 16-bit 989.
+    assert compute_seconds(fp32, H200) / compute_seconds(bf16, H200) == pytest.approx(989.4 / 66.9)
+    off = Cell(model="llama-1b", seq_len=2048, micro_batch=4, zero_stage=3, offload="optimizer+params")
+    assert pinned(off)  # zerobench's generated config pins offload's buffers
+    unpinned = dataclasses.replace(off, ds_config="matrices/ds_configs/trainer/zero3-offload-unpinned.json")
+    assert not pinned(unpinned)
+    assert predict_step(unpinned, H200) > predict_step(off, H200)
+    many = Hardware(gpu_name="NVIDIA H200", host_cores=64)
+    assert step_parts(off, many)["host"][0] == pytest.approx(step_parts(off, H200)["host"][0] / 4)
+    assert predict_step(off, many) < predict_step(off, H200)
 
 
 def test_wall_is_start_setup_and_steps_and_packing_spreads_cells():
@@ -93,7 +219,44 @@ def test_dry_run_and_estimate_print_the_same_predicted_gpu_time():
 
 
 def test_estimate_check_prints_the_time_tables_after_the_memory_table():
-    out = _zerobench("estimate", "--check", "results/compare-h200-a1.jsonl", "results/memcheck-h200-c.jsonl")
+    out = _zerobench(
+        "estimate",
+        "--check",
+        "results/compare-h200-a1.jsonl",
+        "results/memcheck-h200-c.jsonl",
+        "results/compare-h200-b.jsonl",
+    )
     memory = out.index("cross-validated (leave one results file out)")
-    for title in ("median step time:", "Setup time", "Start and the rest", "Wall time per cell"):
+    for title in ("median step time:", "Step-time band", "Setup time", "Start and the rest", "Wall time per cell"):
         assert out.index(title) > memory
+    # The A/B file's records with an injected fault are left out of the time check, and it says so.
+    assert "Time records left out: 5 (a fault injected" in out
+
+
+def test_a_micro_batch_search_is_timed_at_its_first_probe():
+    from bench.estimate.search import seed_micro_batch
+
+    hw = Hardware(gpu_memory_bytes=143771 * 2**20, gpu_name="NVIDIA H200")
+    auto = Cell(model="llama-1b", seq_len=512, micro_batch="auto")
+    seed = seed_micro_batch(auto, hw)
+    assert seed > 1 and predict_wall(auto, hw) == predict_wall(dataclasses.replace(auto, micro_batch=seed), hw)
+    out = _zerobench("run", "matrices/mb-auto-1b.yaml", "--dry-run", "--assume-gpus", "1", "--gpu-mem", "143771MiB")
+    assert "predicted GPU time (3 cells" in _gpu_time_line(out)
+
+
+def test_nested_cross_validation_with_one_grid_point_is_the_plain_one():
+    # tools.steptime_nested picks the fit's hyperparameters inside each fold; over all committed records it
+    # gave median 5.9%, p95 28.0% (python -m tools.steptime_nested). With the shipped values as the only
+    # choice it is the plain leave-one-file-out check, and it leaves the module's values as they were.
+    from bench.estimate import steptime, timecheck
+    from tools.steptime_nested import nested
+
+    files = [str(ROOT / "results" / f) for f in ("1b-axes.jsonl", "1b-axes-2.jsonl", "memcheck-h200-c.jsonl")]
+    cs = time_cases(files)
+    rows, picked = nested(cs, grid=[(steptime.OVERLAP, timecheck.STEP_RIDGE)])
+    plain = cross_validate_time(cs)
+    assert set(picked) == {Path(f).name for f in files}
+    assert [r.step for r in rows] == pytest.approx([r.step for r in plain])
+    other, _ = nested(cs, grid=[(2.0, 0.1)])
+    assert [r.step for r in other] != pytest.approx([r.step for r in plain])
+    assert (steptime.OVERLAP, timecheck.STEP_RIDGE) == (4.0, 0.03)

@@ -1,8 +1,9 @@
 """Memory a cell needs, predicted before it runs (bench.estimate.model), from the cell and the hardware
 alone; checked against the measured records (bench.estimate.check). Its time beside it: seconds per step and
-per cell (bench.estimate.steptime), checked by bench.estimate.timecheck. The ZeRO paper's model-state
-floor (bench.estimate.paper) stays beside it."""
+per cell (bench.estimate.steptime), checked by bench.estimate.timecheck, with its held-out error as a band
+(bench.estimate.band). The ZeRO paper's model-state floor (bench.estimate.paper) stays beside it."""
 
+from .band import step_time_band
 from .fitted import FITTED, Constants
 from .model import Estimate, Hardware, predict, zero_settings
 from .paper import model_states, zero_ratio
@@ -28,6 +29,7 @@ __all__ = [
     "predict_wall",
     "shape_of",
     "short_of",
+    "step_time_band",
     "trainable_params",
     "verdict",
     "zero_ratio",

@@ -10,19 +10,32 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .. import dsconfig
 from ..axes import OPTIMIZERS
-from ..cells import Cell, Lora, Qlora
+from ..cells import Cell
 from ..record import parse
 from ..store import read
 from .fitted import FITTED, Constants
 from .model import Estimate, Hardware, predict
 from .verdict import DEFAULT_MARGIN, Verdict, verdict
 
-__all__ = ["Case", "cases", "fit", "evaluate", "cross_validate", "summarize", "markdown", "CATEGORIES"]
+__all__ = [
+    "Case",
+    "cases",
+    "fit",
+    "evaluate",
+    "cross_validate",
+    "summarize",
+    "markdown",
+    "CATEGORIES",
+    "HeldOut",
+    "held_out",
+    "held_out_table",
+]
 
 GiB = 2**30
 OOM = ("cuda_oom", "host_oom")
@@ -51,14 +64,8 @@ def _onebit(cell: Cell) -> bool:
 
 
 def _cell(d: dict) -> Cell:
-    d = {k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(Cell)}}
-    if isinstance(d.get("lora"), dict):
-        lo = dict(d["lora"])
-        lo["targets"] = tuple(lo.get("targets", ("all-linear",)))
-        d["lora"] = Lora(**lo)
-    if isinstance(d.get("qlora"), dict):
-        d["qlora"] = Qlora(**d["qlora"])
-    return Cell(**d)
+    """The record's cell (a field this version no longer has left out)."""
+    return Cell.from_dict({k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(Cell)}})
 
 
 def _ds_config(cell: Cell, recorded: dict | None) -> dict | None:
@@ -151,7 +158,7 @@ def fit(cs: Sequence[Case], base: Constants = FITTED) -> Constants:
     relative error; the host constants on host RSS, likewise."""
     gpu = [c for c in cs if c.measured_gpu]
     above = [
-        (c.cell.gpus > 1, c.measured_gpu - c.measured_reserved)
+        (c.cell.ranks > 1, c.measured_gpu - c.measured_reserved)
         for c in gpu
         if c.measured_reserved and not _onebit(c.cell)
     ]
@@ -184,7 +191,8 @@ def fit(cs: Sequence[Case], base: Constants = FITTED) -> Constants:
         rows, y, b = [], [], []
         for c in host:
             e = predict(c.cell, c.ds_config, c.hw, k0)
-            rows.append([float(c.cell.gpus), 1.0 if c.cell.gpus > 1 else 0.0, 1.0 if c.cell.compile else 0.0])
+            # Host RSS is one node's: its own ranks' processes, and a launcher wherever there are several ranks.
+            rows.append([float(c.cell.gpus), 1.0 if c.cell.ranks > 1 else 0.0, 1.0 if c.cell.compile else 0.0])
             y.append(c.measured_host)
             b.append(e.host_bytes)
         (hp, hl, hc), _ = _l1(rows, y, b)
@@ -281,7 +289,7 @@ def _categories(c: Case) -> dict[str, str]:
         "QLoRA": "yes" if cell.peft == "qlora" else "no",
         "paged optimizer": "yes" if spec and spec.paged else "no",
         "1-bit optimizer": "yes" if spec and spec.onebit else "no",
-        "GPU count": str(cell.gpus),
+        "GPU count": str(cell.gpus) if cell.nodes == 1 else f"{cell.gpus} x {cell.nodes} nodes",
         "model": cell.model,
         "grad checkpointing": "on" if cell.grad_ckpt else "off",
     }
@@ -409,70 +417,120 @@ def text_table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
-# The first held-out test, kept as it was: the model of e8d27d0 (fitted on 79 records) against the 14 cells
-# of results/memcheck-h200-{1b,7b}.jsonl before they were used to fit anything.
-HELD_OUT_SIXTH_SESSION = (
-    "The sixth session ran 14 cells on the H200 that the model had not been fitted on "
-    "(`memcheck-h200-1b.jsonl`, 9 cells; `memcheck-h200-7b.jsonl`, 5). The model as it was then (commit "
-    "e8d27d0, constants fitted on 79 records) scored on them: **median |error| 5.4%, p95 20.1%, max 30.9%, "
-    "0 false fits**: it failed the bounds (5% and 15%). Its misses: 1.1B QLoRA, paged AdamW, no "
-    "checkpointing, mb 2: +30.9% (fragmentation of activations counted where backward reuses them, and "
-    "the frozen norms' normalized values counted as kept); 1.1B full fine-tune, paged AdamW, mb 8: -11.7% "
-    "(the step's fp32 gradient copies and the activations do not share the allocator's blocks); ZeRO-2 "
-    "without checkpointing, mb 4: +12.9%; ZeRO-3 with optimizer and parameters offloaded, no "
-    "checkpointing: +14.3%. The model was then changed from these mechanisms (`bench/estimate/model.py`) "
-    "and refitted with these files among the fitting data: the figures above are in-sample for them "
-    "(on the 14 cells, in-sample after the change: median 3.7%, max 7.8%; not a held-out figure), "
-    "and a second held-out matrix (`matrices/memcheck-h200-b.yaml`) is the next test."
+# -- held out: predictions committed before their cells ran --------------------------------------------
+_VERDICT = "(?:fits|uncertain|won't fit|no capacity)"
+# A cell's line of `zerobench estimate MATRIX`: six term groups, GPU GiB, host GiB, phase, the two
+# verdicts, the cell id (name#hash).
+_PREDICTED = re.compile(
+    rf"^\s*(?P<terms>(?:-?[\d.]+\s+){{8}}).+?\s+(?P<gpu>{_VERDICT})\s+{_VERDICT}\s+\S+#(?P<hash>[0-9a-f]{{10}})\s*$"
 )
+_MADE_AT = re.compile(r"made at commit ([0-9a-f]{7,40})")
+# Files made since the table has the step-time model's column: its seconds per step follow the 8 figures.
+_STEP = re.compile(r"^\s*(?:-?[\d.]+\s+){8}(?P<step>[\d.e+-]+)\s")
 
 
-# The second held-out test, kept as it was: the model of fb6b2da (fitted on 109 records) against the 10 cells
-# of results/memcheck-h200-b{,-7b}.jsonl, predicted before the run (reports/memcheck-h200-b-predicted.txt).
-HELD_OUT_SECOND = (
-    "The second held-out matrix (`matrices/memcheck-h200-b.yaml`, 9 cells at 1.1B, seq 1024; "
-    "`memcheck-h200-b-7b.yaml`, one 7B QLoRA cell), predicted before it ran "
-    "(`reports/memcheck-h200-b-predicted.txt`). The model as it was then (commit fb6b2da, constants fitted "
-    "on 109 records) scored on them: **median |error| 5.3%, p95 18.4%, max 20.1%, 0 false fits**: outside "
-    "the bounds again. Its misses: ZeRO-1 with torch's AdamW, checkpointing, mb 16: +20.1% (the step's "
-    "16-bit gradients, their flat copy, the fp32 copy and AdamW's temporary summed, where DeepSpeed frees the "
-    "16-bit ones before the optimizer steps); ZeRO-0 paged AdamW full fine-tune without checkpointing, mb 4: "
-    "+16.3% (every activation counted beside every gradient at the end of backward, where autograd has freed "
-    "them); ZeRO-2 FusedAdam without checkpointing, mb 8: +7.8% (the same); paged AdamW 8-bit full "
-    "fine-tune with checkpointing, mb 16: -6.5%; QLoRA FusedAdam and paged AdamW and LoRA without "
-    "checkpointing: -5.1%, -5.2%, -5.1% (the loss's fp32 logits-sized blocks, kept reserved: no "
-    "fragmentation was counted without checkpointing). The model was then changed from these mechanisms "
-    "(the step's two moments, the end of backward, the loss's blocks as a fourth fragmentation basis with "
-    "its constant `frag_loss`, FP16_Optimizer's per-parameter fp32 copies beside its flat buffer) and "
-    "refitted with these files among the fitting data: the figures above are in-sample for them (on the "
-    "10 cells after the change: max 9.6%, not a held-out figure); a third held-out matrix "
-    "(`matrices/memcheck-h200-c.yaml`, predictions in `reports/memcheck-h200-c-predicted.txt`) is the next test."
-)
+@dataclass(frozen=True)
+class HeldOut:
+    """A file of `zerobench estimate` predictions committed before its cells ran, scored against their records."""
+
+    file: str
+    commit: str | None
+    """The commit the file says it was made at (its model and constants)."""
+    cells: int
+    errors: tuple[float, ...]
+    """Predicted over measured NVML peak, minus one, per ok record of a predicted cell."""
+    results: tuple[str, ...]
+    oom_records: int
+    false_fits: int
+    step_errors: tuple[float, ...] = ()
+    """Predicted over measured median step time, minus one, per ok record (files with the s/step column)."""
 
 
-# The third held-out test, kept as it was: the model of ed1b230 (fitted on 119 records) against the 14 cells
-# of results/memcheck-h200-c{,-7b}.jsonl, predicted before the run (reports/memcheck-h200-c*-predicted.txt).
-HELD_OUT_THIRD = (
-    "The third held-out set (`matrices/memcheck-h200-c.yaml`, 9 cells at 1.1B; `memcheck-h200-c-7b.yaml`, 5 "
-    "at 7B: QLoRA with paged AdamW 8-bit and with AdamW 8-bit, LoRA without checkpointing, LoRA at ZeRO-2 "
-    "with CPU Adam offloaded, full ZeRO-3), predicted before it ran "
-    "(`reports/memcheck-h200-c-predicted.txt`, `reports/memcheck-h200-c-7b-predicted.txt`; the model that "
-    "ran, at ed1b230 with constants fitted on 119 records, printed the same predictions). Scored on them "
-    "(`reports/memcheck-h200-c.md`): **median |error| 3.8%, p95 13.2%, max 14.5%, 0 false fits** (no cell "
-    "of the 14 ran out of memory, so false fits were not put to the test): inside the bounds (5% and 15%) "
-    "for the first time on data the model was not fitted on. Its largest misses are under-predictions at "
-    "ZeRO-1 without checkpointing, mb 4: torch's AdamW -14.5%, AdamW 8-bit -11.2%; and one over-prediction, "
-    "ZeRO-2 AdamW 8-bit with checkpointing, mb 16: +12.4%. The constants were then refitted with these "
-    "files (and the session's other H200 records) among the fitting data; the model's terms did not change."
+def held_out(path: str | os.PathLike, cs: Sequence[Case], steps: dict[str, list[float]] | None = None) -> HeldOut:
+    """Score a predictions file against the cases whose cell it predicted (matched by cell hash), and its
+    seconds per step against `steps` (cell hash -> measured median step times). Its GPU figures are as
+    printed, to 0.1 GiB; its step times to 4 significant digits."""
+    text = open(path, encoding="utf-8").read()
+    made = _MADE_AT.search(text)
+    by_hash: dict[str, list[Case]] = {}
+    for c in cs:
+        by_hash.setdefault(c.cell.hash, []).append(c)
+    cells, errors, files, oom, false_fits, step_errors = 0, [], set(), 0, 0, []
+    for line in text.splitlines():
+        m = _PREDICTED.match(line)
+        if m is None:
+            continue
+        cells += 1
+        step = _STEP.match(line)
+        for measured in (steps or {}).get(m["hash"], []) if step else []:
+            step_errors.append(float(step["step"]) / measured - 1)
+        predicted = float(m["terms"].split()[6]) * GiB
+        for c in by_hash.get(m["hash"], []):
+            files.add(c.file)
+            if c.measured_gpu:
+                errors.append(predicted / c.measured_gpu - 1)
+            if c.status == "cuda_oom":
+                oom += 1
+                false_fits += m["gpu"] == Verdict.FITS
+    return HeldOut(
+        os.path.basename(os.fspath(path)),
+        made[1] if made else None,
+        cells,
+        tuple(errors),
+        tuple(sorted(files)),
+        oom,
+        false_fits,
+        tuple(step_errors),
+    )
+
+
+def held_out_table(held: Sequence[HeldOut]) -> list[list[str]]:
+    head = ["predictions", "made at", "cells", "results", "records", "median |error|", "p95 |error|", "max |error|"]
+    steps = any(h.step_errors for h in held)
+    out = [[*head, "false fits"] + (["step records", "step median |error|", "step p95 |error|"] if steps else [])]
+    for h in held:
+        e, t = [abs(x) for x in h.errors], [abs(x) for x in h.step_errors]
+        step_cols = [str(len(t)), f"{_pct(t, 0.5):.1%}" if t else "-", f"{_pct(t, 0.95):.1%}" if t else "-"]
+        out.append(
+            [
+                h.file,
+                h.commit or "-",
+                str(h.cells),
+                ", ".join(h.results) or "-",
+                str(len(e)),
+                f"{_pct(e, 0.5):.1%}" if e else "-",
+                f"{_pct(e, 0.95):.1%}" if e else "-",
+                f"{max(e):.1%}" if e else "-",
+                f"{h.false_fits} of {h.oom_records} OOM",
+            ]
+            + (step_cols if steps else [])
+        )
+    return out
+
+
+_HELD_OUT_TEXT = (
+    "Each predictions file is `zerobench estimate MATRIX` output committed before its matrix ran on the GPU, "
+    "made by the model and constants of the commit it names (before these records were fitting data), and "
+    "scored here against the records of the cells it predicted. Its GPU figures are as printed, to 0.1 GiB, "
+    "so each error is exact to about 0.05 GiB over the measured peak."
 )
 
 
 def markdown(
-    paths: Sequence[str], files: Sequence[str], rows: Sequence[Row], cv: Sequence[Row], k: Constants, margin: float
+    paths: Sequence[str],
+    files: Sequence[str],
+    rows: Sequence[Row],
+    cv: Sequence[Row],
+    k: Constants,
+    margin: float,
+    held: Sequence[tuple[str, HeldOut]] = (),
 ) -> str:
-    """The check as Markdown: `paths` as given on the command line, `files` the results files read."""
+    """The check as Markdown: `paths` as given on the command line, `files` the results files read, `held` the
+    predictions files (as given, scored)."""
     s_in, s_cv = summarize(rows), summarize(cv)
     listed = ", ".join(f"`{os.path.basename(p)}`" for p in files)
+    held_arg = f" --held-out {' '.join(p for p, _ in held)}" if held else ""
+    held_part = ["## Held-out checks", "", _HELD_OUT_TEXT, "", md_table(held_out_table([h for _, h in held])), ""]
     return "\n".join(
         [
             "# The memory model against the committed H200 measurements",
@@ -483,7 +541,7 @@ def markdown(
             "cell's GPU (the largest rank's), *predicted* the model's; *CV error* is the prediction with the fitted "
             "constants refitted without the cell's results file (leave one file out).",
             "",
-            f"    python -m bench estimate --check {' '.join(paths)} --markdown reports/memory-model.md",
+            f"    python -m bench estimate --check {' '.join(paths)}{held_arg} --markdown reports/memory-model.md",
             "",
             "What the model is: `bench/estimate/model.py` (each term read off DeepSpeed 0.19.6, PyTorch, "
             "transformers, PEFT and bitsandbytes, the place named beside it); the constants below are the only "
@@ -499,18 +557,7 @@ def markdown(
             f"- {summary_line(s_in, 'in-sample (the constants in bench/estimate/fitted.py)')}",
             f"- {summary_line(s_cv, 'cross-validated (leave one results file out)')}",
             "",
-            "## Held-out check (sixth session)",
-            "",
-            HELD_OUT_SIXTH_SESSION,
-            "",
-            "## Held-out check (second matrix)",
-            "",
-            HELD_OUT_SECOND,
-            "",
-            "## Held-out check (third set)",
-            "",
-            HELD_OUT_THIRD,
-            "",
+            *(held_part if held else []),
             "## Errors per category",
             "",
             md_table(category_table(rows, cv)),

@@ -1,9 +1,7 @@
 """The memory model's fitted constants: the few numbers not read off code, each named, each fitted on
-the measurement that shows it (bench.estimate.check.fit), here with the values fitted on the committed
-H200 results (results/*.jsonl, 213 ok records; the sixth session's, the second and third held-out
-checks' (memcheck-h200-b, memcheck-h200-c) and the eighth session's are fitting data now):
-`zerobench estimate --check results --refit`
-prints them; tests/test_estimate.py holds these to that fit). `zerobench estimate --check` also refits
+the measurement that shows it (bench.estimate.check.fit), here with the values fitted on every committed
+H200 record (results/*.jsonl): `zerobench estimate --check results --refit` prints them, and
+tests/test_estimate.py holds these to that fit. `zerobench estimate --check` also refits
 them leaving each results file out in turn, to show how well they carry to measurements they were not
 fitted on.
 """

@@ -58,6 +58,8 @@ class Hardware:
     gpu_memory_bytes: int | None = None
     host_memory_bytes: int | None = None
     gpu_name: str | None = None
+    host_cores: int | None = None
+    """The host's CPU cores (the step-time model's CPU optimizer under offload); the memory model reads none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +69,7 @@ class Estimate:
     gpu_bytes: float
     """NVML's per-process peak on each GPU (the largest rank's)."""
     host_bytes: float
-    """Peak RSS of the cell's process tree on the host."""
+    """Peak RSS of the cell's process tree on one host (each node's, for a multi-node cell)."""
     gpu_terms: dict[str, float]
     """The terms of gpu_bytes at the peak moment (they sum to it)."""
     host_terms: dict[str, float]
@@ -198,7 +200,7 @@ def predict(cell: Any, ds_config: dict | None = None, hw: Hardware | None = None
         raise ValueError(f"no shape for model {cell.model!r}: a preset or a local directory with config.json")
     z = zero_settings(ds_config) if ds_config is not None else ZeroSettings(stage=cell.zero_stage)
     stage = cell.zero_stage
-    n = max(int(cell.gpus), 1)
+    n = max(int(cell.ranks), 1)  # what ZeRO partitions over: every rank of every node
     spec = OPTIMIZERS.get(cell.optimizer)
     a = 4 if cell.precision == "fp32" else 2  # bytes of a parameter, gradient and activation as trained
     off_opt, off_par = optimizer_offloaded(cell.offload), params_offloaded(cell.offload)
@@ -455,11 +457,13 @@ def _pinned(nbytes: float, pin: bool) -> float:
 
 
 def _host(cell, s: Shape, total: int, trainable: int, a: int, z: ZeroSettings, k: Constants, off_opt, off_par, n):
-    """Peak RSS of the cell's processes: each rank's interpreter with torch, DeepSpeed and transformers
-    imported, and what offload keeps on the host (ZeRO-Offload's fp32 state and gradients)."""
-    t: dict[str, float] = {"processes": k.host_process * n}
+    """Peak RSS of the cell's processes on one node: each of its ranks' interpreter with torch, DeepSpeed
+    and transformers imported, and what offload keeps on the host (ZeRO-Offload's fp32 state and
+    gradients) for those ranks. State is partitioned over all n ranks; a node holds its `cell.gpus` parts."""
+    local = max(int(cell.gpus), 1)
+    t: dict[str, float] = {"processes": k.host_process * local}
     if n > 1:
-        t["launcher"] = k.host_launcher
+        t["launcher"] = k.host_launcher  # torchrun, on every node of a multi-rank cell
     if cell.compile:
         t["compile_workers"] = k.host_compile_workers
     if cell.peft == "qlora":
@@ -478,7 +482,7 @@ def _host(cell, s: Shape, total: int, trainable: int, a: int, z: ZeroSettings, k
         )
         if cell.offload == Offload.NVME:
             per_rank = _pinned(4 * part, z.pin_memory) + _pinned(a * part, z.pin_memory)
-        t["offloaded_optimizer"] = per_rank * n
+        t["offloaded_optimizer"] = per_rank * local
     if off_par and cell.offload != Offload.NVME:
-        t["offloaded_parameters"] = _pinned(a * total / n, z.pin_memory) * n
+        t["offloaded_parameters"] = _pinned(a * total / n, z.pin_memory) * local
     return t

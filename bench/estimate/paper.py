@@ -1,6 +1,6 @@
-"""Memory a cell needs, predicted before it runs. A seed of the estimator on the roadmap: today the
-model states (parameters, gradients, optimizer state) per GPU by the ZeRO paper's accounting;
-activations, buffers and fragmentation come later, checked against the measured peaks.
+"""The ZeRO paper's model states (parameters, gradients, optimizer state) per GPU: a floor under the
+measured peak, shown beside it in reports (the memory model, bench.estimate.model, adds activations,
+DeepSpeed's buffers and fragmentation).
 
 ZeRO paper (Rajbhandari et al. 2020, sec. 5), with Psi parameters, N GPUs and K bytes of optimizer
 state per parameter (mixed-precision Adam: fp32 master copy, momentum, variance = 12):

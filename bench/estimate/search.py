@@ -31,6 +31,21 @@ class SearchResult:
     probes: list[tuple[int, str, str | None]] = field(default_factory=list)
     """(micro_batch, status, cell hash) in the order run."""
     ended: str = ""
+    max_probes: int = MAX_PROBES
+    cap: int = CAP
+
+    def next(self) -> int | None:
+        """The micro-batch to probe next; None once the search has ended (`ended` says why)."""
+        mb, why = next_probe(self.seed, [(m, s) for m, s, _ in self.probes], self.max_probes, self.cap)
+        if mb is None:
+            self.ended = why
+        return mb
+
+    def add(self, mb: int, status: str, cell_hash: str | None) -> dict:
+        """A probe's end, added; the record's `search` as it stands now (with why it ends, if it does)."""
+        self.probes.append((mb, status, cell_hash))
+        self.ended = next_probe(self.seed, [(m, s) for m, s, _ in self.probes], self.max_probes, self.cap)[1]
+        return self.to_dict()
 
     @property
     def largest_ok(self) -> int | None:
@@ -92,20 +107,15 @@ def search_micro_batch(
     """Run probes until the gap is closed. `run(micro_batch, search_after)` runs one probe and returns its
     (status, cell hash); it calls search_after(status, cell_hash) for the `search` its record carries
     (the search as it stands after that probe, with why it ends if it does)."""
-    res = SearchResult(template=template, seed=seed)
-    while True:
-        mb, why = next_probe(seed, [(m, s) for m, s, _ in res.probes], max_probes, cap)
-        if mb is None:
-            res.ended = why
-            return res
+    res = SearchResult(template=template, seed=seed, max_probes=max_probes, cap=cap)
+    while (mb := res.next()) is not None:
 
         def search_after(status: str, cell_hash: str | None, mb: int = mb) -> dict:
-            after = dataclasses.replace(res, probes=[*res.probes, (mb, status, cell_hash)])
-            after.ended = next_probe(seed, [(m, s) for m, s, _ in after.probes], max_probes, cap)[1]
-            return after.to_dict()
+            return dataclasses.replace(res, probes=list(res.probes)).add(mb, status, cell_hash)
 
         status, cell_hash = run(mb, search_after)
-        res.probes.append((mb, status, cell_hash))
+        res.add(mb, status, cell_hash)
+    return res
 
 
 def seed_micro_batch(template: Cell, hw: Hardware, cap: int = CAP, k: Constants = FITTED) -> int:

@@ -2,14 +2,19 @@
 step (the record's `metrics.step_time_median_s`) and the cell's wall time (the record's `wall_s`: the fixed
 cost of start-up and setup, then the warm-up and measured steps).
 
-The step is a sum of four parts (PARTS): compute (tokens x FLOPs per token over the GPU's peak, divided
-by a fitted efficiency), the per-parameter work (the optimizer step; on the host under offload, CPU Adam),
-ZeRO-3's gathers (parameter bytes per micro-batch) and fixed per-layer launch costs. Each part is its base
-times fitted factors, one per thing that changes it: precision, PEFT mode, ZeRO stage, offload, optimizer,
-GPU count, engine, compile, kernels. They are fitted by least squares of the log step time on the
-committed H200 records (bench.estimate.timecheck.fit_time); the literals below are that fit, and
-tests/test_steptime.py holds them to it. Setup and the rest of the wall time are log-linear in model size
-and stage. The functions are pure (cell, hardware -> seconds), so a search can rank cells by them.
+The step is built from parts (PARTS), each a physical base read off the cell's shape: the matmuls' seconds
+at the GPU's data-sheet peak for the precision; the elementwise kernels' activation traffic; LoRA's adapter
+traffic; QLoRA's dequantization; the optimizer step on the GPU or, under offload, on the host (scaled by the
+host's core count); offload's copies over PCIe and swaps to NVMe (bytes); ZeRO-3's gathers; the host's
+launches per layer and pass, PEFT's wrappers per adapted linear and pass, hooks per trainable tensor, and
+per-layer waits (counts). Each part is its base times fitted factors, one per thing that changes it
+(precision, PEFT mode, ZeRO stage, offload, pinning, optimizer, GPU count, engine, compile, kernels). The
+GPU's work and the host's work that feeds it overlap (a smooth maximum of the two, OVERLAP); the other parts
+add. The factors are fitted on the committed H200 records (bench.estimate.timecheck.fit_time); the literals
+below are that fit, and tests/test_steptime.py holds them to it. Setup and the rest of the wall time are
+log-linear in model size and stage. The functions are pure (cell, hardware -> seconds), so a search can rank
+cells by them; the model's error on records it was not fitted on is published beside the fit
+(bench.estimate.band).
 """
 
 from __future__ import annotations
@@ -20,88 +25,150 @@ from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any
 
-from ..axes import optimizer_offloaded, params_offloaded
+from .. import dsconfig
+from ..axes import AUTO, optimizer_offloaded, params_offloaded
 from .model import Hardware
 from .shapes import Shape, adapted, shape_of, trainable_params
 
 __all__ = [
     "FITTED_TIME",
+    "STEP_BAND",
     "TIME_NAMES",
+    "TRAIT_FILES",
     "TimeConstants",
+    "combine",
     "compute_seconds",
     "flops_per_token",
     "peak_flops",
+    "pinned",
     "predict_setup",
     "predict_start",
     "predict_step",
     "predict_wall",
     "run_seconds",
     "run_time_line",
+    "searched",
     "step_parts",
+    "traits",
     "setup_features",
     "start_features",
 ]
 
-# Dense 16-bit tensor-core peaks (FLOP/s) by GPU name; the efficiencies are fitted against these.
-PEAKS = (("H200", 989.4e12), ("H100", 989.4e12), ("A100", 312e12), ("L40S", 362e12), ("A10", 125e12))
-DEFAULT_PEAK = 989.4e12
+# Dense tensor-core peaks (FLOP/s) by GPU name, 16-bit and fp32 (PyTorch's default matmul precision is full
+# fp32, not TF32, so an fp32 cell runs on the FP32 cores): the vendors' data sheets. The efficiencies are
+# fitted against these.
+PEAKS = (
+    ("H200", 989.4e12, 66.9e12),
+    ("H100", 989.4e12, 66.9e12),
+    ("A100", 312e12, 19.5e12),
+    ("L40S", 362e12, 91.6e12),
+    ("A10", 125e12, 31.2e12),
+)
+DEFAULT_PEAK = (989.4e12, 66.9e12)
+# Host cores the fitting records' CPU optimizer mostly ran on: a hardware with no core count is taken to
+# have these.
+REF_CORES = 16
 
 
-# The step's four parts. Each is a base (seconds or a count read off the cell's shape) times the exponential
-# of a fitted log factor per feature the cell has ("one" always): the names below are part_feature.
+# The step's parts. Each is a base (seconds at a peak, bytes moved, or a count read off the cell's shape)
+# times the exponential of a sum of fitted log factors, one per feature the cell has ("one" always). A
+# factor is named part_feature, or by the feature alone where one factor is shared by several parts (the
+# same implementation running on the GPU or the host).
 PARTS = {
     "compute": (
-        "one",
-        "fp16",
-        "fp32",
-        "lora",
-        "qlora",
-        "hf_trainer",
-        "compiled",
-        "liger",
-        "grad_ckpt",
-        "zero3",
-        "multi_gpu",
-        "log_tokens",
+        "compute_one",
+        "compute_fp16",
+        "compute_hf_trainer",
+        "compute_compiled",
+        "compute_liger",
+        "compute_grad_ckpt",
+        "compute_zero3",
+        "compute_multi_gpu",
     ),
+    "activations": ("activations_one",),
+    "adapter": ("adapter_one", "adapter_qlora"),
+    "dequant": ("dequant_one", "dequant_double_quant"),
     "params": (
-        "one",
-        "offload",
-        "fp16",
-        "multi_gpu",
-        "zero12",
-        "torch_adam",
-        "paged",
-        "bit8",
-        "nvme",
-        "offload_params",
+        "params_one",
+        "params_fp16",
+        "params_multi_gpu",
+        "params_zero12",
+        "params_torch_adam",
+        "params_paged",
+        "params_bit8",
     ),
-    "gather": ("one", "offload_params", "nvme", "multi_gpu", "qlora", "fp16"),
-    "layers": ("one", "adapted", "hf_trainer", "zero3", "multi_gpu", "offload"),
+    "host": ("host_one", "host_torch_adam", "host_fp16"),
+    "pcie": ("pcie_one", "pcie_unpinned"),
+    "nvme": ("nvme_one",),
+    "tensors": (
+        "tensors_one",
+        "tensors_zero12",
+        "tensors_zero3",
+        "tensors_fp16",
+        "tensors_multi_gpu",
+        "tensors_offload",
+    ),
+    "launch": (
+        "launch_one",
+        "launch_qlora",
+        "launch_hf_trainer",
+        "launch_zero3",
+        "launch_multi_gpu",
+    ),
+    "wrappers": ("wrappers_one", "wrappers_qlora", "wrappers_zero3"),
+    "gather": ("gather_one", "gather_offload_params", "gather_multi_gpu", "gather_qlora", "gather_fp16"),
+    "layers": ("layers_one", "layers_zero3", "layers_offload"),
 }
 PART_DOCS = {
-    "compute": "the matmuls: compute seconds at the GPU's peak over the efficiency (log 1/efficiency for a "
-    "full bf16 fine-tune with hf kernels, eager, one GPU, at 8192 tokens per micro-batch, plus a log factor "
-    "per feature; log_tokens is the slope over log(tokens per micro-batch / 8192))",
-    "params": "the per-parameter work of a step (the optimizer step, gradient copies and reduction; on the "
-    "host with offload): seconds per billion trainable parameters, log",
-    "gather": "ZeRO-3's parameter gathers in forward and backward: seconds per billion parameters per micro-batch, log",
-    "layers": "fixed launch and hook costs per layer per micro-batch (PEFT's wrappers, ZeRO-3's hooks, "
-    "the engine): seconds per 100 layers, log",
+    "compute": "the matmuls: compute seconds at the GPU's peak for the precision over the efficiency (log "
+    "1/efficiency for a full bf16 fine-tune with hf kernels, eager, one GPU, plus a log factor per feature)",
+    "activations": "the elementwise kernels (norms, rotary, residual adds, SwiGLU's activation) reading and "
+    "writing each block's activations: tokens x layers x (hidden + intermediate) x bytes per element x "
+    "(passes + 1, backward reading and writing twice), seconds per TB, log",
+    "adapter": "LoRA's adapters beside the frozen weights: their inputs and outputs read and written per "
+    "token (tokens x the adapted linears' in + out features x passes, per 1e12), log",
+    "dequant": "QLoRA's 4-bit weights dequantized before each use (frozen linear parameters x micro-batches x "
+    "passes, per 1e9), log",
+    "params": "the per-parameter work of a step on the GPU (the optimizer step, gradient copies, reduction "
+    "and, in fp16, the overflow check): seconds per billion trainable parameters, log",
+    "host": "the optimizer step on the host under offload: seconds per billion trainable parameters at "
+    f"{REF_CORES} host cores (scaled by the host's core count), log",
+    "pcie": "offload's copies between host and GPU: gradients out, parameters back, and with parameter "
+    "offload every parameter in for each pass: seconds per GB, log (unpinned: pageable host memory)",
+    "nvme": "ZeRO-Infinity's NVMe swaps: optimizer state read and written each step, parameters read for "
+    "each pass: seconds per GB, log",
+    "tensors": "per trainable tensor costs on the host (DeepSpeed's gradient hooks in backward, the "
+    "optimizer's and the gradient norm's per-tensor launches), overlapping the GPU's work: seconds per 100 "
+    "trainable tensors per micro-batch, log",
+    "launch": "the host launching each block's kernels (and ZeRO-3's fetch and release hooks, QLoRA's "
+    "bitsandbytes calls) while the GPU runs those queued before: seconds per 100 layers per pass, log",
+    "wrappers": "PEFT's wrapper of each adapted linear on the host (its dropout, the two small matmuls, the "
+    "scale and add): seconds per 1000 adapted linears per pass, log",
+    "gather": "ZeRO-3's parameter gathers in forward, backward (and recompute): seconds per billion "
+    "parameters per pass, log",
+    "layers": "fixed costs per layer per micro-batch that the GPU waits on (ZeRO-3's fetch and release, "
+    "offload's synchronisations): seconds per 100 layers, log",
 }
 
 
-def _time_fields() -> list[tuple[str, type, Any]]:
-    return [
-        (f"{part}_{feat}", float, dataclasses.field(default=0.0)) for part, feats in PARTS.items() for feat in feats
-    ]
+def _unique(names) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(names))
+
+
+STEP_NAMES = _unique(n for names in PARTS.values() for n in names)
+
+
+def feature_of(part: str, name: str) -> str:
+    """The cell feature a factor multiplies: its name less the part's prefix (a shared factor is named by
+    its feature)."""
+    return name.removeprefix(part + "_")
 
 
 SETUP_FEATURES = ("setup_log", "setup_size", "setup_zero3", "setup_offload", "setup_qlora", "setup_multi_gpu")
 START_FEATURES = ("start_log", "start_spawn", "start_compile", "start_zero3", "start_offload")
-_SETUP_FIELDS = [(n, float, dataclasses.field(default=0.0)) for n in SETUP_FEATURES + START_FEATURES]
+_FIELDS = [(n, float, dataclasses.field(default=0.0)) for n in STEP_NAMES + SETUP_FEATURES + START_FEATURES]
 
-TimeConstants = dataclasses.make_dataclass("TimeConstants", _time_fields() + _SETUP_FIELDS, frozen=True, slots=True)
+TimeConstants = dataclasses.make_dataclass("TimeConstants", _FIELDS, frozen=True, slots=True)
 TimeConstants.__module__ = __name__
 TimeConstants.__doc__ = (
     "The step-time model's fitted log factors (see PARTS and PART_DOCS); the setup's (the worker's "
@@ -113,63 +180,119 @@ TimeConstants.__doc__ = (
 )
 
 TIME_NAMES = tuple(f.name for f in fields(TimeConstants))
-STEP_NAMES = TIME_NAMES[: TIME_NAMES.index("setup_log")]
+SETUP_NAMES = SETUP_FEATURES + START_FEATURES
 # The values fitted on the committed H200 records (tests/test_steptime.py holds them to the fit).
 _FIT: dict[str, float] = {
-    "compute_one": 0.283,
-    "compute_fp16": -0.902,
-    "compute_fp32": 2.45,
-    "compute_lora": -0.505,
-    "compute_qlora": 0.088,
-    "compute_hf_trainer": -0.225,
-    "compute_compiled": -0.127,
-    "compute_liger": -0.379,
-    "compute_grad_ckpt": 0.245,
-    "compute_zero3": 0.49,
-    "compute_multi_gpu": -0.965,
-    "compute_log_tokens": 0.291,
-    "params_one": -3.411,
-    "params_offload": 2.743,
-    "params_fp16": 1.091,
-    "params_multi_gpu": -0.181,
-    "params_zero12": 0.027,
-    "params_torch_adam": 0.776,
-    "params_paged": 0.415,
-    "params_bit8": -0.272,
-    "params_nvme": 3.593,
-    "params_offload_params": -0.027,
-    "gather_one": -3.568,
-    "gather_offload_params": -0.272,
-    "gather_nvme": 0.004,
-    "gather_multi_gpu": -0.106,
-    "gather_qlora": 0.097,
-    "gather_fp16": -0.091,
-    "layers_one": -0.942,
-    "layers_adapted": 0.945,
-    "layers_hf_trainer": 0.215,
-    "layers_zero3": 1.075,
-    "layers_multi_gpu": 0.697,
-    "layers_offload": 0.389,
-    "setup_log": 0.147,
-    "setup_size": 0.21,
-    "setup_zero3": 1.1,
-    "setup_offload": 1.569,
-    "setup_qlora": 0.806,
-    "setup_multi_gpu": 0.147,
-    "start_log": 0.268,
-    "start_spawn": 2.625,
-    "start_compile": 2.902,
+    "compute_one": 0.492,
+    "compute_fp16": 0.007,
+    "compute_hf_trainer": -0.091,
+    "compute_compiled": -0.237,
+    "compute_liger": -0.55,
+    "compute_grad_ckpt": -0.032,
+    "compute_zero3": 0.279,
+    "compute_multi_gpu": -0.241,
+    "activations_one": 1.768,
+    "adapter_one": 0.833,
+    "adapter_qlora": -0.298,
+    "dequant_one": -5.021,
+    "dequant_double_quant": -0.037,
+    "params_one": -3.622,
+    "params_fp16": -0.234,
+    "params_multi_gpu": 0.4,
+    "params_zero12": -0.261,
+    "params_torch_adam": 0.055,
+    "params_paged": 0.425,
+    "params_bit8": 0.228,
+    "host_one": -1.011,
+    "host_torch_adam": 1.43,
+    "host_fp16": 0.978,
+    "pcie_one": -4.088,
+    "pcie_unpinned": 1.501,
+    "nvme_one": -0.424,
+    "tensors_one": -4.92,
+    "tensors_zero12": 0.838,
+    "tensors_zero3": 0.359,
+    "tensors_fp16": 0.011,
+    "tensors_multi_gpu": -0.128,
+    "tensors_offload": 0.165,
+    "launch_one": -1.607,
+    "launch_qlora": 0.395,
+    "launch_hf_trainer": 0.082,
+    "launch_zero3": 1.31,
+    "launch_multi_gpu": 0.033,
+    "wrappers_one": -2.145,
+    "wrappers_qlora": 0.687,
+    "wrappers_zero3": 1.969,
+    "gather_one": -4.449,
+    "gather_offload_params": -0.044,
+    "gather_multi_gpu": 0.024,
+    "gather_qlora": 0.0,
+    "gather_fp16": -0.085,
+    "layers_one": -2.508,
+    "layers_zero3": 0.414,
+    "layers_offload": 0.274,
+    "setup_log": 0.177,
+    "setup_size": 0.27,
+    "setup_zero3": 1.08,
+    "setup_offload": 1.547,
+    "setup_qlora": 0.759,
+    "setup_multi_gpu": 0.119,
+    "start_log": 0.267,
+    "start_spawn": 2.626,
+    "start_compile": 2.903,
     "start_zero3": 0.62,
-    "start_offload": 0.424,
+    "start_offload": 0.427,
 }
-SETUP_NAMES = TIME_NAMES[TIME_NAMES.index("setup_log") :]
 
 FITTED_TIME = TimeConstants(**_FIT)
 
+# The step-time model's error on records it was not fitted on (leave one results file out), published for a
+# search (bench.estimate.band): per group of cells, the records, the median and 95th percentile of
+# |log(predicted / measured)|, and the 2.5th and 97.5th percentiles of log(measured / predicted). "familiar":
+# every trait of the cell (traits()) was in at least FAMILIAR_FILES results files the fit saw; "unfamiliar":
+# some trait was in fewer. Regenerated with the fit (bench.estimate.timecheck.error_band); tests/
+# test_steptime.py holds them to it.
+STEP_BAND: dict[str, dict[str, float]] = {
+    "familiar": {"n": 259, "median": 0.0548, "p95": 0.2602, "low": -0.292, "high": 0.2558},
+    "unfamiliar": {"n": 20, "median": 0.1571, "p95": 0.3882, "low": -0.5493, "high": 0.3245},
+}
+# Results files each trait appears in, among those the constants were fitted on.
+TRAIT_FILES: dict[str, int] = {
+    "adapted": 13,
+    "adapter": 13,
+    "bf16": 34,
+    "bit8": 8,
+    "compiled": 2,
+    "dequant": 12,
+    "double_quant": 12,
+    "fp16": 7,
+    "fp32": 1,
+    "gather": 23,
+    "grad_ckpt": 28,
+    "hf_trainer": 3,
+    "host": 12,
+    "liger": 1,
+    "lora": 9,
+    "multi_gpu": 5,
+    "nvme": 2,
+    "offload": 12,
+    "offload_params": 7,
+    "paged": 9,
+    "params": 32,
+    "pcie": 12,
+    "qlora": 12,
+    "torch_adam": 4,
+    "unpinned": 2,
+    "wrappers": 13,
+    "zero12": 22,
+    "zero3": 23,
+}
 
-def peak_flops(hw: Hardware | None) -> float:
+
+def peak_flops(hw: Hardware | None, precision: str = "bf16") -> float:
     name = (hw.gpu_name if hw else None) or ""
-    return next((p for key, p in PEAKS if key in name), DEFAULT_PEAK)
+    peaks = next((p[1:] for p in PEAKS if p[0] in name), DEFAULT_PEAK)
+    return peaks[1] if precision == "fp32" else peaks[0]
 
 
 def flops_per_token(cell: Any, s: Shape) -> float:
@@ -193,64 +316,185 @@ def compute_seconds(cell: Any, hw: Hardware | None = None) -> float | None:
     s = shape_of(cell.model)
     if s is None:
         return None
-    return tokens_per_step(cell) * flops_per_token(cell, s) / peak_flops(hw)
+    return tokens_per_step(cell) * flops_per_token(cell, s) / peak_flops(hw, cell.precision)
 
 
 def _compiled(cell: Any) -> bool:
     return bool(getattr(cell, "compile", False))
 
 
-def _flags(cell: Any) -> dict[str, float]:
+def pinned(cell: Any, ds_config: dict | None = None) -> bool:
+    """Offload's host buffers are pinned: zerobench's generated config pins them; a user's config as it
+    says (DeepSpeed's default: not pinned)."""
+    if ds_config is None:
+        if getattr(cell, "ds_config", None) is None:
+            return True
+        try:
+            ds_config = dsconfig.build(cell)
+        except Exception:  # noqa: BLE001 - a config that cannot be read: the generated config's choice
+            return True
+    z = (ds_config or {}).get("zero_optimization") or {}
+    return any(
+        isinstance(z.get(k), dict) and z[k].get("pin_memory", False) for k in ("offload_optimizer", "offload_param")
+    )
+
+
+def _flags(cell: Any, ds_config: dict | None) -> dict[str, float]:
+    off = optimizer_offloaded(cell.offload)
     return {
         "one": True,
         "fp16": cell.precision == "fp16",
-        "fp32": cell.precision == "fp32",
         "lora": cell.peft == "lora",
         "qlora": cell.peft == "qlora",
         "adapted": adapted(cell),
+        "double_quant": cell.peft == "qlora" and bool(getattr(cell.qlora, "double_quant", True)),
         "hf_trainer": cell.engine == "hf_trainer",
         "compiled": _compiled(cell),
         "liger": getattr(cell, "kernels", "hf") == "liger",
         "grad_ckpt": bool(cell.grad_ckpt),
         "zero12": cell.zero_stage in (1, 2),
         "zero3": cell.zero_stage == 3,
-        "multi_gpu": cell.gpus > 1,
-        "offload": optimizer_offloaded(cell.offload),
+        "multi_gpu": _ranks(cell) > 1,
+        "offload": off,
         "offload_params": params_offloaded(cell.offload),
-        "nvme": cell.offload == "nvme",
+        "unpinned": off and not pinned(cell, ds_config),
         "torch_adam": cell.optimizer == "adamw",
         "paged": "paged" in cell.optimizer,
         "bit8": "8bit" in cell.optimizer,
-        "log_tokens": math.log(cell.micro_batch * cell.seq_len / 8192),
     }
 
 
-def step_parts(cell: Any, hw: Hardware | None = None) -> dict[str, tuple[float, tuple[float, ...]]] | None:
-    """Each part's base and the cell's 0/1 value of each of its features (PARTS); None for a model whose
-    shape is unknown."""
+# The parts every cell has (their bases are never 0).
+EVERY_CELL = ("compute", "activations", "tensors", "launch", "layers")
+
+
+def traits(cell: Any, ds_config: dict | None = None) -> frozenset[str]:
+    """What about a cell the fit must have seen to predict it: the features its factors multiply (PARTS),
+    the parts it has beyond those every cell has, and its precision."""
+    on = {n for n, v in _flags(cell, ds_config).items() if v and n != "one"}
     s = shape_of(cell.model)
-    if s is None:
-        return None
-    flags = _flags(cell)
-    bases = {
+    if s is not None:
+        on |= {p for p, b in _bases(cell, s, None).items() if b and p not in EVERY_CELL}
+    return frozenset(on | {cell.precision})
+
+
+def _adapted_width(cell: Any, s: Shape) -> int:
+    """In + out features of the adapted linears of one block (what LoRA's A reads and B writes per token)."""
+    lin = s.linears()
+    targets = tuple(cell.lora.targets)
+    names = lin if targets == ("all-linear",) else [t for t in targets if t in lin]
+    return sum(lin[n][0] + lin[n][1] for n in names)
+
+
+def trainable_tensors(cell: Any, s: Shape) -> int:
+    """Tensors the optimizer steps: two per adapted linear (LoRA's A and B), else every weight (seven linears
+    and two norms per block, the embedding, the final norm and an untied head)."""
+    if adapted(cell):
+        return 2 * s.layers * s.lora_targets(tuple(cell.lora.targets))
+    return 9 * s.layers + 2 + (0 if s.tied else 1)
+
+
+def _bases(cell: Any, s: Shape, hw: Hardware | None) -> dict[str, float]:
+    """Each part's base (PART_DOCS says in what unit)."""
+    mbs = cell.grad_accum
+    passes = 2 + bool(cell.grad_ckpt)  # forward, backward, and the recompute of checkpointing
+    train = trainable_params(cell, s)
+    off, off_par = optimizer_offloaded(cell.offload), params_offloaded(cell.offload)
+    # 16-bit parameters streamed in from the host (or NVMe) for every pass of every micro-batch.
+    par_bytes = passes * 2 * s.params * mbs if off_par else 0.0
+    cores = (hw.host_cores if hw else None) or REF_CORES
+    # LoRA's A reads each adapted linear's input and B writes its output, in forward, both backward
+    # matmuls and the recompute.
+    adapter = tokens_per_step(cell) * s.layers * _adapted_width(cell, s) * (passes + 1) if adapted(cell) else 0
+    adapted_linears = s.layers * s.lora_targets(tuple(cell.lora.targets)) if adapted(cell) else 0
+    # Elements each block's elementwise kernels read or write per token (16-bit, fp32 in an fp32 cell).
+    elements = s.layers * (s.hidden + s.intermediate) * (4 if cell.precision == "fp32" else 2)
+    return {
         "compute": compute_seconds(cell, hw),
-        "params": trainable_params(cell, s) / 1e9,
-        "gather": (cell.zero_stage == 3) * s.params / 1e9 * cell.grad_accum,
-        "layers": s.layers / 100 * cell.grad_accum,
+        "activations": tokens_per_step(cell) * elements * (passes + 1) / 1e12,
+        "adapter": adapter / 1e12,
+        "dequant": (cell.peft == "qlora") * s.linear_params * mbs * passes / 1e9,
+        "params": 0.0 if off else train / 1e9,
+        "host": train / 1e9 * REF_CORES / cores if off else 0.0,
+        # Gradients out and updated 16-bit parameters back each step, 2 bytes each.
+        "pcie": (4 * train + par_bytes) / 1e9 if off else 0.0,
+        # fp32 master, momentum and variance read and written each step, and the parameters.
+        "nvme": (24 * train + par_bytes + 2 * s.params) / 1e9 if cell.offload == "nvme" else 0.0,
+        "tensors": trainable_tensors(cell, s) * mbs / 100,
+        "launch": s.layers * passes * mbs / 100,
+        "wrappers": adapted_linears * passes * mbs / 1000,
+        "gather": (cell.zero_stage == 3) * s.params / 1e9 * mbs * passes,
+        "layers": s.layers / 100 * mbs,
     }
-    return {part: (bases[part], tuple(float(flags[f]) for f in feats)) for part, feats in PARTS.items()}
+
+
+def _ranks(cell: Any) -> int:
+    return cell.gpus * getattr(cell, "nodes", 1)
+
+
+def step_parts(
+    cell: Any, hw: Hardware | None = None, ds_config: dict | None = None
+) -> dict[str, tuple[float, tuple[float, ...]]] | None:
+    """Each part's base and the cell's value of each of its factors' features (PARTS); None for a model
+    whose shape is unknown, and for a cell of several nodes: the constants were fitted on single-node runs,
+    whose collectives never crossed a network."""
+    s = shape_of(cell.model)
+    if s is None or getattr(cell, "nodes", 1) > 1:
+        return None
+    flags = _flags(cell, ds_config)
+    bases = _bases(cell, s, hw)
+    return {
+        part: (bases[part], tuple(float(flags[feature_of(part, n)]) for n in names)) for part, names in PARTS.items()
+    }
 
 
 def _part_seconds(base: float, x: tuple[float, ...], part: str, k: Any) -> float:
-    return base * math.exp(sum(v * getattr(k, f"{part}_{f}") for v, f in zip(x, PARTS[part])))
+    return base * math.exp(sum(v * getattr(k, n) for v, n in zip(x, PARTS[part])))
 
 
-def predict_step(cell: Any, hw: Hardware | None = None, k: Any = FITTED_TIME) -> float | None:
-    """Predicted seconds per optimizer step: the sum of the parts; None for a model whose shape is unknown."""
-    parts = step_parts(cell, hw)
+# The GPU's kernels and the host's work that feeds them overlap (the host launches a block's kernels, runs
+# PEFT's wrappers and DeepSpeed's hooks while the GPU works through the kernels queued ahead): their time is a
+# smooth maximum of the two, (gpu^p + host^p)^(1/p) with p = OVERLAP, so a small micro-batch waits on the host
+# and a large one on the GPU. The other parts (the optimizer step, offload's copies and swaps, the per-layer
+# costs the GPU waits on) add to it.
+GPU_PARTS = ("compute", "activations", "adapter", "dequant", "gather")
+CPU_PARTS = ("tensors", "launch", "wrappers")
+OVERLAP = 4.0
+
+
+def combine(seconds: dict[str, Any], p: float | None = None) -> tuple[Any, dict[str, Any]]:
+    """The step's seconds from its parts' seconds (floats, or arrays of them), and the step's derivative by
+    each part's seconds (what the fit needs)."""
+    p = OVERLAP if p is None else p
+    gpu = sum(seconds[n] for n in GPU_PARTS)
+    cpu = sum(seconds[n] for n in CPU_PARTS)
+    both = (gpu**p + cpu**p) ** (1 / p)
+    total = both + sum(v for n, v in seconds.items() if n not in GPU_PARTS + CPU_PARTS)
+    dg, dc = (gpu / both) ** (p - 1), (cpu / both) ** (p - 1)
+    return total, {n: dg if n in GPU_PARTS else dc if n in CPU_PARTS else 1.0 for n in seconds}
+
+
+def searched(cell: Any, hw: Hardware | None) -> Any:
+    """A micro_batch: auto cell as its search's first probe: at the largest micro-batch the memory model
+    predicts to fit (bench.estimate.search.seed_micro_batch; 1 without a GPU to judge against). The search's
+    further probes are not counted."""
+    if cell.micro_batch != AUTO:
+        return cell
+    from .search import seed_micro_batch
+
+    return dataclasses.replace(cell, micro_batch=seed_micro_batch(cell, hw or Hardware()))
+
+
+def predict_step(
+    cell: Any, hw: Hardware | None = None, k: Any = FITTED_TIME, ds_config: dict | None = None
+) -> float | None:
+    """Predicted seconds per optimizer step from its parts; None for a model whose shape is unknown. A
+    micro_batch: auto cell is predicted at its search's first probe (searched)."""
+    cell = searched(cell, hw)
+    parts = step_parts(cell, hw, ds_config)
     if parts is None:
         return None
-    return sum(_part_seconds(base, x, part, k) for part, (base, x) in parts.items())
+    return combine({part: _part_seconds(base, x, part, k) for part, (base, x) in parts.items()})[0]
 
 
 def _params(cell: Any) -> float:
@@ -265,14 +509,14 @@ def setup_features(cell: Any) -> dict[str, float]:
         "setup_zero3": float(cell.zero_stage == 3),
         "setup_offload": float(cell.offload != "none"),
         "setup_qlora": float(cell.peft == "qlora"),
-        "setup_multi_gpu": float(cell.gpus > 1),
+        "setup_multi_gpu": float(_ranks(cell) > 1),
     }
 
 
 def spawned(cell: Any) -> bool:
     """zerobench forks a single-GPU cell from a server that has imported already; several ranks start
     fresh interpreters."""
-    return cell.gpus > 1
+    return _ranks(cell) > 1
 
 
 def start_features(cell: Any, spawn: bool | None = None) -> dict[str, float]:
@@ -305,7 +549,8 @@ def steps_of(cell: Any) -> int:
 
 
 def predict_wall(cell: Any, hw: Hardware | None = None, k: Any = FITTED_TIME) -> float | None:
-    """Predicted wall seconds of the cell: start, setup, then warm-up and measured steps."""
+    """Predicted wall seconds of the cell: start, setup, then warm-up and measured steps (a micro_batch:
+    auto cell: its search's first probe)."""
     step = predict_step(cell, hw, k)
     return None if step is None else predict_start(cell, hw, k) + predict_setup(cell, hw, k) + steps_of(cell) * step
 
@@ -321,7 +566,7 @@ def run_seconds(cells: Sequence[Any], hw: Hardware | None = None, gpus: int = 1,
         if w is None:
             unknown += 1
         else:
-            walls.append((w, cell.gpus))
+            walls.append((w, _ranks(cell)))
     total = sum(w * g for w, g in walls)
     longest = max((w for w, _ in walls), default=0.0)
     return total, max(total / max(gpus, 1), longest), unknown

@@ -12,6 +12,7 @@ from ..axes import AUTO
 from ..cells import Cell
 from .fitted import FITTED, Constants
 from .model import Estimate, Hardware, predict
+from .steptime import predict_step
 from .verdict import DEFAULT_MARGIN, verdict
 
 __all__ = ["GROUPS", "parse_size", "estimate_cells", "text", "as_json"]
@@ -82,8 +83,12 @@ def _gib(x: float) -> str:
     return f"{x / GiB:.1f}"
 
 
+def _seconds(s: float | None) -> str:
+    return "-" if s is None else f"{s:.4g}"
+
+
 def text(rows: Sequence[tuple[Cell, Estimate | None, str]], hw: Hardware, margin: float = DEFAULT_MARGIN) -> str:
-    head = [*GROUPS, "GPU GiB", "host GiB", "phase", "GPU", "host", "cell"]
+    head = [*GROUPS, "GPU GiB", "host GiB", "s/step", "phase", "GPU", "host", "cell"]
     lines = [head]
     for cell, e, why in rows:
         if e is None:
@@ -95,6 +100,7 @@ def text(rows: Sequence[tuple[Cell, Estimate | None, str]], hw: Hardware, margin
                 *(_gib(g[name]) for name in GROUPS),
                 _gib(e.gpu_bytes),
                 _gib(e.host_bytes),
+                _seconds(predict_step(cell, hw)),
                 e.phase,
                 verdict(e.gpu_bytes, hw.gpu_memory_bytes, margin),
                 verdict(e.host_bytes, hw.host_memory_bytes, margin),
@@ -110,7 +116,8 @@ def text(rows: Sequence[tuple[Cell, Estimate | None, str]], hw: Hardware, margin
     out.append(
         f"{len(rows)} cells against {cap}, margin {margin:.0%}: {n_fit} fit on the GPU. Per GPU, the "
         "NVML process peak: the terms at the allocator's peak moment (phase), then fragmentation and the "
-        "CUDA context (runtime). Paged optimizer state (managed memory) is outside it."
+        "CUDA context (runtime). Paged optimizer state (managed memory) is outside it. s/step: the step-time "
+        "model's seconds per optimizer step (bench.estimate.steptime)."
     )
     return "\n".join(out)
 

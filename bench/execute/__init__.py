@@ -2,11 +2,12 @@
 
 run: the public run(); plan: what runs, in which order, and what is implied or pruned; session: the
 loop's state; attempt: one attempt of one cell; prepare: one-off costs; progress: the console;
-signals: a clean stop; local: cells packed on one host's GPUs; launch: the one child protocol.
+signals: a clean stop; executor: the seam every executor implements; local: cells packed on one host's
+GPUs; ray: cells as Ray tasks on a cluster; registry: their names; launch: the one child protocol.
 """
 
 from .attempt import HarnessError
-from .plan import Plan, Planned, default_results_path, plan, preview
+from .plan import Plan, Planned, Shard, default_results_path, plan, preview
 from .run import new_run_id, run
 from .signals import Stopped, stop_on_signals
 
@@ -14,6 +15,7 @@ __all__ = [
     "HarnessError",
     "Plan",
     "Planned",
+    "Shard",
     "Stopped",
     "default_results_path",
     "new_run_id",

@@ -1,24 +1,22 @@
-"""One attempt of one cell: its worker run to its end (bench.execute.launch), and the record of that end.
-
-Shared by the run (bench.execute.session) and selfcheck. Whatever happens, a Record comes back: the
-outcome the launcher classified, or an error record when zerobench itself failed around the cell. A stop
-(KeyboardInterrupt: Ctrl-C, SIGTERM, a pool's halt) is raised again once the worker is stopped.
+"""One attempt of one cell's end as a record: the Outcome its job (bench.execute.executor.Job) came back with,
+or how the job failed. Shared by the run (bench.execute.session, whichever executor ran the job) and
+selfcheck (which runs it here). Whatever happens, a Record comes back, except for zerobench's own failure
+to write its files (HarnessError), which stops the run.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import errno
-import time
 import traceback
 from pathlib import Path
 
 from ..cells import Cell
 from ..record import Record
-from . import launch
-from .local import Lane
+from .executor import Job
+from .replay import Replayed
 
-__all__ = ["HarnessError", "now", "attempt"]
+__all__ = ["HarnessError", "now", "attempt", "ended"]
 
 # Errors writing zerobench's own files (the log, the attempt folder, the spec): the harness's, not the cell's.
 HARNESS_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EFBIG}
@@ -42,47 +40,50 @@ def now() -> str:
 
 
 def attempt(
-    started: Record,
-    cell: Cell,
-    ds_config: dict | None,
-    *,
-    log_path: Path,
-    gpus: list[int] | None,
-    lane: Lane | None = None,
-    variant: str | None = None,
-    **launch_kw,
-) -> Record:
-    """Run the attempt that `started` opened and return its outcome record. lane: where a pool placed it
-    (its stop request, and the neighbours whose measured phases overlapped its own); launch_kw go to
-    launch.run_cell (stall_s, extra_env, sample_interval_s, module)."""
+    started: Record, cell: Cell, ds_config: dict | None, *, log_path: Path, gpus: list[int] | None,
+    variant: str | None = None, **job_kw,
+) -> Record:  # fmt: skip
+    """Run the attempt that `started` opened here, in this thread, and return its outcome record (selfcheck).
+    job_kw go to the Job (stall_s, extra_env, sample_interval_s, module). A stop is raised again."""
+    job = Job(cell, ds_config, str(log_path), **job_kw)
     try:
-        token = lane.neighbours.enter(cell.hash, time.time()) if lane else None
-        try:
-            out = launch.run_cell(
-                cell, ds_config, log_path=log_path, gpus=gpus, stop=lane.stop if lane else None, **launch_kw
-            )
-        finally:
-            if lane:
-                lane.neighbours.leave(token, time.time())
-        beside = lane.neighbours.during(token, *out.window) if lane and out.window else None
-        # Inside the try: a record that cannot be built is an error record, not a lost run
-        # (seen on the H200: GPU-indexed figures the record model once refused).
-        return Record.from_outcome(
-            started, out, ds_config=ds_config, log=str(log_path), ended_at=now(), variant=variant, beside=beside
-        )
-    except OSError as e:
-        if e.errno in HARNESS_ERRNOS:
-            raise HarnessError(cell, e) from e
-        return _error(started, e, log_path)
+        out = job(gpus)
+    except KeyboardInterrupt:
+        raise
     except Exception as e:  # noqa: BLE001 - a bug of ours in one cell must not lose the others
-        return _error(started, e, log_path)
+        return ended(started, job, error=e, tb=traceback.format_exc(), variant=variant)
+    return ended(started, job, value=out, variant=variant)
 
 
-def _error(started: Record, e: Exception, log_path: Path) -> Record:
+def ended(
+    started: Record, job: Job, *, value=None, error: BaseException | None = None, tb: str = "",
+    variant: str | None = None,
+) -> Record:  # fmt: skip
+    """The record an attempt's end makes, wherever its job ran: the launcher's Outcome (value) as it
+    classified it; interrupted for a stop (a KeyboardInterrupt: Ctrl-C, SIGTERM, a halt); an error record
+    when zerobench itself failed around the cell. An OSError writing zerobench's own files is not the cell's
+    outcome: it is raised as HarnessError."""
+    if isinstance(value, Replayed):
+        return Record.replayed(started, value.record, source=value.source, reused=value.reused, ended_at=now())
+    if error is None:
+        try:
+            # Inside the try: a record that cannot be built is an error record, not a lost run
+            # (seen on the H200: GPU-indexed figures the record model once refused).
+            return Record.from_outcome(
+                started, value, ds_config=job.ds_config, log=job.log_path, ended_at=now(), variant=variant,
+                beside=value.beside,
+            )  # fmt: skip
+        except Exception as e:  # noqa: BLE001
+            error, tb = e, traceback.format_exc()
+    if isinstance(error, KeyboardInterrupt):
+        reason = getattr(error, "reason", None) or "stopped by the user"  # Stopped, Halted: theirs
+        return Record.interrupted(started, reason, ended_at=now(), log=job.log_path)
+    if isinstance(error, OSError) and error.errno in HARNESS_ERRNOS:
+        raise HarnessError(job.cell, error) from error
     return Record.error(
         started,
-        f"zerobench failed around this cell: {type(e).__name__}: {e}",
+        f"zerobench failed around this cell: {type(error).__name__}: {error}",
         ended_at=now(),
-        traceback=traceback.format_exc()[-6000:],
-        log=str(log_path),
+        traceback=tb[-6000:],
+        log=job.log_path,
     )

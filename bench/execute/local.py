@@ -7,29 +7,28 @@ The rule, first come first served: units start in the order they are given. The 
 start (fewer free GPUs than it needs, or the most cells already running) waits, and no unit behind it
 starts before it does. A 2-GPU cell behind a stream of 1-GPU cells therefore waits only for two of the
 running cells to end, never for the stream; the price is GPUs left idle while it waits, so an order that
-keeps cells of one width together packs best. Units are drawn from their iterator only when they can be
-placed, so an iterator may decide its next unit from the outcomes so far.
+keeps cells of one width together packs best (bench.execute.executor.dispatch draws and places).
 
-Signals reach only the main thread: a stop there (Ctrl-C, SIGTERM as bench.execute.Stopped, or an error) asks
-every running cell to stop (launch.StopRequest), waits for each to be recorded, and raises again.
+Signals reach only the main thread: a stop there (Ctrl-C, SIGTERM as bench.execute.Stopped, or an error)
+cancels: every running cell is asked to stop (launch.StopRequest), and each one's end is handed back.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import os
 import queue
 import threading
-from collections.abc import Callable, Iterable, Sequence
+import time
+import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
 
-from .executor import Attempt, Finished, Handle, Shape, dispatch
+from .executor import Attempt, Finished, Halted, Handle, Job, Neighbours, stop_for
 from .launch import StopRequest
 
-__all__ = ["Slots", "Lane", "LocalExecutor", "Neighbours", "Halted", "lane", "run_units"]
-
-U = TypeVar("U")
-R = TypeVar("R")
+__all__ = ["Slots", "Lane", "LocalExecutor", "Neighbours", "Halted"]  # the last two: bench.execute.executor's
 
 
 class Slots:
@@ -71,54 +70,36 @@ class Slots:
         self._free += ids
 
 
-class Neighbours:
-    """When each launched cell ran ([start, end), end None while it runs), to say what ran beside whom."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._spans: dict[int, list] = {}
-
-    def enter(self, name: str, t: float) -> int:
-        with self._lock:
-            token = len(self._spans)
-            self._spans[token] = [name, t, None]
-            return token
-
-    def leave(self, token: int, t: float) -> None:
-        with self._lock:
-            self._spans[token][2] = t
-
-    def during(self, token: int, a: float, b: float) -> list[str]:
-        """The names of the other cells that ran at some time in [a, b), sorted."""
-        with self._lock:
-            return sorted(
-                {name for k, (name, t0, t1) in self._spans.items() if k != token and t0 < b and (t1 is None or t1 > a)}
-            )
-
-
 @dataclass
 class Lane:
-    """A unit's place while it runs: its GPUs (or slots), the request that stops its cell, who runs when."""
+    """An attempt's place while it runs: its GPUs (or slots), the request that stops its cell, and the
+    neighbours' token for who ran beside whom."""
 
     slots: tuple[int, ...]
-    neighbours: Neighbours
     stop: StopRequest = field(default_factory=StopRequest)
+    token: int | None = None
 
 
-_here = threading.local()
-
-
-def lane() -> Lane | None:
-    """The lane of the unit this thread runs; None outside run_units' threads."""
-    return getattr(_here, "lane", None)
+def _sharing_cores(job: Job, width: int, cells: int) -> Job:
+    """On a CPU host whose cores several cells share: each cell's worker gets its share of the cores as its
+    thread count (OMP_NUM_THREADS, applied by the worker), unless the user set one. Without it every cell
+    sizes its thread pool to the whole host, and two cells side by side each ran 16x slower than alone."""
+    if cells < 2 or "OMP_NUM_THREADS" in os.environ or "OMP_NUM_THREADS" in (job.extra_env or {}):
+        return job
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # macOS: none
+    share = max(1, cores // cells) * width
+    return dataclasses.replace(job, extra_env={**(job.extra_env or {}), "OMP_NUM_THREADS": str(share)})
 
 
 class LocalExecutor:
-    """One host: each attempt on a free disjoint set of its GPUs (or CPU slots), in a thread of this
-    process, at most one attempt per GPU; first come first served (the module's rule)."""
+    """One host: each attempt on a free disjoint set of its GPUs (or CPU slots), its job in a thread of this
+    process, at most one attempt per GPU; first come first served (the module's rule). An Outcome comes
+    back with `beside`: the cells that ran during its measured phase."""
 
-    def __init__(self, slots: Slots):
-        self.ids, self.slots = slots, slots.max_cells
+    forkservers = None  # single-rank workers fork from the fork servers the run starts (bench.execute.prepare)
+
+    def __init__(self, slots: Slots, cuda: bool = True):
+        self.ids, self.slots, self.cuda = slots, slots.max_cells, cuda
         self.neighbours = Neighbours()
         self._ended: queue.Queue[Finished] = queue.Queue()
         self._running: dict[threading.Thread, Lane] = {}
@@ -126,29 +107,42 @@ class LocalExecutor:
     def room(self) -> bool:
         return self.ids.room()
 
-    def fits(self, shape: Shape) -> bool:
-        return self.ids.fits(shape.width)
-
     def running(self) -> int:
         return len(self._running)
 
-    def submit(self, attempt: Attempt) -> Handle:
-        ids = self.ids.take(attempt.shape.width)
+    def place(self, attempt: Attempt) -> Handle | None:
+        # Every node of a cell runs here (bench.execute.launch.nodes.launch_here). On a CPU host its ranks are not
+        # devices: it takes at most every slot.
+        width = attempt.shape.width if self.cuda else min(attempt.shape.width, len(self.ids.ids))
+        ids = self.ids.take(width)
         if ids is None:
-            raise RuntimeError(f"no room for {attempt.shape}: submit only what fits")
-        ln = Lane(ids, self.neighbours)
-        handle = Handle(attempt, ln)
-        t = threading.Thread(target=self._serve, args=(handle,), name=f"zerobench-cell-{ids}", daemon=True)
-        self._running[t] = ln
+            return None
+        where = {"gpus": list(ids)} if self.cuda else {"cpu_slots": list(ids)}
+        if not self.cuda:
+            attempt.job = _sharing_cores(attempt.job, len(ids), self.ids.max_cells)
+        return Handle(attempt, Lane(ids), where)
+
+    def release(self, handle: Handle) -> None:
+        self.ids.give(handle.placement.slots)
+
+    def start(self, handle: Handle) -> None:
+        t = threading.Thread(target=self._serve, args=(handle,), name=f"zerobench-cell-{handle.placement.slots}")
+        t.daemon = True
+        self._running[t] = handle.placement
         t.start()
-        return handle
 
     def _serve(self, handle: Handle) -> None:
-        _here.lane = handle.placement
+        ln, job = handle.placement, handle.attempt.job
+        ln.token = self.neighbours.enter(job.cell.hash, time.time())
         try:
-            self._ended.put(Finished(handle, value=handle.attempt.run(handle.placement)))
+            out = job(list(ln.slots) if self.cuda else None, ln.stop)
         except BaseException as e:  # noqa: BLE001 - handed to the main thread, which decides
-            self._ended.put(Finished(handle, error=e))
+            self.neighbours.leave(ln.token, time.time())
+            self._ended.put(Finished(handle, error=e, traceback=traceback.format_exc()[-6000:]))
+            return
+        self.neighbours.leave(ln.token, time.time())
+        out.beside = self.neighbours.during(ln.token, *out.window) if out.window else None
+        self._ended.put(Finished(handle, value=out))
 
     def _reap(self, f: Finished) -> Finished:
         t = next(t for t, ln in self._running.items() if ln is f.handle.placement)
@@ -164,53 +158,15 @@ class LocalExecutor:
             return []
 
     def cancel(self, why: BaseException) -> list[Finished]:
-        """Ask every running cell to stop as `why` stopped the main thread (Ctrl-C, SIGTERM: each is
-        recorded interrupted; an error: the same), wait for each, and hand on what ended whole meanwhile."""
-        exc = (
-            why
-            if isinstance(why, KeyboardInterrupt)
-            else Halted(f"stopped: the run failed beside it ({type(why).__name__}: {str(why)[:300]})")
-        )
+        """Ask every running cell to stop as `why` stopped the main thread (Ctrl-C, SIGTERM: each ends
+        interrupted; an error: Halted, saying so), wait for each, and hand on how each ended."""
+        exc = stop_for(why)
         for ln in self._running.values():
             ln.stop.request(copy.copy(exc))  # one exception object per thread: each gets its own traceback
         ended = []
         while self._running:
             ended.append(self._reap(self._ended.get()))  # bounded: a stopped worker is killed within its grace
-        return [f for f in ended if f.error is None]
+        return ended
 
-
-def run_units(
-    units: Iterable[U],
-    slots: Slots,
-    *,
-    need: Callable[[U], int],
-    work: Callable[[U], R],
-    done: Callable[[U, R], None],
-    admit: Callable[[U], bool] | None = None,
-    poll_s: float = 0.2,
-) -> None:
-    """Run each unit's work on a free disjoint set of `need(unit)` slots, in a thread of its own (lane()
-    tells it where), first come first served (the module's rule); call done(unit, result) in this thread
-    as each ends, in the order they end. A unit that needs 0 slots (a record to write, nothing to run)
-    runs here, in its turn. admit(unit), in this thread at the moment a unit is placed, may still turn it
-    away (False): what ended while it waited for its slots decided it. A unit's exception stops the others
-    and is raised here once they are recorded; so is anything raised in this thread (a signal)."""
-    attempts = (
-        Attempt(key=u, cell=None, ds_config=None, repeat=1, shape=Shape(need(u)), run=lambda _p, u=u: work(u))
-        for u in units
-    )
-    dispatch(
-        LocalExecutor(slots),
-        attempts,
-        done=lambda a, value: done(a.key, value),
-        admit=None if admit is None else (lambda a: admit(a.key)),
-        poll_s=poll_s,
-    )
-
-
-class Halted(KeyboardInterrupt):
-    """How a running cell is stopped because another unit failed (not the user): its record says why."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
+    def close(self) -> None:
+        """Nothing held past the run: the session stops the fork servers."""

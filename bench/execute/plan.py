@@ -11,6 +11,7 @@ from .. import dsconfig, env, faults, hostmem, matrix, rules, schedule
 from ..axes import AUTO
 from ..cells import Cell
 from ..estimate import DEFAULT_MARGIN, Hardware, Verdict, predict, short_of, verdict
+from ..estimate.frontier import frontier_lines
 from ..estimate.steptime import run_time_line
 from ..problems import ConfigError, InputError, Problem
 
@@ -23,10 +24,34 @@ class Planned:
 
 
 @dataclass(frozen=True)
+class Shard:
+    """One of `count` disjoint parts of a matrix's cells (`--shard index/count`, index from 1), by cell hash:
+    a cell is in the same shard whatever the order the matrix lists it in, and the parts together are the
+    whole matrix (each CI job runs one; --resume and reports take their results files together)."""
+
+    index: int
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+        if not m or not 1 <= int(m[1]) <= int(m[2]):
+            raise ValueError(f"{text!r}: i/N with 1 <= i <= N, e.g. 2/4")
+        return cls(int(m[1]), int(m[2]))
+
+    def holds(self, cell: Cell) -> bool:
+        return int(cell.hash, 16) % self.count == self.index - 1
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+@dataclass(frozen=True)
 class Plan:
     matrix: matrix.Matrix
     source: str
     items: tuple[Planned, ...]
+    shard: Shard | None = None
 
     @property
     def runnable(self) -> list[Planned]:
@@ -58,18 +83,21 @@ def plan(
     filters: list[str] | None = None,
     platform: env.Platform | None = None,
     ds_configs: list[str] | None = None,
+    shard: Shard | None = None,
 ) -> Plan:
     """Load, validate and expand a matrix, and decide for each cell: run (with its config) or skip (why).
 
-    ds_configs replaces the matrix's ds_config axis with these user DeepSpeed files."""
+    ds_configs replaces the matrix's ds_config axis with these user DeepSpeed files; shard keeps its part."""
     m = matrix.load(matrix_path, ds_configs=ds_configs)
     platform = platform or env.probe()
     items = []
     for cell in select(matrix.expand(m), filters):
+        if shard is not None and not shard.holds(cell):
+            continue
         skip = rules.check(cell, platform)
         # micro_batch: auto is a search: each probe gets its own config when it runs.
         items.append(Planned(cell, skip, None if skip or cell.micro_batch == AUTO else dsconfig.build(cell)))
-    return Plan(m, str(matrix_path), tuple(items))
+    return Plan(m, str(matrix_path), tuple(items), shard)
 
 
 def hardware(platform: env.Platform, gpu_mem: int | None = None) -> Hardware:
@@ -122,8 +150,12 @@ def prune_skip(pred: dict | None) -> rules.Skip | None:
     return None
 
 
-def default_results_path(p: Plan) -> Path:
-    return Path("results") / f"{p.matrix.name}.jsonl"
+def default_results_path(p: Plan | str, shard: Shard | None = None) -> Path:
+    """results/<matrix name>.jsonl; a shard's: results/<matrix name>.shard-<i>-of-<N>.jsonl (of a plan, or of a
+    matrix name and shard)."""
+    name, shard = (p, shard) if isinstance(p, str) else (p.matrix.name, p.shard)
+    part = f".shard-{shard.index}-of-{shard.count}" if shard else ""
+    return Path("results") / f"{name}{part}.jsonl"
 
 
 def arrange(
@@ -163,20 +195,22 @@ def preview(
     gpus_available: int | None = None,
     platform: env.Platform | None = None,
     recorded: frozenset[str] = frozenset(),
+    shard: Shard | None = None,
 ) -> list[str]:
     """What `zerobench run` would do, without running anything: each cell in the order it would run, and
     whether it would run, be pruned (the memory model: it cannot fit) or skipped (a rule); a cell the
     model is unsure of is marked so (it may run out of memory and then imply the heavier ones)."""
     platform = platform or host_platform(gpus_available)  # as the run would see this host (or an assumed one)
-    p = plan(matrix_path, filters, platform=platform, ds_configs=ds_configs)
+    p = plan(matrix_path, filters, platform=platform, ds_configs=ds_configs, shard=shard)
     hw = hardware(platform, gpu_mem)
     items, preds, free = arrange(p.items, hw, margin, prune, order)
     items = [it for it in items if it.cell.hash not in recorded]  # --resume: cells with an outcome stay as they are
     GiB = 2**30
     judged = f"{hw.gpu_memory_bytes / GiB:.1f} GiB of GPU memory" if hw.gpu_memory_bytes else "no GPU known"
-    runnable = [it.cell for it in items if it.skip is None and id(it) not in free]
+    runnable = [it for it in items if it.skip is None and id(it) not in free]
     lines = [
-        run_time_line(runnable, hw, max(len(platform.gpus), 1)),
+        run_time_line([it.cell for it in runnable], hw, max(len(platform.gpus), 1)),
+        *frontier_lines([(it.cell, it.ds_config, (preds[id(it)] or {}).get("gpu_bytes")) for it in runnable], hw),
         f"run order ({order}), judged against {judged} (margin {margin:.0%}):",
     ]
     counts: dict[str, int] = {}
@@ -218,6 +252,17 @@ def _check_faults(p: Plan, text: str | None) -> None:
     )
     if problems:
         raise ConfigError([Problem(file="ZEROBENCH_FAULT", where=spec, what=what) for spec, what in problems])
+
+
+def placed_by(platform: env.Platform, executor: str) -> env.Platform:
+    """The platform the rules judge cells by under `executor`: under `ray`, a cell's nodes are nodes of a cluster
+    the plan does not count (hosts None), and the executor refuses, before any cell, what its cluster cannot
+    place (bench.execute.ray)."""
+    if executor != "ray":
+        return platform
+    import dataclasses
+
+    return dataclasses.replace(platform, hosts=None)
 
 
 def host_platform(gpus_available: int | None) -> env.Platform:

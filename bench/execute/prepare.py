@@ -38,17 +38,23 @@ def _run_jobs(jobs: list[_Job], printer=print) -> None:
 
 
 def prepare(
-    items: list[Planned], logs: Path, extra_env: dict | None, platform: env.Platform, printer, slots=None
+    items: list[Planned],
+    logs: Path,
+    extra_env: dict | None,
+    platform: env.Platform,
+    printer,
+    slots=None,
+    forkservers: str | None = None,
 ) -> dict:
     """What runs once before the cells, for the cells that will run (items), paid once per machine where
     it can be: the ops and QLoRA checkpoints already in the machine's cache (bench.cache) are not built
     or loaded again; what is missing is built by helpers side by side, while the fork servers import in
     the background (one per GPU a single-GPU cell may run on; they import only: each forked cell loads
-    its ops itself, after these are built). Prints one line of what was paid and returns it (the
-    records' fixed_costs)."""
+    its ops itself, after these are built; none where the executor's workers fork from servers elsewhere, as
+    forkservers says). Prints one line of what was paid and returns it (the records' fixed_costs)."""
     t0 = time.time()
     costs: dict = {}
-    if any(it.cell.gpus == 1 for it in items):
+    if any(it.cell.ranks == 1 for it in items) and not forkservers:
         gpus = list(slots.ids) if slots is not None and slots.max_cells > 1 else [_first_gpu(platform)]
         for g in gpus if platform.cuda else [None]:
             launch.start_forkserver(extra_env, logs, gpus=None if g is None else [g])
@@ -58,7 +64,7 @@ def prepare(
         printer,
     )
     if items:
-        import_s, why = launch.forkserver_ready()
+        import_s, why = (None, f"none on this host: {forkservers}") if forkservers else launch.forkserver_ready()
         costs["forkserver_import_s"] = round(import_s, 1) if import_s is not None else None
         if why:
             costs["forkserver"] = why

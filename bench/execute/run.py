@@ -12,11 +12,15 @@ import uuid
 from pathlib import Path
 
 from .. import cache, env, schedule
+from ..axes import AUTO
 from ..estimate import DEFAULT_MARGIN
+from ..problems import InputError
 from ..store import Store, check_writable
 from . import launch, local
-from .plan import Plan, _check_faults, default_results_path, host_platform, plan
+from .answer import Settings as AnswerSettings
+from .plan import Plan, Shard, _check_faults, default_results_path, host_platform, placed_by, plan
 from .registry import EXECUTORS
+from .replay import Recording
 from .session import Options, Session
 from .settings import check_folder, check_settings
 
@@ -26,6 +30,15 @@ __all__ = ["run", "new_run_id"]
 def new_run_id() -> str:
     """Sortable and unique: UTC start time plus a random suffix."""
     return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+
+
+def _check_choices(order: str, executor: str, replay: list[str] | None) -> None:
+    if order not in schedule.ORDERS:
+        raise ValueError(f"order {order!r}: one of {', '.join(schedule.ORDERS)}")
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor {executor!r}: one of {', '.join(sorted(EXECUTORS))}")
+    if executor == "replay" and not replay:
+        raise InputError("--executor replay needs the results files to serve: --replay FILE...")
 
 
 def run(
@@ -48,6 +61,11 @@ def run(
     gpus_available: int | None = None,
     pack: bool | None = None,
     executor: str = "local",
+    answer: AnswerSettings | None = None,
+    replay: list[str] | None = None,
+    address: str | None = None,
+    shard: Shard | None = None,
+    slurm: dict | None = None,
 ) -> tuple[Plan, Path, list[dict]]:
     """Run a matrix; return the plan, the results path and the records written by this call.
 
@@ -66,31 +84,33 @@ def run(
     printed what it wrote and what it lost. SIGINT and SIGTERM raise Stopped (with the results path)
     after the running cell is recorded as interrupted.
 
-    gpus_available (default: every GPU NVML shows, as CUDA_VISIBLE_DEVICES limits them; 1 slot on a CPU
-    host) is how many GPUs the run uses; on a CPU host, N slots run N CPU cells side by side. pack
-    (default: when more than one) runs cells side by side on disjoint GPU sets (bench.execute.local),
-    else one at a time. executor (bench.execute.registry.EXECUTORS) runs the attempts; this process
-    writes every record."""
-    if order not in schedule.ORDERS:
-        raise ValueError(f"order {order!r}: one of {', '.join(schedule.ORDERS)}")
-    if executor not in EXECUTORS:
-        raise ValueError(f"executor {executor!r}: one of {', '.join(sorted(EXECUTORS))}")
-    platform = host_platform(gpus_available)
-    p = plan(matrix_path, filters, platform=platform, ds_configs=ds_configs)
+    Where and how: gpus_available (default: every GPU NVML shows; 1 slot on a CPU host, where N slots run N
+    cells side by side), pack (default: with more than one GPU: cells side by side on disjoint GPU sets),
+    executor (bench.execute.registry: local, ray at address, slurm with its options over the matrix's slurm
+    block, replay), shard (plan.Shard: one part of the cells, its own results file by default), answer
+    (bench.execute.answer.Settings: only the cells that settle the answer; the rest recorded unmeasured with
+    why), replay (results files: nothing runs, their recorded ends are served). This process writes every
+    record, whichever executor runs the cells."""
+    _check_choices(order, executor, replay)
+    recording = Recording(replay) if replay else None
+    on_slurm = _on_slurm(matrix_path, ds_configs, slurm, gpus_available, pack) if executor == "slurm" else None
+    platform = recording.platform() if recording else on_slurm[2] if on_slurm else host_platform(gpus_available)
+    platform = placed_by(platform, executor)
+    p = plan(matrix_path, filters, platform=platform, ds_configs=ds_configs, shard=shard)
+    if answer is not None:
+        _check_answer(p)
+    if recording:
+        p, executor = recording.restrict(p), "replay"
     environ = {**os.environ, **(extra_env or {})}
     check_settings(environ)  # before anything runs: a bad value would otherwise be every cell's error
     _check_faults(p, environ.get("ZEROBENCH_FAULT"))
-    results_path = Path(results) if results else default_results_path(p)
-    check_writable(results_path)
-    store = Store(results_path)
-    logs = Path(logs_dir) if logs_dir else results_path.parent / "logs" / results_path.stem
-    check_folder(logs, "--logs" if logs_dir else f"the logs folder {logs} (--logs)")
-    check_folder(cache.root(), "ZEROBENCH_CACHE" if os.environ.get("ZEROBENCH_CACHE") else "the cache folder")
+    store, logs = _files(p, results, logs_dir)
+    slots, slurm_settings = _placing(platform, gpus_available, pack, on_slurm, logs)
     o = Options(
         matrix_path=matrix_path, resume=resume, logs=logs, progress=progress, extra_env=extra_env,
         printer=printer, on_record=on_record, prune=prune, gpu_mem=gpu_mem, margin=margin,
         repeats=repeats or p.matrix.repeats, order=order, platform=platform,
-        slots=_slots(platform, gpus_available, pack), executor=executor,
+        slots=slots, executor=executor, answer=answer, replay=recording, slurm=slurm_settings, address=address,
     )  # fmt: skip
     # One run per results file: a second run (or a --resume) beside this one would measure every cell
     # twice, number both attempts 1, share their log files and take each other's started cells for dead.
@@ -100,7 +120,54 @@ def run(
         _say_hardware(o, s)
         s.load()
         s.go()
-    return p, results_path, [r.to_dict() for r in s.written]
+    return p, store.path, [r.to_dict() for r in s.written]
+
+
+def _files(p: Plan, results: str | None, logs_dir: str | None) -> tuple[Store, Path]:
+    """The results file (writable, held by no other run) and the logs folder, checked before anything runs."""
+    results_path = Path(results) if results else default_results_path(p)
+    check_writable(results_path)
+    logs = Path(logs_dir) if logs_dir else results_path.parent / "logs" / results_path.stem
+    check_folder(logs, "--logs" if logs_dir else f"the logs folder {logs} (--logs)")
+    check_folder(cache.root(), "ZEROBENCH_CACHE" if os.environ.get("ZEROBENCH_CACHE") else "the cache folder")
+    return Store(results_path), logs
+
+
+def _placing(platform: env.Platform, gpus_available, pack, on_slurm, logs: Path):
+    """What the run places cells on: this host's GPUs (or CPU slots); on Slurm, as many slots as jobs it keeps
+    in Slurm at once, and its settings."""
+    if not on_slurm:
+        return _slots(platform, gpus_available, pack), None
+    from .slurm import Settings
+
+    settings = Settings.of(on_slurm[0], on_slurm[1], platform.cuda, logs)
+    check_folder(settings.folder, "the Slurm folder (--slurm-folder)")
+    return local.Slots(list(range(settings.max_jobs))), settings
+
+
+def _on_slurm(matrix_path: str, ds_configs, given: dict | None, gpus_available, pack):
+    """A Slurm run's settings as the matrix and the command line give them, its partition (sinfo) and the
+    platform the rules judge its cells by: before anything runs, each problem said (InputError)."""
+    from .. import matrix
+    from . import slurm
+
+    if gpus_available or pack:
+        raise InputError("--gpus-available and --pack place cells on this host; a Slurm run's width is --max-jobs")
+    slurm.require()
+    block = matrix.load(matrix_path, ds_configs=ds_configs).slurm
+    block = block.model_copy(update={k: v for k, v in (given or {}).items() if v is not None})
+    part = slurm.partition(block.partition)
+    return block, part, slurm.platform_of(part)
+
+
+def _check_answer(p: Plan) -> None:
+    """Answer mode ranks cells by prediction: a micro-batch it must search for has none."""
+    auto = [it.cell.name for it in p.runnable if it.cell.micro_batch == AUTO]
+    if auto:
+        raise InputError(
+            f"{p.source}: answer mode needs each cell's micro-batch, and {auto[0]} has micro_batch: auto "
+            f"({len(auto)} cell(s)); list the micro-batches under axes: micro_batch: [...], or run without --answer"
+        )
 
 
 def _say_hardware(o: Options, s: Session) -> None:

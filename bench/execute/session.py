@@ -1,39 +1,53 @@
 """The loop's state as an object: the queue of cell repeats left, the attempts per cell, the cells begun,
-drawn-but-waiting (pending) and implied out of memory, and the Records written. Only the session writes
-to the results file; the executor (bench.execute.local) decides where and when each unit runs.
+drawn-but-waiting (pending) and implied out of memory, the attempts in flight and the Records written.
+
+The session is the source of attempts (source), writes each start when an executor has placed it (admit)
+and each end when it comes back (done), all in this thread: only the session writes to the results file.
+The executor (bench.execute.registry) decides where and when each attempt's job runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .. import dsconfig, env, schedule, telemetry
 from ..axes import AUTO
 from ..cells import Cell
 from ..estimate import Hardware
-from ..estimate.search import search_micro_batch, seed_micro_batch
+from ..estimate.search import SearchResult, seed_micro_batch
 from ..record import Record, Search, parse
 from ..status import Status
 from ..store import Store, StoreWriteError
-from . import launch, local
-from .attempt import HARNESS_ERRNOS, HarnessError, attempt, now
-from .executor import Attempt, Shape, dispatch
+from . import answer, launch, local
+from .attempt import HARNESS_ERRNOS, HarnessError, ended, now
+from .executor import WAIT, Attempt, Finished, Handle, Job, Shape, dispatch
 from .plan import Plan, Planned, arrange, hardware, prediction, prune_skip
 from .prepare import prepare
 from .progress import Progress, line
 from .registry import executor_for
+from .replay import Recording
 from .settings import stall_s
 from .signals import Stopped, stop_on_signals
 
 __all__ = ["Options", "Session"]
 
-Unit = tuple[int, tuple[Planned, int]]  # (progress index, (planned cell, repeat))
+
+@dataclass(eq=False)
+class Unit:
+    """A cell repeat as drawn: its progress index, the planned cell and the repeat; a micro-batch search
+    (micro_batch: auto) runs its probes under one unit."""
+
+    index: int
+    planned: Planned
+    repeat: int
+    search: SearchResult | None = None
+    request: answer.Request | None = None  # answer mode: why it is measured, and at which rung
 
 
 @dataclass
@@ -55,6 +69,10 @@ class Options:
     platform: env.Platform
     slots: local.Slots
     executor: str = "local"  # a name in bench.execute.registry.EXECUTORS
+    answer: answer.Settings | None = None  # answer mode (bench.execute.answer): measure only what settles
+    replay: Recording | None = None  # the replay executor's recorded ends (bench.execute.replay)
+    address: str | None = None  # the cluster's, for a cluster executor
+    slurm: Any = None  # the slurm executor's settings (bench.execute.slurm.Settings)
 
 
 class Session:
@@ -78,7 +96,14 @@ class Session:
         self.eta = schedule.Eta()
         self.prog: Progress | None = None
         self.t_run = time.time()
-        self._attempts_lock = threading.Lock()  # repeats of one cell may run side by side
+        self.probes: list[Attempt] = []  # micro-batch searches' next probes: drawn before the queue
+        self.searching: set[int] = set()  # id() of the search units with a probe to come
+        self.running: dict[int, Record] = {}  # id(handle) -> the started record of each attempt in flight
+        runnable = [it for it in self.items if it.skip is None and id(it) not in self.free]
+        ends = o.replay.ends if o.replay else None
+        self.search = answer.Search(runnable, self.hw, o.answer, o.platform.cuda, ends) if o.answer else None
+        self.index_of: dict[str, int] = {}  # answer mode: a cell's progress index, kept across its rungs
+        self.width = o.slots.max_cells  # how many cells run side by side (the executor's slots, once it is up)
 
     # -- records --------------------------------------------------------------------------------------
 
@@ -109,8 +134,10 @@ class Session:
                 self.o.printer(f"warning: exporting the record of {rec.cell_name} failed: {type(e).__name__}: {e}")
 
     def left(self) -> float | None:
+        if self.search is not None:
+            return self.search.left_s() / self.width
         serial = self.eta.remaining(it.cell for it, _ in self.queue[self.k :] if id(it) not in self.free)
-        return None if serial is None else serial / self.o.slots.max_cells  # packed cells run side by side
+        return None if serial is None else serial / self.width  # packed cells run side by side
 
     # -- what is left to do ---------------------------------------------------------------------------
 
@@ -129,12 +156,34 @@ class Session:
                 self.attempts[s["cell_hash"]] = max(self.attempts.get(s["cell_hash"], 0), s.get("attempt", 1))
         self.queue = self._todo()
         self.begun = {h for h, _ in self.stored}
-        self.prog = Progress(len(self.queue), enabled=self.o.progress, printer=self.o.printer)
+        total = len(self.queue) if self.search is None else len(self.queue) + len(self.search.candidates)
+        self.prog = Progress(total, enabled=self.o.progress, printer=self.o.printer)
+        if self.search is not None and self.o.resume:
+            self._resume_search()
+
+    def _resume_search(self) -> None:
+        """Answer mode on --resume: what the earlier part measured counts, and its cells keep their outcome."""
+        for rec in self.existing:
+            if rec.get("status") not in (Status.STARTED.value, Status.UNMEASURED.value):
+                r = parse(rec)
+                self.search.observe(r, r.answer.rung if r.answer else None)
+                self.begun.add(r.cell_hash)
+                if r.cell_hash in self.search.by_hash:
+                    self.search.by_hash[r.cell_hash].tries += 1
+                if self.o.replay is not None and r.replay is not None:  # its next attempt gets the next end
+                    self.o.replay.served[r.cell_hash] = self.o.replay.served.get(r.cell_hash, 0) + 1
+        done = [c for c in self.search.candidates if c.state != "open"]
+        self.o.printer(
+            f"resume: answer mode goes on from {len(done)} cell(s) already measured or failed in {self.store.path} "
+            f"({self.search.spent_s:.0f} s of cell time spent)"
+        )
 
     def _todo(self) -> list[tuple[Planned, int]]:
         o, n = self.o, self.o.repeats
         # A cell recorded without running (a rule's skip or a pruned cell, `free`) is recorded once, as repeat 1.
         units = [(it, r) for r in range(1, n + 1) for it in self.items if id(it) not in self.free or r == 1]
+        if self.search is not None:  # answer mode: the search draws the cells that run (source)
+            units = [(it, r) for it, r in units if id(it) in self.free]
         todo = [(it, r) for it, r in units if (it.cell.hash, r) not in self.stored]
         if o.resume and o.prune:
             # An implied_oom record stands for every repeat of its cell (it is written once, as repeat 1).
@@ -153,8 +202,11 @@ class Session:
         """Record the cells left that an out-of-memory end of prover implies."""
         if not self.o.prune:  # --no-prune runs every cell: the audit of what pruning and implying skip
             return
-        # The queue left, and the units drawn but still waiting for their GPUs (admit turns those away).
+        # The queue left, and the units drawn but still waiting for their GPUs (admit turns those away); in
+        # answer mode the cells the search has not measured yet.
         waiting = {it.cell.hash: it for it, _ in self.queue[self.k :]} | self.pending
+        if self.search is not None:
+            waiting |= {c.cell.hash: c.planned for c in self.search.open()}
         candidates = [
             it.cell
             for it in waiting.values()
@@ -173,7 +225,10 @@ class Session:
             ident = self.ident(c)
             self.attempts[c.hash] = ident["attempt"]
             self.i += 1
-            self.prog.total = self.i + len(self.queue) - self.k
+            if self.search is None:
+                self.prog.total = self.i + len(self.queue) - self.k
+            else:
+                self.search.implied(c.hash)
             pred = self.preds[id(waiting[c.hash])]
             with launch.holding_signals():
                 rec = self.save(Record.implied_oom(c, {**by, "how": how}, at=now(), predicted=pred, **ident))
@@ -190,168 +245,192 @@ class Session:
             if rec["cell_hash"] in in_plan and rec["status"] in schedule.WHERE:
                 self.imply(in_plan[rec["cell_hash"]], rec["status"], rec.get("run_id"))
 
-    # -- the units, as the executor asks for them -----------------------------------------------------
+    # -- the attempts, as the executor asks for them ----------------------------------------------------
 
-    def draw(self):
-        """The units left, drawn by the pool only when it can place one: a cell implied by an outcome
-        that came in meanwhile (imply, in this thread) is no longer in the queue."""
-        while self.k < len(self.queue):
-            it, repeat = self.queue[self.k]
-            self.k += 1
+    def source(self):
+        """The attempts left, drawn by dispatch only when one could start: a cell implied by an outcome that
+        came in meanwhile (imply, in this thread) is no longer in the queue. A cell recorded without running
+        (a rule's skip, pruned) is written here, in its turn. A micro-batch search's next probe comes first;
+        in answer mode the search decides what runs once the queue (its skips) is done. WAIT while only
+        what is in flight can decide what comes next."""
+        while True:
+            if self.probes:
+                yield self.probes.pop(0)
+            elif self.k < len(self.queue):
+                it, repeat = self.queue[self.k]
+                self.k += 1
+                self.i += 1
+                unit = Unit(self.i, it, repeat)
+                if it.skip is not None or id(it) in self.free:
+                    self.skip(unit)
+                elif it.cell.micro_batch == AUTO:
+                    unit.search = SearchResult(template=it.cell.name, seed=seed_micro_batch(it.cell, self.hw))
+                    self.probe(unit)
+                else:
+                    if it.cell.hash not in self.begun:
+                        self.pending[it.cell.hash] = it
+                    yield self.attempt_of(unit, it.cell, it.ds_config)
+            elif self.search is not None and (req := self.search.next()) is not None:
+                yield self.answer_attempt(req)
+            elif self.running:
+                yield WAIT
+            else:
+                if self.search is not None:
+                    self.settle()
+                return
+
+    def answer_attempt(self, req: answer.Request) -> Attempt:
+        """Answer mode: the attempt the search asked for; its record keeps the matrix's cell, its job runs the
+        rung's schedule."""
+        c = req.candidate
+        if c.cell.hash not in self.index_of:
             self.i += 1
-            if it.cell.hash not in self.begun:
-                self.pending[it.cell.hash] = it
-            yield self.i, (it, repeat)
+            self.index_of[c.cell.hash] = self.i
+        unit = Unit(self.index_of[c.cell.hash], c.planned, c.tries + 1, request=req)
+        self.search.started(c, req.rung, req)
+        run_as = answer.rung_cell(c.cell, req.rung) if self.o.answer.halving else c.cell
+        a = self.attempt_of(unit, run_as, c.planned.ds_config)
+        a.cell = c.cell
+        return a
 
-    def attempts_left(self):
-        """The units left as the executor's attempts (drawn as the executor asks for them)."""
-        for u in self.draw():
-            it, repeat = u[1]
-            shape = Shape(gpus_per_node=self.width(u))
-            yield Attempt(key=u, cell=it.cell, ds_config=it.ds_config, repeat=repeat, shape=shape, run=self._runner(u))
+    def settle(self, stopped: bool = False) -> None:
+        """Answer mode's end: a record for every cell it did not measure, saying why; then the answer. On a stop
+        too (the cells in flight recorded interrupted first), so every cell of the matrix has a record."""
+        for c, note in self.search.unmeasured(stopped):
+            self.i += 1
+            ident = self.ident(c.cell)
+            self.attempts[c.cell.hash] = ident["attempt"]
+            pred = self.preds[id(c.planned)]
+            with launch.holding_signals():
+                rec = self.save(Record.unmeasured(c.cell, note, at=now(), predicted=pred, **ident))
+            self.recorded(self.i, rec)
+        for text in self.search.summary() + (self.against_recording() if self.o.replay else []):
+            self.o.printer(text)
 
-    def _runner(self, u: Unit):
-        return lambda _placement: self.unit(u)
+    def against_recording(self) -> list[str]:
+        """A replayed answer against the answer of every recorded end of the same cells (the full grid)."""
+        full = answer.Search([c.planned for c in self.search.candidates], self.hw, self.o.answer, self.o.platform.cuda)
+        for ends in self.o.replay.ends.values():
+            for rec, _ in ends:
+                full.observe(parse(rec))
+        a = answer.agreement(self.search, full)
+        lines = [
+            f"against the full grid (every recorded end; 'the same' within {full.resolution:.0%}, the resolution):"
+        ]
+        for group, (mine, theirs, same) in a["leaders"].items():
+            verdict = "the same" if mine == theirs else "the same within the resolution" if same else "DIFFERENT"
+            lines.append(f"  fastest, {group}: {verdict} (answer: {mine}; grid: {theirs})")
+        found, total = a["frontier"]
+        lines.append(f"  frontier: {found} of the grid's {total} points measured")
+        if a["cost"] is not None:
+            lines.append(f"  cost: {self.search.spent_s:.0f} s, {a['cost']:.0%} of the grid's {full.spent_s:.0f} s")
+        return lines
 
-    def admit(self, u: Unit) -> bool:
-        """At placement (this thread): a unit implied out of memory while it waited for its GPUs does not
-        run; any other has begun, and no later outcome implies it."""
-        h = u[1][0].cell.hash
+    def attempt_of(self, unit: Unit, cell: Cell, ds_config: dict | None) -> Attempt:
+        o = self.o
+        job = Job(
+            cell, ds_config, "",  # the log's name has the attempt's number, taken when it starts (admit)
+            stall_s=stall_s({**os.environ, **(o.extra_env or {})}), extra_env=o.extra_env,
+            sample_interval_s=telemetry.interval_for(o.platform.cuda),
+        )  # fmt: skip
+        return Attempt(key=unit, cell=cell, shape=Shape(gpus_per_node=cell.gpus, nodes=cell.nodes), job=job)
+
+    def probe(self, unit: Unit) -> None:
+        """The search's next probe, first in line; or, once it has ended, say what it found."""
+        mb = unit.search.next()
+        if mb is not None:
+            cell = dataclasses.replace(unit.planned.cell, micro_batch=mb)
+            self.probes.append(self.attempt_of(unit, cell, dsconfig.build(cell)))
+            self.searching.add(id(unit))
+            return
+        self.searching.discard(id(unit))
+        res = unit.search
+        self.o.printer(
+            f"micro_batch auto for {res.template}: "
+            + (f"largest that ran: {res.largest_ok}" if res.largest_ok else "none ran")
+            + f" ({len(res.probes)} probes from the model's {res.seed}; {res.ended})"
+        )
+
+    def skip(self, unit: Unit) -> None:
+        """A cell recorded without running: a rule's skip, or pruned (predicted not to fit)."""
+        it = unit.planned
+        pred = self.preds[id(it)]
+        ident = {**self.ident(it.cell), "fixed_costs": self.costs}
+        self.attempts[it.cell.hash] = ident["attempt"]
+        skip = it.skip or prune_skip(pred)
+        with launch.holding_signals():
+            rec = self.save(Record.skipped(it.cell, skip, at=now(), predicted=pred, **ident))
+        self.recorded(unit.index, rec)
+
+    def admit(self, handle: Handle) -> bool:
+        """Placed (this thread): a cell implied out of memory while it waited for its GPUs does not run; any
+        other has begun (no later outcome implies it), and its start is written before its job starts."""
+        unit, cell = handle.attempt.key, handle.attempt.cell
+        h = unit.planned.cell.hash
         self.pending.pop(h, None)
-        if h in self.turned_away:
+        if h in self.turned_away and unit.search is None:
             return False
         self.begun.add(h)
+        pred = prediction(cell, handle.attempt.job.ds_config, self.hw, self.o.margin)
+        ident = {**self.ident(cell), "fixed_costs": self.costs}
+        self.attempts[cell.hash] = ident["attempt"]
+        log = self.o.logs / f"{cell.hash}.{ident['attempt']}.log"
+        handle.attempt.job = dataclasses.replace(handle.attempt.job, log_path=str(log))
+        req = unit.request
+        note = {"role": req.role, "why": req.why, "rung": req.rung, "group": req.group} if req else None
+        started = Record.started(
+            cell, started_at=now(), predicted=pred, repeat=unit.repeat, placement=handle.where or None, answer=note,
+            **ident,
+        )  # fmt: skip
+        with launch.holding_signals():
+            self.save(started)
+        self.running[id(handle)] = started
+        self.prog.start(unit.index, cell)
         return True
 
-    def width(self, u: Unit) -> int:
-        it = u[1][0]  # a CPU cell's ranks are not devices: it takes at most every slot
-        if it.skip is not None or id(it) in self.free:
-            return 0  # a record to write (a rule's skip, or pruned), here: no GPU to wait for
-        return it.cell.gpus if self.o.platform.cuda else min(it.cell.gpus, len(self.o.slots.ids))
-
-    def unit(self, u: Unit) -> tuple[list[Record], float | None]:
-        """One unit of work: a cell (or a micro-batch search) run, or a skip recorded; its records and, for
-        a cell that ran, its wall seconds (for the ETA, kept in this thread by unit_done)."""
-        n, (it, repeat) = u
-        cell = it.cell
-        if it.skip is not None:
-            ident = {**self.ident(cell), "fixed_costs": self.costs}
-            with launch.holding_signals():
-                return [self.save(Record.skipped(cell, it.skip, at=now(), **ident))], None
-        t0 = time.time()
-        if cell.micro_batch == AUTO:
-            recs = self.search(n, cell)
-        else:
-            recs = [self.attempt_cell(n, cell, it.ds_config, repeat=repeat)]
-        return recs, (time.time() - t0 if recs[-1].status.ran else None)
-
-    def unit_done(self, u: Unit, ended: tuple[list[Record], float | None]) -> None:
-        n, (it, _) = u
-        recs, seconds = ended
-        if seconds is not None:
-            self.eta.observe(it.cell, seconds)
-        for rec in recs:
-            self.recorded(n, rec)
-        for rec in recs:
-            if rec.status.value in schedule.WHERE and (prover := _cell_of(rec, it.cell)) is not None:
-                self.imply(prover, rec.status.value, self.run_id)
-
-    # -- attempts ---------------------------------------------------------------------------------------
-
-    def attempt_cell(self, i: int, cell: Cell, ds_config: dict | None, search_after=None, repeat: int = 1) -> Record:
-        """One cell: its records (started, then its outcome, or interrupted when the run is stopped); or
-        skipped when the memory model predicts it does not fit and prune is on. A probe of a micro-batch
-        search (search_after) is never pruned: the search settles by real runs."""
-        o = self.o
-        pred = prediction(cell, ds_config, self.hw, o.margin)
-        with self._attempts_lock:
-            ident = {**self.ident(cell), "fixed_costs": self.costs}
-            self.attempts[cell.hash] = ident["attempt"]
-        skip = prune_skip(pred) if o.prune and search_after is None else None
-        if skip is not None:
-            with launch.holding_signals():
-                return self.save(Record.skipped(cell, skip, at=now(), predicted=pred, **ident))
-        lane = local.lane()  # where the pool placed this cell (None: called outside a pool)
-        slots = list(lane.slots) if lane else list(range(cell.gpus))
-        gpus = slots if o.platform.cuda else None
-        placement = {"gpus": gpus} if o.platform.cuda else {"cpu_slots": slots}
-        started = Record.started(cell, started_at=now(), predicted=pred, repeat=repeat, placement=placement, **ident)
-        log_path = o.logs / f"{cell.hash}.{ident['attempt']}.log"
-        stage = "before"  # -> "started" once its start is on disk
-        try:
-            # A stop held while a record is written lands right after it, inside this try.
-            with launch.holding_signals():
-                self.save(started)
-                stage = "started"
-            self.prog.start(i, cell)
-            rec = attempt(
-                started, cell, ds_config, log_path=log_path, gpus=gpus, lane=lane,
-                stall_s=stall_s({**os.environ, **(o.extra_env or {})}), extra_env=o.extra_env,
-                sample_interval_s=telemetry.interval_for(o.platform.cuda),
-            )  # fmt: skip
-            if search_after is not None:
-                found = Search.model_validate(search_after(rec.status.value, cell.hash))
-                rec = rec.model_copy(update={"search": found})
-            with launch.holding_signals():
-                rec = self.save(rec)
-                stage = "ended"
-            return rec
-        except KeyboardInterrupt as e:
-            if stage == "started":
-                reason = getattr(e, "reason", None) or "stopped by the user"  # Stopped, local.Halted: theirs
-                with launch.holding_signals():
-                    self.written.append(
-                        self.save(Record.interrupted(started, reason, ended_at=now(), log=str(log_path)))
-                    )
-            raise
-
-    def search(self, i: int, template: Cell) -> list[Record]:
-        """micro_batch: auto: probe micro-batches (each probe a real cell, recorded) for the largest that
-        runs, starting from the memory model's largest that fits; out of memory is an answer, not a failure."""
-        seed = seed_micro_batch(template, self.hw)
-        records: list[Record] = []
-
-        def probe(mb: int, search_after) -> tuple[str, str]:
-            cell = dataclasses.replace(template, micro_batch=mb)
-            rec = self.attempt_cell(i, cell, dsconfig.build(cell), search_after)
-            records.append(rec)
-            return rec.status.value, cell.hash
-
-        result = search_micro_batch(probe, seed=seed, template=template.name)
-        self.o.printer(
-            f"micro_batch auto for {template.name}: "
-            + (f"largest that ran: {result.largest_ok}" if result.largest_ok else "none ran")
-            + f" ({len(result.probes)} probes from the model's {seed}; {result.ended})"
-        )
-        return records
+    def done(self, f: Finished) -> None:
+        """An attempt ended (this thread): its record, the ETA, what its out-of-memory end implies, and a
+        search's next probe."""
+        unit, job = f.handle.attempt.key, f.handle.attempt.job
+        started = self.running.pop(id(f.handle))
+        rec = ended(started, job, value=f.value, error=f.error, tb=f.traceback)
+        if unit.search is not None:
+            found = unit.search.add(job.cell.micro_batch, rec.status.value, job.cell.hash)
+            rec = rec.model_copy(update={"search": Search.model_validate(found)})
+        with launch.holding_signals():
+            self.save(rec)
+        if self.search is not None and unit.request is not None:
+            self.search.observe(rec, unit.request.rung)
+        if rec.status.ran and rec.wall_s is not None:
+            self.eta.observe(unit.planned.cell, rec.wall_s)
+        self.recorded(unit.index, rec)
+        if rec.status.value in schedule.WHERE:
+            self.imply(job.cell, rec.status.value, self.run_id)
+        if unit.search is not None and rec.status is not Status.INTERRUPTED:
+            self.probe(unit)
 
     # -- the loop ---------------------------------------------------------------------------------------
 
     def go(self) -> None:
-        """Prepare, then run every unit left on the local executor; Stopped and StoreWriteError end it
-        (each said), the fork servers are stopped and the summary printed whatever happens."""
-        o, finished = self.o, False
+        """Reach the run's executor, prepare, then run every unit left on it; Stopped and StoreWriteError end
+        it (each said), the executor is closed, the fork servers stopped and the summary printed whatever
+        happens."""
+        o, finished, ex = self.o, False, None
         self.t_run = time.time()
         try:
             with stop_on_signals():
-                # Only for the cells that will run: not for those skipped or predicted not to fit.
-                will_run = {id(it): it for it, _ in self.queue if id(it) not in self.free}
-                if o.slots.max_cells > 1:
-                    where = "GPUs" if o.platform.cuda else "CPU slots"
-                    o.printer(f"packing: up to {o.slots.max_cells} cells side by side on {where} {list(o.slots.ids)}")
-                self.costs = (
-                    prepare(list(will_run.values()), o.logs, o.extra_env, o.platform, o.printer, o.slots) or None
-                )
+                # First: a cluster that cannot be reached is said before anything is built.
+                ex = executor_for(o.executor, o.slots, o.platform, **self.executor_options())
+                self.width = ex.slots
+                if getattr(ex, "prepares", True):
+                    self.prepare(ex)
                 self.imply_stored()
-                dispatch(
-                    executor_for(o.executor, o.slots),
-                    self.attempts_left(),
-                    done=lambda a, ended: self.unit_done(a.key, ended),
-                    admit=lambda a: self.admit(a.key),
-                )
+                dispatch(ex, self.source(), admit=self.admit, done=self.done)
                 finished = True
         except Stopped as e:
             e.results_path = self.store.path
+            if self.search is not None:
+                self.settle(stopped=True)
             raise
         except StoreWriteError as e:
             self.say_write_error(e)
@@ -367,7 +446,35 @@ class Session:
             raise err from e
         finally:
             launch.stop_forkserver()
+            if ex is not None:
+                ex.close()
             self.prog.close(time.time() - self.t_run, len(self.written), finished)
+
+    def executor_options(self) -> dict:
+        """What the run's executor is built with beside its slots and platform (each takes its own); cells: those
+        that may run, so a cluster executor refuses what it cannot place before any cell runs."""
+        o = self.o
+        return {
+            "address": o.address, "logs": o.logs, "printer": o.printer, "recording": o.replay, "settings": o.slurm,
+            "cells": [it.cell for it in self.will_run() if it.skip is None],
+        }  # fmt: skip
+
+    def will_run(self) -> list[Planned]:
+        """The planned cells this run may still run: not pruned (predicted not to fit); in answer mode, the search's
+        candidates too."""
+        will_run = {id(it): it for it, _ in self.queue if id(it) not in self.free}
+        if self.search is not None:
+            will_run |= {id(c.planned): c.planned for c in self.search.candidates}
+        return list(will_run.values())
+
+    def prepare(self, ex) -> None:
+        """The one-off costs, for the cells that will run (not those skipped or predicted not to fit)."""
+        o = self.o
+        if o.slots.max_cells > 1 and o.executor == "local":
+            where = "GPUs" if o.platform.cuda else "CPU slots"
+            o.printer(f"packing: up to {o.slots.max_cells} cells side by side on {where} {list(o.slots.ids)}")
+        items = self.will_run()
+        self.costs = prepare(items, o.logs, o.extra_env, o.platform, o.printer, o.slots, ex.forkservers) or None
 
     def say_harness_error(self, e: HarnessError) -> None:
         """The run stops on a failure of zerobench's own (not a cell's): say it, and what --resume does."""
@@ -390,11 +497,3 @@ class Session:
             f"  written to {self.store.path} by this run: {len(self.written)} outcome(s), each whole; "
             "once there is room, `--resume` runs the cells that have none"
         )
-
-
-def _cell_of(rec: Record, cell: Cell) -> Cell | None:
-    """The cell a record ran: `cell`, or the probe of a micro-batch search whose record this is."""
-    if rec.cell_hash == cell.hash:
-        return cell
-    probe = dataclasses.replace(cell, micro_batch=rec.cell["micro_batch"])
-    return probe if probe.hash == rec.cell_hash else None

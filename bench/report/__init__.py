@@ -1,7 +1,8 @@
 """Reports are pure functions of results: the same results give the same files.
 
 results (JSONL) -> results.load() -> analysis.analyse() -> charts.build() -> markdown (+ PNG charts) / html
-                                                                 (figures draws each chart as PNG or SVG)
+                                      (effects: a knob's        (figures draws each chart as PNG or SVG)
+                                       pairs -> ratio, interval)
 """
 
 from __future__ import annotations

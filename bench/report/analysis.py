@@ -1,26 +1,39 @@
 """Results DataFrame -> what the reports say. Pure pandas, no formatting, no clock.
 
 Markdown (pull requests) and HTML (reading) both render one `Analysis`, so they tell the same story
-from the same numbers. Everything here is ordered by the input or by explicit keys, never by hash
-or set order, because a report must be a pure function of its results.
+from the same numbers. What ranks cells (best cells, the frontier, knob effects) is per `Section`, one
+model at one sequence length, never across them; `effects` summarises a knob's pairs of cells.
+Everything here is ordered by the input or by explicit keys, never by hash or set order, because a
+report must be a pure function of its results.
 """
 
 from __future__ import annotations
 
 import math
+import re
+import statistics
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from .. import compare, rules, stats
+from .. import compare, effects, rules, stats
 from ..axes import SHOWN, peft_variant
-from ..matrix import CompareSettings
-from ..results import latest
+from ..results import PEAK_MEMORY_SOURCES, latest
 from ..status import Status
-from . import stale
+from . import fmt, stale
 
-__all__ = ["Analysis", "Ablation", "analyse", "AXES", "MEMORY_VIEW", "MEMORY_PHASES", "STATUS_ORDER", "NOT_RUN"]
+__all__ = [
+    "Analysis",
+    "Ablation",
+    "analyse",
+    "AXES",
+    "MEMORY_VIEW",
+    "MEMORY_PHASES",
+    "STATUS_ORDER",
+    "NOT_RUN",
+    "records",
+]
 
 STATUS_ORDER = [s.value for s in Status if s is not Status.STARTED]
 NOT_RUN = [s.value for s in Status if not s.ran]
@@ -38,6 +51,7 @@ AXES = [(_COLUMN.get(a.name, a.name), a.label, a.short) for a in SHOWN if a.abla
 _FIXED = [
     ("model", "model"),
     ("gpus", "gpus"),
+    ("nodes", "nodes"),
     # The schedule asked for, not the steps taken: adaptive cells that took different counts still pair.
     ("steps_schedule", "steps"),
     ("seed", "seed"),
@@ -88,28 +102,43 @@ class Ablation:
     """One dict per group of comparable cells: {"context": label, "cells": {value: row dict or None}}."""
     n_groups: int
     effects: list[dict]
-    """Per non-reference value: median tokens/s and peak-memory ratios vs the reference value, over the
-    groups where both ran ok, and `verdict` (faster, slower, or "no significant difference": the rule of
-    `zerobench compare`, bench.stats.judge_noisy, per group) with `basis` saying on what grounds."""
+    """Per non-reference value: `tokens` and `memory` (bench.report.effects.Effect: the ratio to the
+    reference value over the pairs where both ran ok, its 95% interval, the number of pairs and the
+    verdict), `n` (pairs), `loss_delta` (median difference in final loss) and `trainable_ratio`."""
+
+
+SECTION_NOTE = (
+    "One section per model and sequence length: cells are ranked, and knob effects measured, only against cells "
+    "of the same model at the same sequence length, since the sequence length is the workload (it sets the "
+    "attention cost of each token and the activations held), not a knob to pick for speed. Nothing here ranks "
+    "cells of different sections against each other."
+)
+
+
+REPLAY_NOTE = (
+    "nothing here ran anew; every measurement was recorded earlier and served by the replay executor "
+    "(`zerobench run --replay`) from these files"
+)
 
 
 @dataclass(frozen=True, kw_only=True)
-class Analysis:
-    title: str
-    attempts: int
-    """Rows in the input (every attempt); `cells` keeps the last attempt of each cell."""
+class Section:
+    """The cells of one model at one sequence length: the only cells the report ranks against each other."""
+
+    model: str
+    """The cells' `model`: a preset name or a local model directory, as the records name it."""
+    seq_len: int
+    label: str
+    """The section's heading: "llama-1b, sequence length 2,048"."""
+    slug: str
+    """For HTML ids and chart file names: [a-z0-9-], unique within the report."""
     cells: pd.DataFrame
-    """Latest attempt per cell in input order, plus `peft_variant`, `pareto` (bool), `capacity_bytes`
-    (the memory its peak counts against) and `outside_allocator_bytes` (NVML minus allocator reserved)."""
-    counts: dict[str, int]
-    pruned: int
-    """Of the skipped cells, those the memory model predicted not to fit (the rest a rule ruled out)."""
     ok: pd.DataFrame
     fastest: dict | None
     smallest: dict | None
     best_mfu: dict | None
     frontier: pd.DataFrame
-    """Ok cells nothing beats on both tokens/s and peak memory (per memory source), by peak memory ascending."""
+    """Ok cells nothing here beats on both tokens/s and peak memory (per memory source), by peak memory ascending."""
     peak_label: str
     capacity_label: str | None
     """What the cells' peaks are measured against: the GPU (name, memory), or host memory for CPU runs.
@@ -118,18 +147,42 @@ class Analysis:
     """Cells that ran out of memory (measured: cuda_oom, host_oom)."""
     implied: pd.DataFrame
     """Cells recorded as implied_oom, not run: a cell needing no more memory ran out (its reason names it)."""
+    compute_metric: str | None
+    """"mfu" when any ok cell has MFU, else "tflops_per_gpu" when any has that, else None."""
+    ablations: list[Ablation]
+    answer: dict | None = None
+    """What answer mode settled here (`_answer`); None when no record of the section came from answer mode."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Analysis:
+    title: str
+    attempts: int
+    """Rows in the input (every attempt); `cells` keeps the last attempt of each cell."""
+    cells: pd.DataFrame
+    """Latest attempt per cell in input order, plus `peft_variant`, `section` (its Section's slug), `pareto`
+    (bool, on its section's frontier), `capacity_bytes` (the memory its peak counts against),
+    `outside_allocator_bytes` (NVML minus allocator reserved) and `tokens_log_se` (effects.Side.log_se)."""
+    sections: list[Section]
+    """One per model and sequence length, models in input order, shorter sequences first: what is ranked."""
+    counts: dict[str, int]
+    pruned: int
+    """Of the skipped cells, those the memory model predicted not to fit (the rest a rule ruled out)."""
+    peak_label: str
+    """What `peak_memory_bytes` is over all cells (the cells table and the memory section)."""
     memory_columns: list[tuple[str, str, bool]]
     """The MEMORY_VIEW entries some cell has a figure for."""
     memory_phases: tuple[str, str, str] | None
     """The MEMORY_PHASES entry (setup column, measured column, label) these results have, if any."""
     compute_metric: str | None
-    """"mfu" when any cell has MFU, else "tflops_per_gpu" when any has that, else None."""
-    ablations: list[Ablation]
+    """"mfu" when any ok cell has MFU, else "tflops_per_gpu" when any has that, else None (the cells table)."""
     loss_cells: pd.DataFrame
     failures: pd.DataFrame
     failure_groups: list[dict]
     environment: list[tuple[str, str]]
     baseline: pd.DataFrame | None = None
+    replayed: list[str] = field(default_factory=list)
+    """The results files a replay (`zerobench run --replay`) served these records from: nothing here ran anew."""
     baseline_only: list[str] = field(default_factory=list)
     """Cell names that the baseline has and these results do not."""
     zero_scaling: list[dict] = field(default_factory=list)
@@ -167,13 +220,19 @@ ZERO_SCALING_NOTE = (
 def _zero_scaling(cells: pd.DataFrame) -> list[dict]:
     """The ZeRO paper's claim, checked: per-GPU memory falls from stage 0 to 3 as optimizer state,
     then gradients, then parameters are sharded. Only full fine-tunes without offload on several
-    GPUs, grouped by everything but the stage, with a ZeRO-0 cell to compare against."""
+    GPUs, grouped by everything but the stage, with a ZeRO-0 cell to compare against. GPUs are every
+    node's (what ZeRO shards over)."""
     need = {"zero_stage", "gpus", "peft", "offload", "estimate_model_states_bytes"}
     if not need <= set(cells):
         return []
+    cells = cells.assign(
+        _ranks=cells["gpus"].fillna(1) * cells.get("nodes", 1).fillna(1)
+        if "nodes" in cells
+        else cells["gpus"].fillna(1)
+    )
     ok = cells[
         (cells["status"] == Status.OK.value)
-        & (cells["gpus"].fillna(1) > 1)
+        & (cells["_ranks"] > 1)
         & (cells["peft"] == "none")
         & (cells["offload"] == "none")
     ]
@@ -198,7 +257,8 @@ def _zero_scaling(cells: pd.DataFrame) -> list[dict]:
             row = {
                 "cell_name": r["cell_name"],
                 "zero_stage": int(r["zero_stage"]),
-                "gpus": int(r["gpus"]),
+                "gpus": int(r["_ranks"]),
+                "nodes": int(r["nodes"]) if "nodes" in r and not pd.isna(r["nodes"]) else 1,
                 "micro_batch": int(r["micro_batch"]),
                 "ds_config": r["_config"] or None,
                 "predicted_ratio": r["estimate_model_states_bytes"] / z0["estimate_model_states_bytes"],
@@ -328,13 +388,14 @@ def _peft_variant(cells: pd.DataFrame) -> pd.Series:
 
 
 def _pareto(ok: pd.DataFrame) -> pd.Series:
-    """True for ok cells on the tokens/s (higher) vs peak memory (lower) frontier.
+    """True for ok cells on their section's tokens/s (higher) vs peak memory (lower) frontier.
 
-    One frontier per kind of memory figure: host RSS on a CPU run and VRAM on a GPU are not comparable.
+    One frontier per section and kind of memory figure: another model's cells, and host RSS on a CPU run
+    against VRAM on a GPU, are not comparable.
     """
     flag = pd.Series(False, index=ok.index)
     have = ok[ok["tokens_per_s"].notna() & ok["peak_memory_bytes"].notna()]
-    for _, g in have.groupby("peak_memory_source", sort=True):
+    for _, g in have.groupby(["section", "peak_memory_source"], sort=True):
         s = g.sort_values(["peak_memory_bytes", "tokens_per_s"], ascending=[True, False], kind="stable")
         t = s["tokens_per_s"].to_numpy()
         best_before = np.concatenate([[-np.inf], np.maximum.accumulate(t)[:-1]])
@@ -378,12 +439,22 @@ def _context_labels(keys: pd.DataFrame, cols: list[str]) -> pd.Series:
 
 
 _CELL_FIELDS = ["cell_name", "cell_hash", "status", "reason", "tokens_per_s", "peak_memory_bytes"]
+# What _effects reads of a cell besides its axis (the last two where results carry them).
+_EFFECT_FIELDS = [
+    "tokens_per_s", "tokens_log_se", "peak_memory_bytes", "peak_memory_source", "cell_hash", "variant",
+    "loss_final", "params_trainable",
+]  # fmt: skip
 
 
 # PEFT settings (axes with a block) and peft_variant describe one adapter: comparing PEFT variants holds
 # none of the settings equal (peft: none has none; alpha was never held equal there), and comparing one
 # setting holds peft equal, not the variant (whose name carries the rank and quantization).
 _PEFT_SETTINGS = {a.name for a in SHOWN if a.block}
+
+
+def records(frame: pd.DataFrame, cols: list[str]) -> list[dict]:
+    """frame[cols].to_dict("records") in a third of the time (a dict per row over 10k rows adds up)."""
+    return [dict(zip(cols, row)) for row in zip(*(frame[c].tolist() for c in cols))]
 
 
 def _held_equal(cols: list[str], axis: str) -> list[str]:
@@ -396,26 +467,29 @@ def _held_equal(cols: list[str], axis: str) -> list[str]:
 
 
 def _ablations(cells: pd.DataFrame, samples: dict) -> list[Ablation]:
-    ran = cells[~cells["status"].isin(NOT_RUN)]
+    context_cols = [c for c, _, _ in AXES if c in cells] + [c for c, _ in _FIXED if c in cells]
+    # The columns read below only: each axis filters the rows, and a copy of some 150 columns costs.
+    needed = {*context_cols, "peft", *_CELL_FIELDS, *_EFFECT_FIELDS}
+    ran = cells.loc[~cells["status"].isin(NOT_RUN), [c for c in cells if c in needed]]
     if ran.empty:
         return []
-    context_cols = [c for c, _, _ in AXES if c in cells] + [c for c, _ in _FIXED if c in cells]
     # Strings make None/NaN groupable and comparable; labels show only what differs somewhere.
     keys = ran[context_cols + (["peft"] if "peft" in ran and "peft" not in context_cols else [])].astype(str)
+    codes = {c: pd.factorize(keys[c], use_na_sentinel=False)[0] for c in keys}
     varying = [c for c in context_cols if keys[c].nunique() > 1]
     out = []
     for axis, title, _ in AXES:
         if axis not in varying:
             continue
         others = _held_equal(context_cols, axis)
-        gid = keys.groupby(others, sort=False, dropna=False).ngroup()
-        comparable = keys[axis].groupby(gid).transform("nunique") >= 2
+        gid = pd.Series(_group_ids(codes, others), index=ran.index)
+        comparable = _values_per_group(gid.to_numpy(), codes[axis]) >= 2
         if not comparable.any():
             continue
         sub, gid = ran[comparable], gid[comparable]
         values = _ordered(axis, pd.unique(sub[axis]).tolist())
         # Labelled from each group's first row only: string building over every row cost seconds at 10k.
-        firsts = keys.loc[comparable].groupby(gid, sort=False).head(1)
+        firsts = keys.loc[comparable][~gid.duplicated().to_numpy()]
         labels = _context_labels(firsts, [c for c in varying if c in others])
         group_labels = pd.Series(labels.to_numpy(), index=gid.loc[firsts.index].to_numpy()).sort_values(kind="stable")
         shown = group_labels.index[:MAX_ABLATION_GROUPS]
@@ -443,46 +517,95 @@ def _ablations(cells: pd.DataFrame, samples: dict) -> list[Ablation]:
     return out
 
 
+def _group_ids(codes: dict[str, np.ndarray], cols: list[str]) -> np.ndarray:
+    """Per row, its group of equal values in `cols` (factorized codes), numbered in order of first appearance
+    (as groupby(sort=False).ngroup(), on one integer key: grouping by ten string columns cost seconds).
+    Renumbered after each column, the key stays below rows x values: no overflow."""
+    key = np.zeros(len(next(iter(codes.values()))), dtype=np.int64)
+    for c in cols:
+        key = pd.factorize(key * (int(codes[c].max()) + 1) + codes[c])[0].astype(np.int64)
+    return pd.factorize(key)[0]
+
+
+def _values_per_group(gid: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per row, how many distinct values (codes) its group holds."""
+    card = int(values.max()) + 1
+    pairs = np.unique(gid.astype(np.int64) * card + values)
+    return np.bincount(pairs // card, minlength=int(gid.max()) + 1)[gid]
+
+
 # The report judges an effect by the rule `zerobench compare` uses, with its default thresholds.
-COMPARE_RULE = CompareSettings()
+COMPARE_RULE = effects.RULE
 
 
 def _effects(sub: pd.DataFrame, gid: pd.Series, axis: str, values: list, samples: dict) -> list[dict]:
-    ok = sub[sub["status"] == Status.OK.value].assign(_g=gid)
+    """Per non-reference value, its throughput and memory effect against the reference value over the
+    groups where both ran ok (bench.report.effects), and what it does to learning and to what trains."""
+    # The columns read below only: every filter of the whole frame (some 150 columns) costs a copy of each.
+    cols = [axis] + [c for c in _EFFECT_FIELDS if c in sub]
+    ok = sub.loc[(sub["status"] == Status.OK.value) & (sub["tokens_per_s"] > 0), cols].assign(_g=gid)
     ref = values[0]
-    wide_t = ok.pivot_table(index="_g", columns=axis, values="tokens_per_s", aggfunc="first")
-    wide_m = ok.pivot_table(index="_g", columns=axis, values="peak_memory_bytes", aggfunc="first")
     # What the knob does to learning and to what trains (the PEFT settings move these, not memory alone).
     wide_l = _wide(ok, axis, "loss_final")
     wide_p = _wide(ok, axis, "params_trainable")
-    wide_k: dict = {}
-    if samples:  # which cells each group holds, to find their repeats
-        keys = ok.assign(_k=[compare.cell_key(r) for r in ok[["cell_hash", "variant"]].to_dict("records")])
-        wide_k = keys.pivot_table(index="_g", columns=axis, values="_k", aggfunc="first").to_dict("index")
+    # Each group's first ok cell per value: a pair is a group's reference cell and its cell of the value.
+    first = ok.assign(_v=ok[axis].astype(str)).drop_duplicates(["_g", "_v"]).set_index("_g")
+    refs = first[first["_v"] == str(ref)]
     out = []
     for v in values[1:]:
-        row = {"value": v, "reference": ref, "n": 0, "tokens_ratio": None, "memory_ratio": None}
-        row.update(loss_delta=_median_of(wide_l, v, ref, "-"), trainable_ratio=_median_of(wide_p, v, ref, "/"))
-        row.update(verdict=None, basis="")
-        if ref in wide_t.columns and v in wide_t.columns:
-            t = (wide_t[v] / wide_t[ref]).dropna()
-            m = (wide_m[v] / wide_m[ref]).dropna() if ref in wide_m.columns and v in wide_m.columns else pd.Series()
-            row.update(
-                n=int(len(t)),
-                tokens_ratio=float(t.median()) if len(t) else None,
-                memory_ratio=float(m.median()) if len(m) else None,
-            )
-            if len(t):
-                pairs = [(wide_k[g][ref], wide_k[g][v]) for g in t.index] if wide_k else []
-                row.update(_significance(pairs, t.to_numpy(), samples))
-        out.append(row)
+        cur = first[first["_v"] == str(v)]
+        both = cur.index[cur.index.isin(refs.index)]
+        r, c = refs.loc[both], cur.loc[both]
+        tok = effects.throughput(_sides(r, c, "tokens_per_s", samples))
+        # Memory only where both sides' peaks are the same kind of figure (NVML against host RSS: no ratio).
+        have = (r["peak_memory_bytes"] > 0).to_numpy() & (c["peak_memory_bytes"] > 0).to_numpy()
+        kinds = set(r.loc[have, "peak_memory_source"]) | set(c.loc[have, "peak_memory_source"])
+        one = len(kinds) == 1
+        mem_pairs = _sides(r[have], c[have], "peak_memory_bytes", samples) if one else []
+        out.append(
+            {
+                "value": v,
+                "reference": ref,
+                "n": tok.n,
+                "tokens": tok,
+                "memory": effects.memory(mem_pairs, kinds.pop() if one else None),
+                "loss_delta": _median_of(wide_l, v, ref, "-"),
+                "trainable_ratio": _median_of(wide_p, v, ref, "/"),
+            }
+        )
     return out
 
 
+def _sides(r: pd.DataFrame, c: pd.DataFrame, col: str, samples: dict) -> list[tuple[effects.Side, effects.Side]]:
+    """Pairs (reference cell, value cell) for one figure, row by row of two aligned frames."""
+    return list(zip(_side_list(r, col, samples), _side_list(c, col, samples)))
+
+
+def _side_list(cells: pd.DataFrame, col: str, samples: dict) -> list[effects.Side]:
+    """Each cell for a figure: its value (the median of its repeats), the repeats, its noise."""
+    values = cells[col].to_numpy(dtype=float).tolist()
+    ses = cells["tokens_log_se"].to_numpy(dtype=float).tolist() if col == "tokens_per_s" else [None] * len(cells)
+    reps: list = [()] * len(cells)
+    if samples:
+        figures = [col] * len(cells) if col == "tokens_per_s" else cells["peak_memory_source"].map(_PEAK_COLUMN)
+        for i, (k, figure) in enumerate(zip(cells[["cell_hash", "variant"]].to_dict("records"), figures)):
+            s = samples.get(compare.cell_key(k))
+            xs = [x for x in (s.values.get(figure, []) if s else []) if x > 0]
+            reps[i] = xs if len(xs) >= 2 else ()
+    # Positional: a 10k-row report makes some 10^5 of these. NaN != NaN marks an unknown noise.
+    return [effects.Side(x, rp, None if se != se else se) for x, se, rp in zip(values, ses, reps)]
+
+
+# The column each peak_memory_source names (bench.results.PEAK_MEMORY_SOURCES, reversed).
+_PEAK_COLUMN = {v: k for k, v in PEAK_MEMORY_SOURCES.items()}
+
+
 def _wide(ok: pd.DataFrame, axis: str, col: str) -> pd.DataFrame:
+    """Groups x values of the axis: each group's first non-missing figure per value."""
     if col not in ok or ok[col].isna().all():
         return pd.DataFrame()
-    return ok.pivot_table(index="_g", columns=axis, values=col, aggfunc="first")
+    firsts = ok.loc[ok[col].notna(), ["_g", axis, col]].drop_duplicates(["_g", axis])
+    return firsts.set_index(["_g", axis])[col].unstack(axis)
 
 
 def _median_of(wide: pd.DataFrame, v, ref, op: str) -> float | None:
@@ -493,52 +616,34 @@ def _median_of(wide: pd.DataFrame, v, ref, op: str) -> float | None:
     return float(d.median()) if len(d) else None
 
 
-def _significance(pairs: list[tuple[str, str]], ratios, samples: dict) -> dict:
-    """Is the tokens/s effect beyond the noise? Each group judged as `zerobench compare` judges a cell
-    (reference as baseline); the effect is called only where the groups that can tell agree. Groups
-    measured once a side are judged by their ratio alone (what judge_noisy would do, without the cost
-    of a call per group in a 10k-cell report)."""
+def _tokens_log_se(cells: pd.DataFrame, samples: dict) -> pd.Series:
+    """Per ok cell, the standard error of ln(tokens/s) (bench.report.effects.Side.log_se): from its repeats
+    where it ran 2+ times (the standard deviation of their logs over sqrt(n)), else from its run's median
+    step-time interval (the record's `steps`, or made from its step times for older records), whose
+    width on the log scale is 2 z(level) standard errors. NaN where neither is known."""
+    out = pd.Series(np.nan, index=cells.index, dtype=float)
+    ok = cells[(cells["status"] == Status.OK.value) & (cells["tokens_per_s"] > 0)]
+    cols = ["cell_hash", "variant", "step_time_ci_low_s", "step_time_ci_high_s", "step_time_ci_level"]
+    cols += ["step_times_s", "warmup_steps"]
+    for i, r in zip(ok.index, records(ok, [c for c in cols if c in ok])):
+        s = samples.get(compare.cell_key(r)) if samples else None
+        logs = [math.log(x) for x in (s.values["tokens_per_s"] if s else []) if x > 0]
+        if len(logs) >= 2:
+            out[i] = statistics.stdev(logs) / math.sqrt(len(logs))
+            continue
+        lo, hi, level = (r.get(c) for c in cols[2:5])
+        if fmt.missing(lo) or fmt.missing(hi) or fmt.missing(level):
+            lo, hi, level = _step_interval(r.get("step_times_s"), r.get("warmup_steps"))
+        if lo and hi and level and 0 < level < 1:
+            out[i] = math.log(hi / lo) / (2 * stats.normal_quantile(level))
+    return out
 
-    def n(k):
-        return len(samples[k].values["tokens_per_s"]) if k in samples else 0
 
-    tested = [
-        stats.judge_noisy(
-            samples[a].values["tokens_per_s"],
-            samples[b].values["tokens_per_s"],
-            higher_is_better=True,
-            alpha=COMPARE_RULE.alpha,
-            min_effect=COMPARE_RULE.min_effect,
-            single_min_effect=COMPARE_RULE.single_run_min_effect,
-        )
-        for a, b in pairs
-        if n(a) >= 2 and n(b) >= 2
-    ]
-    if tested:
-        reps = min(min(j.n) for j in tested)
-        basis = (
-            f"{len(tested)} group(s) with at least {reps} repeats a side: "
-            f"p ≤ {COMPARE_RULE.alpha:g} and ≥ {COMPARE_RULE.min_effect:.0%}"
-        )
-        ci = tested[0].ci if len(tested) == 1 else None
-    else:
-        bound = COMPARE_RULE.single_run_min_effect
-        basis = f"one run each: the noise cannot be estimated, so only changes ≥ {bound:.0%} count"
-        ci = None
-    if tested:
-        verdicts = {j.verdict for j in tested}
-    else:
-        big = np.abs(np.asarray(ratios, dtype=float) - 1) >= COMPARE_RULE.single_run_min_effect
-        verdicts = {
-            stats.NO_CHANGE if not b else stats.IMPROVEMENT if r > 1 else stats.REGRESSION for r, b in zip(ratios, big)
-        }
-    if verdicts == {stats.REGRESSION}:
-        verdict = "slower"
-    elif verdicts == {stats.IMPROVEMENT}:
-        verdict = "faster"
-    else:
-        verdict = "no significant difference"
-    return {"verdict": verdict, "basis": basis, "tokens_ci": ci, "tokens_ci_conf": tested[0].ci_conf if ci else None}
+def _step_interval(times, warmup) -> tuple[float | None, float | None, float | None]:
+    """The median measured step time's interval (bench.stats.median_ci, 95%) from a record's step times."""
+    if not isinstance(times, list) or fmt.missing(warmup):
+        return None, None, None
+    return stats.median_ci(times[int(warmup) :], effects.CONF)
 
 
 def _with_repeats(cells: pd.DataFrame, samples: dict) -> pd.DataFrame:
@@ -634,7 +739,7 @@ def _failure_groups(failures: pd.DataFrame) -> list[dict]:
 def _distinct(cells: pd.DataFrame, col: str) -> str:
     if col not in cells:
         return ""
-    return ", ".join(sorted({str(v) for v in cells[col].dropna() if str(v) != ""}))
+    return ", ".join(sorted({str(v) for v in cells[col].dropna().unique()} - {""}))
 
 
 def _environment(cells: pd.DataFrame, df: pd.DataFrame) -> list[tuple[str, str]]:
@@ -689,39 +794,29 @@ def _baseline(cells: pd.DataFrame, base_df: pd.DataFrame) -> tuple[pd.DataFrame,
     return m, only
 
 
-def analyse(df: pd.DataFrame, *, title: str = "zerobench report", baseline: pd.DataFrame | None = None) -> Analysis:
-    """Everything the reports show, computed once from `bench.results.load()` output."""
-    if df.empty:
-        empty = pd.DataFrame(columns=["cell_name", "status", "reason", "pareto"])
-        return Analysis(
-            title=title,
-            attempts=0,
-            cells=empty,
-            counts={},
-            pruned=0,
-            ok=empty,
-            fastest=None,
-            smallest=None,
-            best_mfu=None,
-            frontier=empty,
-            peak_label="peak memory",
-            capacity_label=None,
-            did_not_fit=empty,
-            implied=empty,
-            memory_columns=[],
-            memory_phases=None,
-            compute_metric=None,
-            ablations=[],
-            loss_cells=empty,
-            failures=empty,
-            failure_groups=[],
-            environment=[],
-            baseline=None if baseline is None else empty,
-        )
-    # Only cells measured more than once have a distribution to summarise (and a 10k-row report of
-    # single runs pays nothing for it).
-    repeated = df["repeat"].fillna(1).groupby(df["cell_hash"]).transform("max") > 1 if "repeat" in df else None
-    samples = compare.samples(df[repeated]) if repeated is not None and repeated.any() else {}
+def _empty(title: str, baseline: pd.DataFrame | None) -> Analysis:
+    empty = pd.DataFrame(columns=["cell_name", "status", "reason", "pareto"])
+    return Analysis(
+        title=title,
+        attempts=0,
+        cells=empty,
+        sections=[],
+        counts={},
+        pruned=0,
+        peak_label="peak memory",
+        memory_columns=[],
+        memory_phases=None,
+        compute_metric=None,
+        loss_cells=empty,
+        failures=empty,
+        failure_groups=[],
+        environment=[],
+        baseline=None if baseline is None else empty,
+    )
+
+
+def _cells(df: pd.DataFrame, samples: dict) -> pd.DataFrame:
+    """The latest attempt per cell with the columns every section reads (see Analysis.cells)."""
     cells = _with_repeats(latest(df), samples)
     if "variant" in cells and cells["variant"].notna().any():
         # `zerobench selfcheck` runs one cell several ways: keep the ways apart.
@@ -731,24 +826,129 @@ def analyse(df: pd.DataFrame, *, title: str = "zerobench report", baseline: pd.D
     if "model" in cells and cells["model"].nunique() > 1:
         # Cell names carry the axes, not the model: a report over several models must say which.
         cells = cells.assign(cell_name=cells["model"].astype(str) + " " + cells["cell_name"])
-    capacity, capacity_label = _capacity(cells)
+    capacity, _ = _capacity(cells)
     cells = cells.assign(
         peft_variant=_peft_variant(cells),
         capacity_bytes=capacity,
         # NVML minus allocator reserved: CUDA context, NCCL buffers, cuBLAS workspaces, other allocators.
         outside_allocator_bytes=cells["nvml_proc_peak_bytes"] - cells["torch_max_reserved_bytes"],
+        tokens_log_se=_tokens_log_se(cells, samples),
+        section=_section_slugs(cells),
     )
     is_ok = cells["status"] == Status.OK.value
-    cells = cells.assign(pareto=_pareto(cells[is_ok]).reindex(cells.index, fill_value=False))
-    ok = cells[is_ok]
+    return cells.assign(pareto=_pareto(cells[is_ok]).reindex(cells.index, fill_value=False))
 
-    def pick(col, largest):
-        have = ok[ok[col].notna()]
-        if have.empty:
-            return None
-        i = have[col].idxmax() if largest else have[col].idxmin()  # first of ties: input order
-        return have.loc[i].to_dict()
 
+def _section_slugs(cells: pd.DataFrame) -> pd.Series:
+    """Each cell's section as a slug ("llama-1b-seq2048"): distinct sections never share one."""
+    keys = list(zip(cells["model"].astype(str), cells["seq_len"]))
+    slugs: dict = {}
+    for m, n in dict.fromkeys(keys):
+        base = re.sub(r"[^a-z0-9]+", "-", f"{m} seq{n}".lower()).strip("-")[-60:].strip("-") or "model"
+        slug, i = base, 2
+        while slug in slugs.values():
+            slug, i = f"{base}-{i}", i + 1
+        slugs[(m, n)] = slug
+    return pd.Series([slugs[k] for k in keys], index=cells.index, dtype=object)
+
+
+def _compute_metric(ok: pd.DataFrame) -> str | None:
+    return "mfu" if ok["mfu"].notna().any() else "tflops_per_gpu" if ok["tflops_per_gpu"].notna().any() else None
+
+
+def _pick(ok: pd.DataFrame, col: str, largest: bool) -> dict | None:
+    have = ok[ok[col].notna()]
+    if have.empty:
+        return None
+    i = have[col].idxmax() if largest else have[col].idxmin()  # first of ties: input order
+    return have.loc[i].to_dict()
+
+
+def _answer(cells: pd.DataFrame, attempts: pd.DataFrame) -> dict | None:
+    """What answer mode (`zerobench run --answer`) settled among these cells, from the records' `answer` notes:
+    per group its fastest ok cell with a 95% interval (tokens_log_se, at least the repeat noise answer mode
+    assumed: effects.REPEAT_NOISE over the square root of its runs) and the cells whose intervals reach it
+    (no significant difference); the cells measured and what each role cost (wall seconds of every attempt);
+    the cells left unmeasured, those the budget (or a stop) left that could still change the answer, and the
+    predicted time measuring them once would add. "measured" counts the cells with an ok record; "attempts"
+    every attempt answer mode made, failures included."""
+    if "answer_role" not in cells or cells["answer_role"].isna().all():
+        return None
+    roles = attempts["answer_role"]
+    measured = attempts[roles.notna() & (roles != "unmeasured")]
+    left = cells[cells["status"] == Status.UNMEASURED.value]
+    z, groups = stats.normal_quantile(0.95), []
+    ok = cells[(cells["status"] == Status.OK.value) & cells["answer_group"].notna()]
+    for g, sub in ok.groupby("answer_group", sort=False):
+        # As answer mode judged: never less noise than repeats of one cell show between them.
+        floor = effects.REPEAT_NOISE["gpu" if sub["peak_memory_source"].iloc[0] != "host_rss" else "cpu"]
+        se = np.maximum(sub["tokens_log_se"].fillna(0.0), floor / np.sqrt(sub["repeats"].clip(lower=1)))
+        lo, hi = sub["tokens_per_s"] * np.exp(-z * se), sub["tokens_per_s"] * np.exp(z * se)
+        i = sub["tokens_per_s"].idxmax()
+        ties = sub.index[(hi >= lo[i]) & (sub.index != i)]
+        best = {"group": g, "cell_name": sub.loc[i, "cell_name"], "tokens_per_s": sub.loc[i, "tokens_per_s"]}
+        best |= {"low": lo[i], "high": hi[i], "repeats": int(sub.loc[i, "repeats"])}
+        groups.append(best | {"ties": list(sub.loc[ties, "cell_name"])})
+    needed = left[left["answer_needed"].eq(True)]
+    return {
+        "groups": groups,
+        "measured": int(measured.loc[measured["status"] == Status.OK.value, "cell_hash"].nunique()),
+        "attempts": len(measured),
+        "cost_s": {str(k): float(v) for k, v in measured.groupby("answer_role")["wall_s"].sum().items()},
+        "spent_s": float(measured["wall_s"].sum()),
+        "unmeasured": len(left),
+        "needed": len(needed),
+        "adds_s": float(pd.to_numeric(left["answer_predicted_wall_s"], errors="coerce").sum()),
+    }
+
+
+def _section(cells: pd.DataFrame, samples: dict, attempts: pd.DataFrame) -> Section:
+    """One model at one sequence length: its headlines, what fits, its frontier and its knob effects."""
+    first = cells.iloc[0]
+    ok = cells[cells["status"] == Status.OK.value]
+    seq = int(first["seq_len"])
+    return Section(
+        model=str(first["model"]),
+        seq_len=seq,
+        label=f"{first['model']}, sequence length {seq:,}",
+        slug=first["section"],
+        cells=cells,
+        ok=ok,
+        fastest=_pick(ok, "tokens_per_s", True),
+        smallest=_pick(ok, "peak_memory_bytes", False),
+        best_mfu=_best_mfu(ok),
+        frontier=ok[ok["pareto"]].sort_values(["peak_memory_source", "peak_memory_bytes"], kind="stable"),
+        peak_label=_peak_label(cells["peak_memory_source"]),
+        capacity_label=_capacity(cells)[1],
+        did_not_fit=cells[cells["status"].isin([Status.CUDA_OOM.value, Status.HOST_OOM.value])],
+        implied=cells[cells["status"] == Status.IMPLIED_OOM.value],
+        compute_metric=_compute_metric(ok),
+        ablations=_ablations(cells, samples),
+        answer=_answer(cells, attempts),
+    )
+
+
+def _sections(cells: pd.DataFrame, samples: dict, df: pd.DataFrame) -> list[Section]:
+    """Models in the order they first appear, each model's sequence lengths ascending (df: every attempt)."""
+    models = {m: i for i, m in enumerate(dict.fromkeys(cells["model"].astype(str)))}
+    order = cells.assign(_m=cells["model"].astype(str).map(models), _i=np.arange(len(cells)))
+    order = order.sort_values(["_m", "seq_len", "_i"], kind="stable")
+    slugs = list(dict.fromkeys(order["section"]))
+    section_of = dict(zip(cells["cell_hash"], cells["section"]))
+    attempt_section = df["cell_hash"].map(section_of)
+    return [_section(cells[cells["section"] == s], samples, df[attempt_section == s]) for s in slugs]
+
+
+def analyse(df: pd.DataFrame, *, title: str = "zerobench report", baseline: pd.DataFrame | None = None) -> Analysis:
+    """Everything the reports show, computed once from `bench.results.load()` output."""
+    if df.empty:
+        return _empty(title, baseline)
+    # Only cells measured more than once have a distribution to summarise (and a 10k-row report of
+    # single runs pays nothing for it).
+    repeated = df["repeat"].fillna(1).groupby(df["cell_hash"]).transform("max") > 1 if "repeat" in df else None
+    samples = compare.samples(df[repeated]) if repeated is not None and repeated.any() else {}
+    cells = _cells(df, samples)
+    is_ok = cells["status"] == Status.OK.value
     rank = {s: i for i, s in enumerate(STATUS_ORDER)}
     counts = cells["status"].value_counts()
     failures = cells[~is_ok]
@@ -760,27 +960,16 @@ def analyse(df: pd.DataFrame, *, title: str = "zerobench report", baseline: pd.D
         title=title,
         attempts=len(df),
         cells=cells,
+        sections=_sections(cells, samples, df),
+        replayed=sorted(df["replay_source"].dropna().unique()) if "replay_source" in df else [],
         counts={s: int(counts[s]) for s in STATUS_ORDER + sorted(set(counts.index) - set(STATUS_ORDER)) if s in counts},
         pruned=int((cells["status"].eq(Status.SKIPPED.value) & cells["skip_rule"].eq(rules.PRUNED)).sum()),
-        ok=ok,
-        fastest=pick("tokens_per_s", True),
-        smallest=pick("peak_memory_bytes", False),
-        best_mfu=_best_mfu(ok),
-        frontier=ok[ok["pareto"]].sort_values(["peak_memory_source", "peak_memory_bytes"], kind="stable"),
         peak_label=_peak_label(cells["peak_memory_source"]),
-        capacity_label=capacity_label,
-        did_not_fit=cells[cells["status"].isin([Status.CUDA_OOM.value, Status.HOST_OOM.value])],
-        implied=cells[cells["status"] == Status.IMPLIED_OOM.value],
         memory_columns=[m for m in MEMORY_VIEW if m[0] in cells and cells[m[0]].notna().any()],
         memory_phases=next(
             (m for m in MEMORY_PHASES if all(c in cells and cells[c].notna().any() for c in m[:2])), None
         ),
-        compute_metric="mfu"
-        if ok["mfu"].notna().any()
-        else "tflops_per_gpu"
-        if ok["tflops_per_gpu"].notna().any()
-        else None,
-        ablations=_ablations(cells, samples),
+        compute_metric=_compute_metric(cells[is_ok]),
         loss_cells=_loss_cells(cells),
         failures=failures,
         zero_scaling=(zs := _zero_scaling(cells)),
@@ -798,18 +987,30 @@ def _notes(cells: pd.DataFrame) -> list[tuple[str, str]]:
     out = []
     if "warnings" in cells:
         out = [(n, w) for n, ws in zip(cells["cell_name"], cells["warnings"]) if isinstance(ws, list) for w in ws]
+    # Rows of the columns the notes read only: a 10k-row report spent seconds making dicts of every column.
     if "steps_ended" in cells:
-        out += [(r["cell_name"], note) for r in cells.to_dict("records") if (note := _cap_note(r))]
-    return out + stale.notes(cells.to_dict("records"))
+        capped = cells["warmup_ended"].isin(_CAPS) | cells["steps_ended"].isin(_CAPS)
+        rows = records(cells[capped], [c for c in cells if c in _CAP_FIELDS])
+        out += [(r["cell_name"], note) for r in rows if (note := _cap_note(r))]
+    return out + stale.notes(records(cells, [c for c in stale.FIELDS if c in cells]))
+
+
+_CAPS = ("step cap", "time cap")
+_CAP_FIELDS = frozenset(
+    (
+        "cell_name", "warmup_ended", "warmup_steps", "steps_ended", "step_time_half_width", "step_time_ci_level",
+        "steps_tolerance", "steps_max_seconds", "measured_steps",
+    )
+)  # fmt: skip
 
 
 def _cap_note(r: dict) -> str | None:
     """What an adaptive schedule's cap cut short (bench/adaptive.py), from the record's `steps`."""
     parts = []
     w, ended = r.get("warmup_ended"), r.get("steps_ended")
-    if w in ("step cap", "time cap"):
+    if w in _CAPS:
         parts.append(f"warmup ended at the {w} after {int(r['warmup_steps'])} steps without step time settling")
-    if ended in ("step cap", "time cap"):
+    if ended in _CAPS:
         half, level, tol = r.get("step_time_half_width"), r.get("step_time_ci_level"), r.get("steps_tolerance")
         cap = f" ({r['steps_max_seconds']:g} s)" if ended == "time cap" and _num(r.get("steps_max_seconds")) else ""
         iv = f"±{half:.1%} at {level:.0%}" if _num(half) and _num(level) else "no interval"

@@ -14,9 +14,20 @@ from typing import Literal
 import numpy as np
 
 from . import fmt
-from .analysis import Analysis
+from .analysis import Analysis, Section
 
-__all__ = ["Axis", "Series", "Shade", "Chart", "build", "tradeoff", "loss", "PALETTE", "MAX_SCATTER_POINTS"]
+__all__ = [
+    "Axis",
+    "Series",
+    "Shade",
+    "Chart",
+    "build",
+    "tradeoff",
+    "tradeoff_name",
+    "loss",
+    "PALETTE",
+    "MAX_SCATTER_POINTS",
+]
 
 # Tableau 10 plus two: distinct for the at most 12 overlaid loss curves.
 PALETTE = (
@@ -132,10 +143,11 @@ def _tip(row: dict, number: int | None = None) -> str:
     ).rstrip()
 
 
-def tradeoff(a: Analysis) -> Chart | None:
-    """Throughput against peak memory, one point per ok cell, the Pareto frontier joined per memory source."""
+def tradeoff(s: Section, name: str = "tradeoff") -> Chart | None:
+    """Throughput against peak memory of one section (one model at one sequence length), one point per
+    ok cell, the Pareto frontier joined per memory source. `name` tells the section's chart apart."""
     cols = ["cell_name", "tokens_per_s", "peak_memory_bytes", "peak_memory_source", "pareto"]
-    pts = a.ok.loc[a.ok["peak_memory_bytes"].notna() & (a.ok["tokens_per_s"] > 0), cols]
+    pts = s.ok.loc[s.ok["peak_memory_bytes"].notna() & (s.ok["tokens_per_s"] > 0), cols]
     if pts.empty:
         return None
     caption = f"{len(pts)} ok cells, {int(pts['pareto'].sum())} on the frontier."
@@ -173,8 +185,8 @@ def tradeoff(a: Analysis) -> Chart | None:
         if len(rest)
         else []
     )
-    # Numbered in the order of a.frontier, as the Markdown and HTML frontier tables are.
-    front = a.frontier.assign(_n=np.arange(1, len(a.frontier) + 1))
+    # Numbered in the order of s.frontier, as the Markdown and HTML frontier tables are.
+    front = s.frontier.assign(_n=np.arange(1, len(s.frontier) + 1))
     front = front[front.index.isin(pts.index)]
     for _, g in front.groupby("peak_memory_source", sort=False):  # one frontier per kind of memory figure
         if len(g) > 1:
@@ -203,10 +215,11 @@ def tradeoff(a: Analysis) -> Chart | None:
         )
     )
     return Chart(
-        name="tradeoff",
-        title="Throughput vs peak memory",
+        name=name,
+        # The section on a line above: on the title's own line it would run under the legend.
+        title=("" if name == "tradeoff" else f"{s.label}\n") + "Throughput vs peak memory",
         series=tuple(series),
-        x=Axis(label=f"{a.peak_label} (GiB)", lo=x_lo, hi=x_hi),
+        x=Axis(label=f"{s.peak_label} (GiB)", lo=x_lo, hi=x_hi),
         y=Axis(label="throughput (tokens/s" + (", log scale)" if log_y else ")"), lo=y_lo, hi=y_hi, log=log_y),
         aria="throughput against peak memory, one point per ok cell, the Pareto frontier numbered",
         legend="above",
@@ -257,8 +270,15 @@ def loss(a: Analysis) -> Chart | None:
     )
 
 
+def tradeoff_name(a: Analysis, section: Section) -> str:
+    """The section's chart name (chart ids, PNG file names): tradeoff with one section, else tradeoff-<slug>."""
+    return "tradeoff" if len(a.sections) == 1 else f"tradeoff-{section.slug}"
+
+
 def build(a: Analysis) -> dict[str, Chart]:
-    """The charts these results have data for, by name, in report order."""
+    """The charts these results have data for, by name, in report order: each section's throughput
+    against memory, then the loss curves."""
     if a.cells.empty:
         return {}
-    return {c.name: c for c in (tradeoff(a), loss(a)) if c is not None}
+    charts = [tradeoff(s, tradeoff_name(a, s)) for s in a.sections] + [loss(a)]
+    return {c.name: c for c in charts if c is not None}

@@ -16,10 +16,22 @@ from importlib import resources
 import jinja2
 from markupsafe import Markup, escape
 
+from ..effects import NO_DIFFERENCE, Effect, effects_note
 from . import charts as charts_
 from . import figures, fmt
-from .analysis import COMPARE_RULE, LOSS_PARITY_NOTE, NOT_RUN, ZERO_SCALING_NOTE, Analysis, analyse
-from .charts import Chart
+from .analysis import (
+    COMPARE_RULE,
+    LOSS_PARITY_NOTE,
+    NOT_RUN,
+    REPLAY_NOTE,
+    SECTION_NOTE,
+    ZERO_SCALING_NOTE,
+    Analysis,
+    Section,
+    analyse,
+    records,
+)
+from .charts import Chart, tradeoff_name
 
 __all__ = ["render", "render_analysis", "MAX_COMPUTE_ROWS"]
 
@@ -39,7 +51,13 @@ _CSP = (
     f"script-src 'sha256-{base64.b64encode(hashlib.sha256(_JS.encode()).digest()).decode()}'"
 )
 
-_EXTRA = [("seq_len", "seq len"), ("micro_batch", "micro batch"), ("grad_accum", "grad accum"), ("gpus", "GPUs")]
+_EXTRA = [
+    ("seq_len", "seq len"),
+    ("micro_batch", "micro batch"),
+    ("grad_accum", "grad accum"),
+    ("gpus", "GPUs"),
+    ("nodes", "nodes"),
+]
 _NOISE = 0.02  # relative changes below this are run-to-run noise, not a regression
 
 
@@ -64,6 +82,16 @@ def _clip(text: str, lines: int = 3, chars: int = 300) -> str:
     return head if head != text else text
 
 
+def _reason(text) -> Markup:
+    """A reason: where it is long (a traceback, a log tail), its head, the rest folded into <details>."""
+    head = _clip(text)
+    if head != text:
+        return Markup('<details><summary class="reason">{}…</summary>\n    <p class="reason">{}</p></details>').format(
+            head, text
+        )
+    return Markup('<p class="reason">{}</p>').format(text)
+
+
 def _rel(x, ref):
     return None if fmt.missing(x) or fmt.missing(ref) or not ref else x / ref
 
@@ -72,6 +100,19 @@ def _tone(x, sign: int) -> str:
     if fmt.missing(x) or abs(x) < _NOISE:
         return ""
     return "good" if x * sign > 0 else "bad"
+
+
+def _effect(e: Effect) -> str:
+    return fmt.effect(e.ratio, e.ci, e.ci_conf)
+
+
+def _shows_why(e: Effect) -> bool:
+    """Say why where the interval alone would suggest otherwise: compare's bound decided."""
+    return e.verdict == NO_DIFFERENCE and bool(e.ci) and not e.ci[0] <= 1 <= e.ci[1]
+
+
+def _verdict_tone(e: Effect) -> str:
+    return {"faster": "good", "slower": "bad"}.get(e.verdict or "", "")
 
 
 def _env() -> jinja2.Environment:
@@ -83,6 +124,7 @@ def _env() -> jinja2.Environment:
         ms=fmt.ms,
         change=fmt.change,
         ratio=fmt.ratio,
+        effect=_effect,
         tflops=fmt.tflops,
         sv=fmt.sort_value,
         name=_name,
@@ -97,7 +139,9 @@ def _env() -> jinja2.Environment:
         value=_value,
         tone=_tone,
         rel=_rel,
-        clip=_clip,
+        reason=_reason,
+        shows_why=_shows_why,
+        verdict_tone=_verdict_tone,
         max_reasons=MAX_REASONS,
     )
     return env
@@ -138,12 +182,19 @@ def _cells_table(a: Analysis) -> dict:
     compute_fmt = fmt.pct if compute == "mfu" else fmt.tflops
     mixed = cells["peak_memory_source"].nunique() > 1
     return {
-        "cells_rows": _cells_rows(cells[cols].to_dict("records"), extra, compute, compute_fmt, mixed),
+        "cells_rows": _cells_rows(records(cells, cols), extra, compute, compute_fmt, mixed),
         "extra_cols": extra,
         "compute": compute,
         "compute_header": {"mfu": "MFU", "tflops_per_gpu": "TFLOP/s per GPU"}.get(compute, "MFU"),
         "mixed_sources": mixed,
     }
+
+
+def _pill(status: str, title: str | None = None) -> str:
+    """A status as the tables show it (the template's `pill` macro, for the rows written here)."""
+    status = escape(status)
+    tip = f' title="{escape(title)}"' if title else ""
+    return f'<span class="st st-{status}"{tip}>{status}</span>'
 
 
 def _num_td(value, text: str) -> str:
@@ -156,13 +207,11 @@ def _cells_rows(rows: list[dict], extra, compute, compute_fmt, mixed: bool) -> M
     out = []
     for r in rows:
         status = escape(r["status"])
-        reason = r["reason"]
-        title = f' title="{escape(reason)}"' if reason else ""
         tag = '<span class="tag">frontier</span>' if r["pareto"] else ""
         parts = [
             f'\n<tr data-status="{status}"><td class="cell">{_name(r["cell_name"])} '
             f'<span class="hash">#{escape(r["cell_hash"])}</span>{tag}</td>\n'
-            f'<td><span class="st st-{status}"{title}>{status}</span></td>'
+            f"<td>{_pill(r['status'], r['reason'])}</td>"
             f'<td class="mono nowrap">{escape(_text(r["model"]))}</td>'
         ]
         parts += [_num_td(r[c], fmt.num(r[c])) for c, _ in extra]
@@ -184,24 +233,24 @@ def _cells_rows(rows: list[dict], extra, compute, compute_fmt, mixed: bool) -> M
     return Markup("".join(out))
 
 
-def _fits(a: Analysis) -> dict:
-    ran = a.cells[~a.cells["status"].isin(NOT_RUN)]
-    n_oom, n_other = len(a.did_not_fit), len(ran) - len(a.ok) - len(a.did_not_fit)
+def _fits(s: Section) -> dict:
+    ran = s.cells[~s.cells["status"].isin(NOT_RUN)]
+    n_oom, n_other = len(s.did_not_fit), len(ran) - len(s.ok) - len(s.did_not_fit)
     parts = [f"{n_oom} ran out of memory"] + ([f"{n_other} failed otherwise"] if n_other else [])
-    if len(a.implied):
-        parts.append(f"{len(a.implied)} implied out of memory without running (implied_oom)")
-    use = (a.ok["peak_memory_bytes"] / a.ok["capacity_bytes"]).max()
+    if len(s.implied):
+        parts.append(f"{len(s.implied)} implied out of memory without running (implied_oom)")
+    use = (s.ok["peak_memory_bytes"] / s.ok["capacity_bytes"]).max()
     if not fmt.missing(use):
         parts.append(f"the largest ok peak uses {fmt.pct(use, 0)}")
-    where = f"Against {a.capacity_label}" if a.capacity_label else "Capacity unknown"
-    return {"fits": {"ok": len(a.ok), "ran": len(ran), "text": f"{where}: " + ", ".join(parts) + "."}}
+    where = f"Against {s.capacity_label}" if s.capacity_label else "Capacity unknown"
+    return {"fits": {"ok": len(s.ok), "ran": len(ran), "text": f"{where}: " + ", ".join(parts) + "."}}
 
 
-def _scatter(a: Analysis, chart: Chart | None) -> dict:
+def _scatter(s: Section, chart: Chart | None) -> dict:
     out = {
         "scatter": "",
         "scatter_note": "",
-        "frontier": a.frontier[["cell_name", "peak_memory_bytes", "tokens_per_s"]].to_dict("records"),
+        "frontier": s.frontier[["cell_name", "peak_memory_bytes", "tokens_per_s"]].to_dict("records"),
     }
     if chart is None:
         return out
@@ -251,18 +300,33 @@ def _memory(a: Analysis) -> dict:
     if a.memory_phases:
         note += " Setup is model build and engine init; steps are the timed training steps."
     top = float(ran[[c for c, _ in bars]].max().max()) if bars else 0.0
-    rows = ran[["cell_name", "status"] + cols + list(a.memory_phases[:2] if a.memory_phases else [])].to_dict("records")
-    widths = [_widths(ran[c].tolist(), top) for c, _ in bars]
-    for i, r in enumerate(rows):
-        r["_bars"] = [w[i] for w in widths]
-    return {"memory_rows": rows, "bar_cols": bars, "memory_note": note}
+    phases = list(a.memory_phases[:2]) if a.memory_phases else []
+    rows = records(ran, ["cell_name", "status"] + cols + phases)
+    widths = list(zip(*(_widths(ran[c].tolist(), top) for c, _ in bars))) or [()] * len(rows)
+    return {"memory_rows": _memory_rows(rows, cols, phases, widths), "bar_cols": bars, "memory_note": note}
 
 
-def _compute(a: Analysis) -> dict:
-    metric = a.compute_metric
+def _memory_rows(rows: list[dict], cols: list[str], phases: list[str], widths: list[tuple[str, ...]]) -> Markup:
+    """The memory table's rows, written here as the cells table's are (one row per cell that ran)."""
+    out = []
+    for r, ws in zip(rows, widths):
+        parts = [f'\n<tr><td class="cell">{_name(r["cell_name"])}</td><td>{_pill(r["status"])}</td>']
+        parts += [_num_td(r[c], fmt.gib(r[c])) for c in cols]
+        if phases:
+            setup, steps = r[phases[0]], r[phases[1]]
+            parts.append(_num_td(steps, f"{fmt.gib(setup)} → {fmt.gib(steps)}"))
+        parts.append('\n<td><div class="bars">')
+        parts += [f'<div class="bar s{i}" style="width:{w}%"></div>' for i, w in enumerate(ws)]
+        parts.append("</div></td></tr>")
+        out.append("".join(parts))
+    return Markup("".join(out))
+
+
+def _compute(s: Section) -> dict:
+    metric = s.compute_metric
     if metric is None:
         return {"compute_rows": [], "compute_note": ""}
-    c = a.ok[a.ok[metric].notna()].sort_values(metric, ascending=False, kind="stable")
+    c = s.ok[s.ok[metric].notna()].sort_values(metric, ascending=False, kind="stable")
     shown = c.head(MAX_COMPUTE_ROWS)
     rows = shown[["cell_name", "mfu", "hfu", "tflops_per_gpu"]].to_dict("records")
     for r, w in zip(rows, _widths(shown[metric].tolist(), float(c[metric].max()))):
@@ -285,9 +349,23 @@ def _compute(a: Analysis) -> dict:
 def _failures(a: Analysis) -> dict:
     cols = ["cell_name", "cell_hash", "status", "reason", "phase_at_end", "exit_code"]
     return {
-        "failures": a.failures[cols].to_dict("records") if len(a.failures) else [],
+        "failures": _failure_rows(records(a.failures, cols)) if len(a.failures) else "",
         "failure_statuses": [s for s in a.counts if s != "ok"],
     }
+
+
+def _failure_rows(rows: list[dict]) -> Markup:
+    """The failed-cells table's rows, written here as the cells table's are."""
+    out = []
+    for r in rows:
+        status = escape(r["status"])
+        out.append(
+            f'\n<tr data-status="{status}">\n  <td class="cell">{_name(r["cell_name"])} '
+            f'<span class="hash">#{escape(r["cell_hash"])}</span></td><td>{_pill(r["status"])}</td>'
+            f"\n  <td>{escape(_text(r['phase_at_end']))}</td>{_num_td(r['exit_code'], fmt.num(r['exit_code']))}"
+            f"<td>{_reason(r['reason'])}</td></tr>"
+        )
+    return Markup("".join(out))
 
 
 def _zero(a: Analysis) -> dict:
@@ -307,30 +385,57 @@ def _baseline(a: Analysis) -> dict:
     return {"baseline_rows": a.baseline.to_dict("records") if a.baseline is not None else []}
 
 
-def render_analysis(a: Analysis, charts: dict[str, Chart] | None = None) -> str:
-    """charts: `charts.build(a)`, when the caller has it already (the Markdown report draws the same ones)."""
-    if a.cells.empty:
-        return _TEMPLATE.render(a=a, n_cells=0, nav=[])
-    charts = charts_.build(a) if charts is None else charts
-    ctx = _scatter(a, charts.get("tradeoff")) | _loss(a, charts.get("loss"))
-    for section in (_cells_table, _fits, _memory, _compute, _failures, _baseline, _zero, _parity):
-        ctx |= section(a)
+def _model(a: Analysis, s: Section, charts: dict[str, Chart]) -> dict:
+    """One section's template variables: with several sections, its ids carry its slug and its parts are
+    headed one level down, under the section's own heading."""
+    several = len(a.sections) > 1
+    prefix = f"{s.slug}-" if several else ""
+    ids = {k: prefix + k for k in ("answer", "summary", "tradeoff", "ablations", "compute")}
+    out = {"s": s, "id": s.slug, "ids": ids, "h": "h3" if several else "h2", "h4": "h4" if several else "h3"}
+    return out | _fits(s) | _scatter(s, charts.get(tradeoff_name(a, s))) | _compute(s)
+
+
+def _nav(a: Analysis, ctx: dict) -> list[tuple[str, str]]:
+    several = len(a.sections) > 1
+    if several:
+        head = [(m["id"], m["s"].label) for m in ctx["models"]]
+    else:
+        m = ctx["models"][0]
+        head = (
+            [("summary", "Summary"), ("tradeoff", "Throughput vs memory")] if m["scatter"] else [("summary", "Summary")]
+        )
+        head += [("ablations", "Ablations")] if m["s"].ablations else []
+        head += [("compute", "MFU")]
     nav = [
-        ("summary", "Summary", True),
-        ("tradeoff", "Throughput vs memory", bool(ctx["scatter"])),
         ("cells", "Cells", True),
-        ("ablations", "Ablations", bool(a.ablations)),
         ("zero", "ZeRO vs paper", bool(a.zero_scaling)),
         ("parity", "Loss parity", bool(a.loss_parity)),
         ("memory", "Peak memory", bool(ctx["memory_rows"])),
         ("loss", "Loss", bool(ctx["loss_chart"])),
-        ("compute", "MFU", True),
         ("failures", "Failed and skipped", True),
         ("notes", "Notes", bool(a.notes)),
         ("baseline", "Baseline", a.baseline is not None),
         ("environment", "Environment", True),
     ]
-    return _TEMPLATE.render(a=a, n_cells=len(a.cells), nav=[(i, t) for i, t, shown in nav if shown], **ctx)
+    return head + [(i, t) for i, t, shown in nav if shown]
+
+
+def render_analysis(a: Analysis, charts: dict[str, Chart] | None = None) -> str:
+    """charts: `charts.build(a)`, when the caller has it already (the Markdown report draws the same ones)."""
+    if a.cells.empty:
+        return _TEMPLATE.render(a=a, n_cells=0, nav=[])
+    charts = charts_.build(a) if charts is None else charts
+    ctx = {
+        "models": [_model(a, s, charts) for s in a.sections],
+        "several": len(a.sections) > 1,
+        "section_note": SECTION_NOTE,
+        "replay_note": REPLAY_NOTE,
+        "effects_note": effects_note(),
+    }
+    ctx |= _loss(a, charts.get("loss"))
+    for section in (_cells_table, _memory, _failures, _baseline, _zero, _parity):
+        ctx |= section(a)
+    return _TEMPLATE.render(a=a, n_cells=len(a.cells), nav=_nav(a, ctx), **ctx)
 
 
 def render(df, title: str = "zerobench report", baseline=None) -> str:

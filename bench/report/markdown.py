@@ -10,8 +10,20 @@ import html
 import re
 from urllib.parse import quote
 
+from ..effects import NO_DIFFERENCE, Effect, effects_note
 from . import fmt
-from .analysis import COMPARE_RULE, LOSS_PARITY_NOTE, NOT_RUN, ZERO_SCALING_NOTE, Analysis, analyse
+from .analysis import (
+    COMPARE_RULE,
+    LOSS_PARITY_NOTE,
+    NOT_RUN,
+    REPLAY_NOTE,
+    SECTION_NOTE,
+    ZERO_SCALING_NOTE,
+    Analysis,
+    Section,
+    analyse,
+)
+from .charts import tradeoff_name
 
 __all__ = ["render", "render_analysis", "escape"]
 
@@ -47,10 +59,10 @@ def _image(alt: str, path: str) -> list[str]:
     return [f"![{escape(alt)}]({quote(path)})", ""]
 
 
-def _best(a: Analysis, charts: dict[str, str]) -> list[str]:
-    lines = ["## Best cells", ""]
+def _best(s: Section, chart: str | None, h: str) -> list[str]:
+    lines = [f"{h} Best cells", ""]
     rows = []
-    for what, r in (("fastest", a.fastest), ("lowest memory", a.smallest), ("best MFU", a.best_mfu)):
+    for what, r in (("fastest", s.fastest), ("lowest memory", s.smallest), ("best MFU", s.best_mfu)):
         if r:
             rows.append(
                 [
@@ -63,8 +75,8 @@ def _best(a: Analysis, charts: dict[str, str]) -> list[str]:
             )
     if not rows:
         return lines + ["No cell ran ok.", ""]
-    lines += _table(["", "cell", "tokens/s", f"{escape(a.peak_label)} (GiB)", "MFU"], "llrrr", rows)
-    f = a.frontier
+    lines += _table(["", "cell", "tokens/s", f"{escape(s.peak_label)} (GiB)", "MFU"], "llrrr", rows)
+    f = s.frontier
     lines += [
         f"Pareto frontier ({len(f)} cell{'s' if len(f) != 1 else ''} that nothing beats on both "
         "throughput and memory; numbered as in the chart):",
@@ -82,29 +94,29 @@ def _best(a: Analysis, charts: dict[str, str]) -> list[str]:
         ],
     )
     lines += _more(len(f), len(shown))
-    if "tradeoff" in charts:
-        lines += _image("tokens/s against peak memory, Pareto frontier marked", charts["tradeoff"])
+    if chart:
+        lines += _image("tokens/s against peak memory, Pareto frontier marked", chart)
     return lines
 
 
-def _fits(a: Analysis) -> list[str]:
-    lines = ["## What fits", ""]
-    ran = a.cells[~a.cells["status"].isin(NOT_RUN)]
+def _fits(s: Section, h: str) -> list[str]:
+    lines = [f"{h} What fits", ""]
+    ran = s.cells[~s.cells["status"].isin(NOT_RUN)]
     if ran.empty:
         return lines + ["No cell ran.", ""]
-    where = f"in {escape(a.capacity_label)}" if a.capacity_label else "(capacity unknown)"
+    where = f"in {escape(s.capacity_label)}" if s.capacity_label else "(capacity unknown)"
     implied = (
-        f" {len(a.implied)} more did not run: implied out of memory by a cell that needs no more and ran out "
+        f" {len(s.implied)} more did not run: implied out of memory by a cell that needs no more and ran out "
         "(`implied_oom`)."
-        if len(a.implied)
+        if len(s.implied)
         else ""
     )
     lines += [
-        f"**{len(a.ok)} of {len(ran)}** cells that ran fit {where}; "
-        f"{len(a.did_not_fit)} ran out of memory.{implied} Memory figure: {escape(a.peak_label)}.",
+        f"**{len(s.ok)} of {len(ran)}** cells that ran fit {where}; "
+        f"{len(s.did_not_fit)} ran out of memory.{implied} Memory figure: {escape(s.peak_label)}.",
         "",
     ]
-    ok = a.ok.sort_values("peak_memory_bytes", kind="stable")
+    ok = s.ok.sort_values("peak_memory_bytes", kind="stable")
     shown = ok.head(MAX_ROWS)
     if len(shown):
         lines += _table(
@@ -118,58 +130,70 @@ def _fits(a: Analysis) -> list[str]:
             ],
         )
         lines += _more(len(ok), len(shown), " ok cells")
-    oom = a.did_not_fit
+    oom = s.did_not_fit
     if len(oom):
         lines += ["Did not fit:", ""]
         lines += _table(
             ["cell", "status", "reason"],
             "lll",
             [
-                [escape(n), escape(s), escape(_short(r, 160))]
-                for n, s, r in zip(oom["cell_name"][:MAX_ROWS], oom["status"], oom["reason"])
+                [escape(n), escape(st), escape(_short(r, 160))]
+                for n, st, r in zip(oom["cell_name"][:MAX_ROWS], oom["status"], oom["reason"])
             ],
         )
         lines += _more(len(oom), min(len(oom), MAX_ROWS))
     return lines
 
 
-def _ablations(a: Analysis) -> list[str]:
-    rows, bases = [], []
-    for ab in a.ablations:
+def _verdict(e: Effect) -> str:
+    """The verdict, and why where the interval alone would suggest otherwise (compare's bound decided)."""
+    if e.verdict == NO_DIFFERENCE and e.ci and not e.ci[0] <= 1 <= e.ci[1]:
+        return f"{e.verdict} ({e.why})"
+    return e.verdict or ""
+
+
+def _ablations(s: Section, h: str, note: bool = True) -> list[str]:
+    rows = []
+    for ab in s.ablations:
         for e in ab.effects:
-            if e["n"]:
-                value = f"{escape(_v(ab.axis, e['value']))} vs {escape(_v(ab.axis, e['reference']))}"
-                rows.append(
-                    [
-                        escape(ab.title),
-                        value,
-                        fmt.ratio(e["tokens_ratio"]),
-                        escape(e.get("verdict") or ""),
-                        fmt.ratio(e["memory_ratio"]),
-                        fmt.ratio(e.get("trainable_ratio")),
-                        _delta(e.get("loss_delta")),
-                        str(e["n"]),
-                    ]
-                )
-                if e.get("basis") and e["basis"] not in bases:
-                    bases.append(e["basis"])
+            if not e["n"]:
+                continue
+            t, m = e["tokens"], e["memory"]
+            rows.append(
+                [
+                    escape(ab.title),
+                    f"{escape(_v(ab.axis, e['value']))} vs {escape(_v(ab.axis, e['reference']))}",
+                    str(e["n"]),
+                    fmt.effect(t.ratio, t.ci, t.ci_conf),
+                    escape(_verdict(t)),
+                    fmt.effect(m.ratio, m.ci, m.ci_conf),
+                    escape(m.verdict or ""),
+                    fmt.ratio(e.get("trainable_ratio")),
+                    _delta(e.get("loss_delta")),
+                ]
+            )
     if not rows:
         return []
     # A ratio inside the noise is shown, not ranked: the verdict column says whether it is a difference.
-    return (
+    return [
+        f"{h} One knob at a time",
+        "",
+        effects_note() if note else "Read as the first such table above.",
+        "",
+    ] + _table(
         [
-            "## One knob at a time",
-            "",
-            "Median ratio over groups of ok cells that differ only in that knob (final loss: the median "
-            "difference); the verdict is `zerobench compare`'s rule applied to tokens/s:",
-            "",
-        ]
-        + _table(
-            ["knob", "value", "tokens/s", "verdict", "peak memory", "trainable params", "final loss", "groups"],
-            "llrlrrrr",
-            rows,
-        )
-        + ([f"Verdict basis: {escape('; '.join(bases))}.", ""] if bases else [])
+            "knob",
+            "value",
+            "pairs",
+            "tokens/s [95%]",
+            "verdict",
+            "peak memory [95%]",
+            "memory",
+            "trainable params",
+            "final loss",
+        ],
+        "llrrlrlrr",
+        rows,
     )
 
 
@@ -184,7 +208,11 @@ def _zero_scaling(a: Analysis) -> list[str]:
     figs = a.zero_figures
     configs = any(r["ds_config"] for r in a.zero_scaling)
     rows = [
-        [str(r["zero_stage"]), str(r["gpus"]), str(r["micro_batch"])]
+        [
+            str(r["zero_stage"]),
+            f"{r['gpus']}" + (f" ({r['nodes']} nodes)" if r.get("nodes", 1) > 1 else ""),
+            str(r["micro_batch"]),
+        ]
         + ([r["ds_config"] or "generated"] if configs else [])
         + [f"{fmt.gib(r[c])} (×{r[c + '_ratio']:.3f})" if r[c] is not None else "–" for c, _ in figs]
         + [f"{fmt.gib(r['estimate_bytes'])} (×{r['predicted_ratio']:.3f})"]
@@ -332,6 +360,64 @@ def _all_cells(a: Analysis) -> list[str]:
     return lines + _more(len(c), len(shown)) + ["</details>", ""]
 
 
+def _left(ans: dict) -> str:
+    """What answer mode left unmeasured, in a sentence."""
+    if not ans["unmeasured"]:
+        return "No record says a cell was left unmeasured."
+    still = (
+        f"; {ans['needed']} of them could still change the answer (the budget ran out or the run was stopped)"
+        if ans["needed"]
+        else ", none of which could change the answer"
+    )
+    return (
+        f"Left unmeasured: {ans['unmeasured']} cells{still}. Measuring them all once would add about "
+        f"{ans['adds_s'] / 60:.0f} min (predicted)."
+    )
+
+
+def _answer(s: Section, h: str) -> list[str]:
+    """What answer mode settled in this section, and what it cost."""
+    ans = s.answer
+    if ans is None:
+        return []
+    lines = [f"{h} What answer mode settled", ""]
+    rows = [
+        [escape(g["group"]), escape(g["cell_name"]), f"{g['tokens_per_s']:,.0f} [{g['low']:,.0f}, {g['high']:,.0f}]",
+         str(g["repeats"]), escape(", ".join(g["ties"])) or "none"]
+        for g in ans["groups"]
+    ]  # fmt: skip
+    lines += _table(
+        ["group", "fastest cell", "tokens/s [95%]", "runs", "no significant difference from"], "llrrl", rows
+    )
+    cost = ", ".join(f"{role} {sec:.0f} s" for role, sec in sorted(ans["cost_s"].items()))
+    lines += [
+        "",
+        f"Measured {ans['measured']} cells ok in {ans['attempts']} attempts, {ans['spent_s']:.0f} s of cell time "
+        f"({cost}). " + _left(ans),
+        "",
+    ]
+    return lines
+
+
+def _sections(a: Analysis, charts: dict[str, str]) -> list[str]:
+    """Each model at each sequence length on its own: its best cells, what fits and its knob effects.
+    With one section the headings are the report's own (##); with several, each has its ## heading."""
+    several = len(a.sections) > 1
+    lines = []
+    if several:
+        lines += [SECTION_NOTE, ""] + [f"- {escape(s.label)}: {len(s.cells)} cells, {len(s.ok)} ok" for s in a.sections]
+        lines += [""]
+    h = "###" if several else "##"
+    noted = False  # the method note once: a pull-request comment has a size limit
+    for s in a.sections:
+        if several:
+            lines += [f"## {escape(s.label)}", ""]
+        knobs = _ablations(s, h, note=not noted)
+        noted = noted or bool(knobs)
+        lines += _answer(s, h) + _best(s, charts.get(tradeoff_name(a, s)), h) + _fits(s, h) + knobs
+    return lines
+
+
 def render_analysis(a: Analysis, charts: dict[str, str] | None = None) -> str:
     """charts: chart name -> path relative to the Markdown file (see `figures.write_png`)."""
     charts = charts or {}
@@ -347,7 +433,10 @@ def render_analysis(a: Analysis, charts: dict[str, str] | None = None) -> str:
         else ""
     )
     lines += [f"{n} cells: {counts} ({a.attempts} attempts).{pruned}", ""]
-    lines += _best(a, charts) + _fits(a) + _ablations(a) + _zero_scaling(a) + _loss_parity(a)
+    if a.replayed:
+        lines += [f"**Replay**: {REPLAY_NOTE} ({escape(', '.join(a.replayed))}).", ""]
+    lines += _sections(a, charts)
+    lines += _zero_scaling(a) + _loss_parity(a)
     lines += _failures(a) + _notes(a) + _baseline(a)
     if "loss" in charts:
         lines += ["## Loss curves", ""] + _image("training loss per step", charts["loss"])

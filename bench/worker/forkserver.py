@@ -17,7 +17,7 @@ Fork safety, checked here rather than assumed:
   no state from it). The server starts those first, counts its threads, and refuses to serve if
   anything imported afterwards adds one.
   On the H200 host that is 15 + 15 + 1 + 1 threads; a forked child there ran CUDA, NCCL and a fused
-  optimizer (results/gpu-evidence/call-d_fork_probe.log).
+  optimizer (results/gpu-evidence/2026-11-30_fork-probe-threads.log).
 A refusal is not an error: the parent falls back to starting each worker from scratch, and the
 result records which way the cell was started.
 

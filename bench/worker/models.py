@@ -129,28 +129,42 @@ def _name_seed(seed: int, name: str) -> int:
 
 
 def _initial(module, pname: str, shape: torch.Size, std: float, g: torch.Generator) -> torch.Tensor:
-    """transformers' Llama init, drawn from g on the CPU in fp32: normal(0, initializer_range) for
+    """transformers' Llama init, drawn from g on its device in fp32: normal(0, initializer_range) for
     linear and embedding weights (the padding row zero), ones for norm weights, zeros for biases."""
     if pname == "weight" and len(shape) >= 2:
-        t = torch.empty(shape).normal_(0.0, std, generator=g)
+        t = torch.empty(shape, device=g.device).normal_(0.0, std, generator=g)
         pad = getattr(module, "padding_idx", None)
         if isinstance(module, torch.nn.Embedding) and pad is not None:
             t[pad] = 0
         return t
     if pname == "weight" and "norm" in type(module).__name__.lower():
-        return torch.ones(shape)
-    return torch.zeros(shape)
+        return torch.ones(shape, device=g.device)
+    return torch.zeros(shape, device=g.device)
+
+
+def draw_device() -> torch.device:
+    """Where initial weights are drawn: the GPU where there is one (a 7B model's 6.7e9 normal draws took 205 s
+    on the H200 host's CPU), else the CPU. Every cell on one kind of host draws on the same kind of device,
+    so they start from the same weights; a GPU's draws differ from a CPU's (other generators)."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def weights_init_name() -> str:
+    """The record's worker.weights_init: how the weights were drawn."""
+    return "seeded-per-name" if draw_device().type == "cpu" else "seeded-per-name-cuda"
 
 
 def seeded_init(model, seed: int, partitioned: bool) -> None:
-    """Give every parameter weights drawn from its own generator, seeded from (seed, its name): the same
-    tensors whatever the stage, offload or engine, and whether the weights are partitioned (ZeRO-3: each
-    module's parameters gathered in turn, one module at a time, never the whole model)."""
+    """Give every parameter weights drawn from its own generator, seeded from (seed, its name), on
+    draw_device(): the same tensors whatever the stage, offload or engine, and whether the weights are
+    partitioned (ZeRO-3: each module's parameters gathered in turn, one module at a time, never the whole
+    model)."""
     import contextlib
 
     import deepspeed
 
     std = float(getattr(model.config, "initializer_range", 0.02))
+    dev = draw_device()
     seen: set[int] = set()
     for mname, module in model.named_modules():
         params = [(n, p) for n, p in module.named_parameters(recurse=False) if id(p) not in seen]
@@ -164,7 +178,7 @@ def seeded_init(model, seed: int, partitioned: bool) -> None:
         )
         with gather, torch.no_grad():
             for pname, p in params:
-                g = torch.Generator().manual_seed(_name_seed(seed, f"{mname}.{pname}" if mname else pname))
+                g = torch.Generator(device=dev).manual_seed(_name_seed(seed, f"{mname}.{pname}" if mname else pname))
                 p.copy_(_initial(module, pname, p.shape, std, g).to(p.dtype))
 
 

@@ -54,7 +54,7 @@ class Setup:
         self.model = _build_model(cell, self.ds_config, self.dtype, self.device, self.local_rank, under_trainer)
         doc["model_build_s"] = time.perf_counter() - t0
         if cell.model in models.PRESETS and cell.peft != "qlora":  # QLoRA quantizes the cached checkpoint
-            doc["weights_init"] = "seeded-per-name"
+            doc["weights_init"] = models.weights_init_name()
         self.counts = models.count_params(self.model)
         doc.update(self.counts)
         self.config = self.model.config
@@ -174,7 +174,8 @@ def _build_model(cell, ds_config, dtype, device, local_rank, under_trainer):
 def _runs_liger(module) -> bool:
     """Whether a module's forward is Liger's: a Liger class (the class-level patch before the build) or
     Liger's forward bound onto the instance (how the HF Trainer applies Liger to a built model: the
-    module keeps its transformers class, found on the H200 in results/gpu-evidence/session4_gpu_tests.log)."""
+    module keeps its transformers class; results/gpu-evidence/2026-11-30_gpu-tests-h200_4-passed-1-failed.log
+    shows a class-only check counting none of them on the Trainer path)."""
     fwd = getattr(module.forward, "__func__", module.forward)
     return getattr(fwd, "__module__", "").startswith("liger_kernel")
 

@@ -30,6 +30,10 @@ def run(spec: dict, doc: dict, events: Events, fault: Fault | None) -> None:
     from . import setup as setup_mod
     from .measure import Measure
 
+    # A worker forked from the fork server has torch's thread pool as sized there: the thread count its
+    # launch gave it (OMP_NUM_THREADS: cells sharing a CPU host's cores) is applied here.
+    if (n := os.environ.get("OMP_NUM_THREADS", "")).isdigit() and int(n) > 0:
+        torch.set_num_threads(int(n))
     s = setup_mod.start(spec, doc, events)
     cell, ds_config = s.cell, s.ds_config
     # main() measures and removes it however the attempt ends (both engines, crashes included).

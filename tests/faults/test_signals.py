@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import TINY, write_matrix
+from ..test_report_bench import synthetic_records
 from .procs import SIGNALS, Run, attempt_dirs, cell_stepping, compiler_running, env, forkserver_running, wait_for
 
 # serial: it copies the machine's built DeepSpeed ops (a build beside it would leave a partial copy).
@@ -30,6 +31,7 @@ PHASES = {
     "report": "while the report is written (every record already stored)",
 }
 EXIT = {"sigkill": -9, "sigterm": 143, "sigint": 130}
+OTHER_RECORDS = 3000  # a report of some 3 s on the 2-core machine
 
 
 def _records(path: Path) -> list[dict]:
@@ -99,7 +101,10 @@ def chain(tmp_path_factory):
     for sig in SIGNALS:
         step(sig, "cell", stepping, ext=shared if src.is_dir() else None, report=True)
     # The run that completes the cell is stopped in its report; the two after it have nothing left to
-    # run and are stopped in theirs.
+    # run and are stopped in theirs. Another matrix's records in the file make each report take seconds,
+    # as a real matrix's does: one record's report could end before the signal arrives.
+    with res.open("a") as f:
+        f.writelines(json.dumps(r | {"matrix": "other"}) + "\n" for r in synthetic_records(OTHER_RECORDS))
     for sig in SIGNALS:
         step(sig, "report", reporting, ext=shared if src.is_dir() else None, report=True)
     # The last run shares the temp dir of the run SIGKILLed mid-cell, whose attempt folder it must sweep.

@@ -90,12 +90,26 @@ class ForkServer:
             if msg is None:
                 self.why_not = f"it did not start within {self._ready_timeout_s:g} s (log: {self.log_path})"
                 self.close()
-            elif not msg["ready"]:
-                self.why_not = msg["why"]
-                self.close()
             else:
-                self.import_s, self._ready = msg.get("import_s"), True
+                self._answered(msg)
         return self._ready
+
+    def ready_now(self) -> bool:
+        """Whether it has finished its imports and can serve, without waiting for them."""
+        with self._lock:
+            if not self._ready and self.why_not is None:
+                for msg in self._pump(0.0):
+                    if "ready" in msg:
+                        self._answered(msg)
+            return self._ready
+
+    def _answered(self, msg: dict) -> None:
+        """The server's first answer: it serves, or it refused (why)."""
+        if not msg["ready"]:
+            self.why_not = msg["why"]
+            self.close()
+        else:
+            self.import_s, self._ready = msg.get("import_s"), True
 
     def mismatch(self, env: dict[str, str]) -> list[str]:
         """Variables that differ from the server's environment and may have been read at import time."""
@@ -209,6 +223,22 @@ def _forkserver_for(env: dict[str, str], log_dir: Path) -> ForkServer:
             name = "forkserver.log" if not key else f"forkserver-gpu{key.replace(',', '-')}.log"
             srv = _servers[key] = ForkServer(env, log_dir / name)
         return srv
+
+
+def warm_forkserver(extra_env: dict[str, str] | None, log_dir: Path, gpus: list[int] | None) -> bool:
+    """For cells run by a process the run does not own (a Ray worker, reused from cell to cell): its fork
+    server for `gpus`, started in the background where it has none (any other GPU set's is stopped: one
+    server a process); whether it can serve now, without waiting for its imports."""
+    environ = {**os.environ, **(extra_env or {})}
+    if environ.get("ZEROBENCH_FORKSERVER", "1") == "0":
+        return False
+    env = child_env(environ, port=free_port(), gpus=gpus)
+    key = env.get("CUDA_VISIBLE_DEVICES") or None
+    with _servers_lock:
+        others = [_servers.pop(k) for k in list(_servers) if k != key]
+    for srv in others:
+        srv.close()
+    return _forkserver_for(env, log_dir).ready_now()
 
 
 def _forkserver(env: dict[str, str], log_dir: Path) -> tuple[ForkServer | None, str]:

@@ -6,7 +6,7 @@ import re
 import signal
 from dataclasses import dataclass, field
 
-from ... import hostmem
+from ... import hostmem, telemetry
 from ...cells import Cell
 from ...status import Status
 
@@ -45,11 +45,26 @@ class Outcome:
     port: int | None = None  # the rendezvous port of the last launch
     # Wall-clock [start, end) of the measured phase, else of the whole launch: when neighbours count.
     window: tuple[float, float] | None = None
+    # Cell hashes of the cells that ran beside it during that window (set by an executor that packs cells).
+    beside: list[str] | None = None
+    # A cell of several nodes: each node's launch (record.NodeRun's fields), in node order; [] on one node.
+    nodes: list[dict] = field(default_factory=list)
+    # The cluster node that ran it (set by a cluster executor): {"host", "gpus", "provenance", and Ray's
+    # "node_id" or Slurm's "slurm_job", "slurm_nodes"}, the first node's where it spans several; provenance is
+    # bench.env.provenance() taken on that node.
+    node: dict | None = None
 
 
-def _where(o: Outcome) -> str:
+def ended_where(o: Outcome) -> str:
+    """Where in the cell an attempt ended, for a reason: its phase, and its last step where it took one."""
     s = f"phase {o.phase_at_end or 'start'}"
     return s + (f", after step {o.last_step}" if o.last_step is not None else "")
+
+
+def _who(o: Outcome, rank) -> str:
+    """A rank as a reason names it: with its node and host when the cell spans several nodes."""
+    node = next((n for n in o.nodes if rank in n["ranks"]), None)
+    return f"rank {rank}" + (f" on node {node['node']} ({node['host']})" if node else "")
 
 
 # A rank's error that another rank's end caused: its peer closed the connection (it died, or stopped
@@ -68,11 +83,13 @@ def _collateral(d: dict) -> bool:
 
 def _classify(o: Outcome, killed_for: str | None, cell: Cell) -> tuple[Status, str]:
     if killed_for == "timeout":
-        return Status.TIMEOUT, f"ran past the {cell.timeout_s:g} s limit ({_where(o)})"
+        return Status.TIMEOUT, f"ran past the {cell.timeout_s:g} s limit ({ended_where(o)})"
     if killed_for == "stall":
-        return Status.TIMEOUT, f"no progress for too long ({_where(o)}): a hung collective or a stuck rank"
+        return Status.TIMEOUT, f"no progress for too long ({ended_where(o)}): a hung collective or a stuck rank"
+    if killed_for == "time_limit":
+        return Status.TIMEOUT, f"stopped at the scheduler's time limit ({ended_where(o)})"
     if killed_for == "interrupt":
-        return Status.INTERRUPTED, f"stopped by the user ({_where(o)})"
+        return Status.INTERRUPTED, f"stopped by the user ({ended_where(o)})"
     ranks = o.ranks
     failed = [d for d in ranks if d.get("status") != Status.OK.value]
     if failed:
@@ -82,7 +99,7 @@ def _classify(o: Outcome, killed_for: str | None, cell: Cell) -> tuple[Status, s
         # the cause. A rank that died without a document (killed, exited) shows in the exit code and log.
         victims = (
             [d for d in failed if d.get("status") == Status.INTERRUPTED.value or _collateral(d)]
-            if cell.gpus > 1
+            if cell.ranks > 1
             else []
         )
         causes = [d for d in failed if d not in victims]
@@ -92,19 +109,19 @@ def _classify(o: Outcome, killed_for: str | None, cell: Cell) -> tuple[Status, s
                 first = min(victims, key=lambda d: d.get("t_end") or float("inf"))
                 # No other end to blame: the connection failure is what is known.
                 if _collateral(first) and first.get("reason"):
-                    st, reason = Status.ERROR, f"rank {first.get('rank')}: {first.get('reason', '')}"
+                    st, reason = Status.ERROR, f"{_who(o, first.get('rank'))}: {first.get('reason', '')}"
             return st, reason
         first = min(
             causes,
             key=lambda d: (d.get("t_end") or float("inf"), -_SEVERITY.index(Status(d.get("status", "error")))),
         )
         st, reason = Status(first.get("status", "error")), first.get("reason", "")
-        if cell.gpus > 1:
-            reason = f"rank {first.get('rank')}: {reason}"
+        if cell.ranks > 1:
+            reason = f"{_who(o, first.get('rank'))}: {reason}"
         return st, reason
     if ranks:
-        if len(ranks) < cell.gpus:
-            return Status.ERROR, f"only {len(ranks)} of {cell.gpus} ranks wrote a result (exit code {o.exit_code})"
+        if len(ranks) < cell.ranks:
+            return Status.ERROR, f"only {len(ranks)} of {cell.ranks} ranks wrote a result (exit code {o.exit_code})"
         if o.exit_code not in (0, None):
             return Status.ERROR, f"the worker reported ok but exited with code {o.exit_code}"
         return Status.OK, ""
@@ -115,10 +132,12 @@ _ROOT_CAUSE_RE = re.compile(r"Root Cause \(first observed failure\):(?P<block>.*
 
 
 def _torchrun_root_cause(log_tail: str) -> tuple[int, int] | None:
-    """(rank, exit code) of the first rank to fail, as torchrun's failure summary names it."""
-    m = _ROOT_CAUSE_RE.search(log_tail)
-    if not m:
+    """(rank, exit code) of the first rank to fail, as torchrun's failure summary names it (the last
+    summary in the tail: a multi-node cell's tail ends with the node it blames, _node_tails)."""
+    found = list(_ROOT_CAUSE_RE.finditer(log_tail))
+    if not found:
         return None
+    m = found[-1]
     rank = re.search(r"rank\s*:\s*(\d+)", m["block"])
     code = re.search(r"exitcode\s*:\s*(-?\d+)", m["block"])
     return (int(rank[1]), int(code[1])) if rank and code else None
@@ -130,7 +149,7 @@ def _classify_without_result(o: Outcome) -> tuple[Status, str]:
     rss = o.telemetry.get("all", {}).get("host_rss_peak_bytes")
     fault = f"; fault injected: {o.fault}" if o.fault else ""
     cause = _torchrun_root_cause(o.log_tail)
-    who, code = (f"rank {cause[0]}: ", cause[1]) if cause else ("", o.exit_code)
+    who, code = (f"{_who(o, cause[0])}: ", cause[1]) if cause else ("", o.exit_code)
     if code == -signal.SIGKILL or (code not in (0, None) and _SIGKILL_RE.search(o.log_tail)):
         limit = hostmem.memory_limit()
         mem = f"; host RSS peak {rss / 2**30:.2f} of {limit / 2**30:.2f} GiB" if rss and limit else ""
@@ -144,18 +163,133 @@ def _classify_without_result(o: Outcome) -> tuple[Status, str]:
         if evidence:
             return (
                 Status.HOST_OOM,
-                f"{who}the kernel's OOM killer stopped the worker ({_where(o)}): {evidence}{mem}{fault}",
+                f"{who}the kernel's OOM killer stopped the worker ({ended_where(o)}): {evidence}{mem}{fault}",
             )
         return (
             Status.KILLED,
-            f"{who}killed by signal 9 from outside zerobench; no OOM evidence ({_where(o)}{mem}{fault})",
+            f"{who}killed by signal 9 from outside zerobench; no OOM evidence ({ended_where(o)}{mem}{fault})",
         )
     if _CUDA_OOM_RE.search(o.log_tail):
-        return Status.CUDA_OOM, f"{who}CUDA out of memory ({_where(o)}); see the log tail"
+        return Status.CUDA_OOM, f"{who}CUDA out of memory ({ended_where(o)}); see the log tail"
     if code is not None and code < 0:
-        return Status.ERROR, f"{who}the worker died of signal {signal.Signals(-code).name} ({_where(o)}{fault})"
+        return Status.ERROR, f"{who}the worker died of signal {signal.Signals(-code).name} ({ended_where(o)}{fault})"
     last = next((ln for ln in reversed(o.log_tail.splitlines()) if ln.strip()), "")
     return (
         Status.ERROR,
-        f"{who}the worker exited with code {code} without a result ({_where(o)}{fault}): {last[-300:]}",
+        f"{who}the worker exited with code {code} without a result ({ended_where(o)}{fault}): {last[-300:]}",
     )
+
+
+# -- a cell of several nodes ---------------------------------------------------------------------------
+
+
+@dataclass
+class NodeEnd:
+    """One node's launch of a multi-node attempt, as that node saw it (bench.execute.launch.nodes.run_node):
+    its Outcome is not classified; the attempt's is, from every node's (of_nodes)."""
+
+    node: int
+    """The node's rank in the cell: node 0 hosts the rendezvous and rank 0."""
+    host: str
+    addr: str
+    """The address its peers reached the rendezvous at (the first node's)."""
+    ranks: list[int]
+    """The global ranks it ran."""
+    outcome: Outcome
+    killed_for: str | None
+    """Why zerobench stopped its launch: timeout, stall, interrupt, or peer (another node ended first)."""
+    provenance: dict
+    """bench.env.provenance() where the node ran: its host, GPUs, driver and library versions."""
+    log: str
+
+    @property
+    def failed(self) -> bool:
+        """Its launch failed or was stopped: its peers will not finish the cell."""
+        return self.killed_for is not None or self.outcome.exit_code not in (0, None)
+
+
+def of_nodes(cell: Cell, ends: list[NodeEnd]) -> Outcome:
+    """The attempt's Outcome, classified, from every node's launch: every rank's document, the telemetry
+    across the nodes (bench.telemetry.across_nodes), rank 0's phases and steps, each node named in
+    `nodes`, and a failing rank named with its node and host. One node (a cluster executor runs every cell
+    through a node's launch): its own Outcome, classified as on one host."""
+    ends = sorted(ends, key=lambda e: e.node)
+    if len(ends) == 1 and cell.nodes == 1:
+        out = ends[0].outcome
+        out.status, out.reason = _classify(out, ends[0].killed_for, cell)
+        return out
+    first, blamed = ends[0].outcome, _node_tails(ends)
+    out = Outcome(
+        status=Status.ERROR,
+        reason="",
+        ranks=[d for e in ends for d in e.outcome.ranks],
+        telemetry=telemetry.across_nodes([e.outcome.telemetry for e in ends]),
+        exit_code=blamed[-1].outcome.exit_code,
+        wall_s=max(e.outcome.wall_s for e in ends),
+        log_tail="\n".join(f"--- node {e.node} ({e.host}) ---\n{e.outcome.log_tail}" for e in blamed),
+        phase_at_end=first.phase_at_end,
+        last_step=first.last_step,
+        gpu_before={f"{e.node}:{i}": v for e in ends for i, v in e.outcome.gpu_before.items()},
+        gpu_after={f"{e.node}:{i}": v for e in ends for i, v in e.outcome.gpu_after.items()},
+        started_by={"mode": "spawn", "why": f"{len(ends)} nodes"},
+        fault=first.fault,
+        oom_evidence="; ".join(f"node {e.node}: {e.outcome.oom_evidence}" for e in ends if e.outcome.oom_evidence)
+        or None,
+        warnings=_version_warnings(ends) + [w for e in ends for w in e.outcome.warnings],
+        window=first.window,
+        nodes=[_node_run(e) for e in ends],
+    )
+    stops = {e.killed_for for e in ends}
+    killed_for = next(
+        (k for k in ("interrupt", "time_limit", "timeout", "stall") if k in stops), None
+    )  # a peer's stop: no cause
+    out.status, out.reason = _classify(out, killed_for, cell)
+    return out
+
+
+def _node_tails(ends: list[NodeEnd]) -> list[NodeEnd]:
+    """The nodes in the order their log tails are joined, the one most likely to have failed first last (the
+    classifier reads the last torchrun summary; a record keeps the end of the tail): a node stopped because
+    another ended is never it; a node whose rank died without a document is before one that only exited
+    non-zero; then node 0."""
+
+    def blame(e: NodeEnd) -> tuple:
+        bad_exit = e.outcome.exit_code not in (0, None)
+        died = bad_exit and len(e.outcome.ranks) < len(e.ranks)
+        return (e.killed_for != "peer", died, bad_exit, -e.node)
+
+    return sorted(ends, key=blame)
+
+
+_SAME_EVERYWHERE = ("python", "zerobench_version", "source_sha256")
+
+
+def _version_warnings(ends: list[NodeEnd]) -> list[str]:
+    """What differs between the nodes' Python, zerobench and libraries: a cell over nodes that run different
+    code may still run, but is not one configuration."""
+    base, out = ends[0].provenance, []
+    for e in ends[1:]:
+        p = e.provenance
+        diff = [f"{k} {p.get(k)} vs {base.get(k)}" for k in _SAME_EVERYWHERE if p.get(k) != base.get(k)]
+        libs = set(p.get("versions") or {}) | set(base.get("versions") or {})
+        va, vb = p.get("versions") or {}, base.get("versions") or {}
+        diff += [f"{lib} {va.get(lib)} vs {vb.get(lib)}" for lib in sorted(libs) if va.get(lib) != vb.get(lib)]
+        if diff:
+            out.append(f"node {e.node} ({e.host}) runs other versions than node 0 ({ends[0].host}): {', '.join(diff)}")
+    return out
+
+
+def _node_run(e: NodeEnd) -> dict:
+    o = e.outcome
+    return {
+        "node": e.node,
+        "host": e.host,
+        "addr": e.addr,
+        "ranks": list(e.ranks),
+        "exit_code": o.exit_code,
+        "stopped": e.killed_for,
+        "wall_s": o.wall_s,
+        "log": e.log,
+        "telemetry": o.telemetry,
+        "provenance": e.provenance,
+    }

@@ -14,10 +14,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def child_env(base: dict[str, str], *, port: int, gpus: list[int] | None) -> dict[str, str]:
+def child_env(base: dict[str, str], *, port: int, gpus: list[int] | None, addr: str = "127.0.0.1") -> dict[str, str]:
+    """A worker's environment: the rendezvous (addr: the first node's address), its GPUs, offline hubs."""
     env = dict(base)
     env.update(
-        MASTER_ADDR="127.0.0.1",
+        MASTER_ADDR=addr,
         MASTER_PORT=str(port),
         PYTHONUNBUFFERED="1",
         TOKENIZERS_PARALLELISM="false",

@@ -1,0 +1,654 @@
+"""Answer mode (`zerobench run M --answer`): measure only what settles the answer, then stop.
+
+The answer, per model: (a) the fastest cell that fits in each group (by PEFT mode unless --group-by says
+otherwise), (b) the memory/speed frontier, (c) each knob's effect on throughput with a 95% interval. Every
+runnable cell starts open. The step-time and memory models give each a prediction; what the run measures
+corrects them (bench.estimate.online: an offset for the machine and an additive effect per axis value, fitted
+to the residuals), so after a few cells the predictions speak for this machine. A cell is measured when it
+could still change the answer, in this order: each group's predicted leader; a cell whose throughput
+interval reaches the leader's; the leader again on the full schedule, and whichever of two overlapping cells
+has fewer measurements (up to MAX_MEASUREMENTS); a cell not dominated on memory (the frontier); a pair
+partner for a knob effect (--pairs per value). A cell is left unmeasured only when its throughput interval
+lies below its group leader's AND a measured cell needs no more memory (within the tolerance) and is surely
+faster; or when the budget (--budget) is spent, which its record says.
+
+Successive halving over measured steps: a cell's first measurement runs the short schedule (rung 0: half
+the measured steps and time cap, twice the tolerance); only the cells still in contention run again on the
+matrix's own schedule (rung 1). A rung is a repeat of the same cell: the record keeps the cell's identity
+and says the schedule it ran (`steps`) and why it was measured (`answer`).
+
+Pure decisions: no I/O; the session (bench.execute.session) asks `next()` for work and `observe()`s records.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .. import effects, results
+from ..axes import AXES, AXIS
+from ..cells import Cell
+from ..effects import REPEAT_NOISE, RULE
+from ..estimate import Hardware, predict
+from ..estimate.online import Online
+from ..estimate.steptime import STEP_BAND, predict_step, predict_wall
+from ..record import Record
+from ..status import Status
+from .plan import Planned
+
+__all__ = ["Settings", "Candidate", "Request", "Search", "rung_cell"]
+
+MEMORY_NOISE = 0.02
+"""Log spread of a measured peak between repeats (a run's figures differ by 1-2%)."""
+Z = 1.96  # two-sided 95%: the intervals shown
+Z1 = 1.645  # one-sided 95%: "could it be faster?"
+MAX_MEASUREMENTS = 3  # per cell: past this, two cells that still overlap are a tie within the noise
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How answer mode settles (each a `zerobench run` option)."""
+
+    group_by: tuple[str, ...] = ("peft",)
+    """Axes whose values split the cells into groups, each with its own fastest cell."""
+    budget_s: float | None = None
+    """Cell wall seconds to spend at most (None: until settled)."""
+    pairs: int = 1
+    """Measured pairs behind each knob value's effect (where the matrix has that many)."""
+    memory_tolerance: float = 0.05
+    """Peaks closer than this fraction count as the same memory (the frontier is drawn at this resolution)."""
+    speed_tolerance: float = RULE.min_effect
+    """The smallest speed-up that matters: a cell that cannot beat another by more (95%, one-sided) is not
+    needed to settle it; compare's minimum effect, so the answer and the gate agree on what is noise."""
+    halving: bool = True
+    """First measurements on the short schedule (rung 0), the contenders again on the full one."""
+
+
+@dataclass(eq=False)
+class Candidate:
+    """One runnable cell as the search sees it."""
+
+    planned: Planned
+    group: tuple
+    base_tps: float | None  # log tokens/s the step-time model predicts
+    base_mem: float | None  # log bytes the memory model predicts (GPU peak; host RSS on a CPU host)
+    base_cost: float | None  # log wall seconds the step-time model predicts on the full schedule
+    state: str = "open"  # open, measured, failed, implied
+    logs: list[float] = field(default_factory=list)  # measured log tokens/s, one per ok attempt
+    mem: float | None = None  # measured log peak (the largest)
+    rungs: list[int] = field(default_factory=list)  # the rung of each attempt that ended
+    tries: int = 0  # attempts started
+    limit: int = MAX_MEASUREMENTS  # attempts it may have (a replay: as many as it has recorded ends)
+
+    @property
+    def exhausted(self) -> bool:
+        return self.tries >= self.limit
+
+    @property
+    def cell(self) -> Cell:
+        return self.planned.cell
+
+    @property
+    def features(self) -> dict:
+        """Its axis values; None for an axis that means nothing here (LoRA's rank without LoRA)."""
+        values = {a.name: getattr(self.cell, a.name) for a in AXES}
+        return {k: v if AXIS[k].applies is None or AXIS[k].applies(values) else None for k, v in values.items()}
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to measure next and why."""
+
+    candidate: Candidate
+    rung: int
+    role: str  # leader, contender, frontier, effect
+    why: str
+    group: str = ""  # the candidate's group as key=value
+    effect: tuple | None = None  # (axis, value) of the pair it is for
+
+
+def rung_cell(cell: Cell, rung: int) -> Cell:
+    """The cell as rung `rung` runs it: rung 0 half the measured steps and time cap and twice the tolerance
+    (never below what a median's interval needs), rung 1 the matrix's own schedule."""
+    if rung >= 1:
+        return cell
+    a = cell.adaptive
+    measured = max(cell.measured_steps // 2, a.min_steps if a and a.measured else 3)
+    if a is None:
+        return dataclasses.replace(cell, measured_steps=min(measured, cell.measured_steps))
+    short = dataclasses.replace(
+        a,
+        tolerance=min(2 * a.tolerance, 0.10),
+        max_seconds=None if a.max_seconds is None else a.max_seconds / 2,
+    )
+    return dataclasses.replace(cell, adaptive=short, measured_steps=min(measured, cell.measured_steps))
+
+
+class Search:
+    """The search's state: candidates, what the run measured, and the fitted corrections."""
+
+    def __init__(
+        self, runnable: Iterable[Planned], hw: Hardware, settings: Settings, cuda: bool, ends: dict | None = None
+    ):
+        """ends: for a replay, how many recorded ends each cell hash has (it is measured at most that often)."""
+        self.s, self.hw, self.cuda = settings, hw, cuda
+        self.noise = REPEAT_NOISE["gpu" if cuda else "cpu"]
+        known_gpu = cuda and bool(hw.gpu_name) and any(k in (hw.gpu_name or "") for k in ("H200", "H100"))
+        # Where the step-time model was fitted (H200/H100) a cell's prediction is off by its held-out band (p95
+        # of |log error|, STEP_BAND); elsewhere only its ranking is trusted. Interactions the additive effects
+        # miss: at least one measurement's noise.
+        band = STEP_BAND["familiar"]["p95"] / Z if known_gpu else 0.7
+        self.tps = Online(
+            prior_sd=band, offset_sd=band if known_gpu else 3.0, noise_sd=self.noise, misfit_sd=self.noise
+        )
+        self.memory = Online(prior_sd=0.08 if cuda else 0.3, offset_sd=0.1 if cuda else 1.0, noise_sd=MEMORY_NOISE)
+        self.cost = Online(prior_sd=0.3, offset_sd=0.5 if known_gpu else 3.0, noise_sd=0.2)
+        self.candidates = [self._candidate(p) for p in runnable]
+        for c in self.candidates if ends is not None else ():
+            c.limit = min(MAX_MEASUREMENTS, len(ends.get(c.cell.hash, ())))
+        self.by_hash = {c.cell.hash: c for c in self.candidates}
+        self.in_flight: dict[str, int] = {}  # cell hash -> the rung running
+        self.spent_s = 0.0
+        self.over_budget = False
+        self._memo: dict = {}  # speeds and memory intervals, until the next outcome
+        self._turn = 0  # whose turn: who leads, the frontier, the effects (next())
+        self._pair_failures: collections.Counter = collections.Counter()  # (axis, value) -> attempts that failed
+        self._effect_of: dict[str, tuple] = {}  # cell hash -> the (axis, value) its attempt in flight is for
+
+    def _candidate(self, p: Planned) -> Candidate:
+        cell, hw = p.cell, self.hw
+        step = predict_step(cell, hw)
+        try:
+            est = predict(cell, p.ds_config, hw)
+            mem = est.gpu_bytes if self.cuda else est.host_bytes
+        except ValueError:
+            mem = None
+        wall = predict_wall(cell, hw)
+        return Candidate(
+            planned=p,
+            group=tuple(getattr(cell, g) for g in self.s.group_by),
+            base_tps=math.log(cell.tokens_per_step / step) if step else None,
+            base_mem=math.log(mem) if mem else None,
+            base_cost=math.log(wall) if wall else None,
+        )
+
+    # -- what the run knows of a cell ---------------------------------------------------------------------
+
+    def speed(self, c: Candidate) -> tuple[float, float]:
+        """log tokens/s of the cell: (mean, sd), measured where it was, else predicted."""
+        key = ("speed", id(c))
+        if key not in self._memo:
+            self._memo[key] = self._speed(c)
+        return self._memo[key]
+
+    def _speed(self, c: Candidate) -> tuple[float, float]:
+        if c.logs:
+            return sum(c.logs) / len(c.logs), self.noise / math.sqrt(len(c.logs))
+        if c.base_tps is None:
+            return math.inf, math.inf  # unknown: it could lead
+        return self.tps.predict(c.features, c.base_tps)
+
+    def interval(self, c: Candidate) -> tuple[float, float]:
+        m, sd = self.speed(c)
+        return m - Z * sd, m + Z * sd
+
+    def memory_interval(self, c: Candidate) -> tuple[float, float]:
+        key = ("memory", id(c))
+        if key not in self._memo:
+            self._memo[key] = self._memory_interval(c)
+        return self._memo[key]
+
+    def _memory_interval(self, c: Candidate) -> tuple[float, float]:
+        if c.mem is not None:
+            return c.mem - Z * MEMORY_NOISE, c.mem + Z * MEMORY_NOISE
+        if c.base_mem is None:
+            return -math.inf, math.inf
+        m, sd = self.memory.predict(c.features, c.base_mem)
+        return m - Z * sd, m + Z * sd
+
+    def cost_s(self, c: Candidate, rung: int) -> float:
+        """Predicted wall seconds of one attempt at this rung, corrected by the walls measured so far."""
+        if c.base_cost is None:
+            return 0.0
+        log, _ = self.cost.predict({}, c.base_cost)
+        if rung == 0 and self.s.halving:
+            short = predict_wall(rung_cell(c.cell, 0), self.hw)
+            full = math.exp(c.base_cost)
+            log += math.log(short / full) if short and full else 0.0
+        return math.exp(log)
+
+    # -- the run's outcomes -------------------------------------------------------------------------------
+
+    def started(self, c: Candidate, rung: int, request: Request | None = None) -> None:
+        c.tries += 1
+        if request is not None and request.effect:
+            self._effect_of[c.cell.hash] = request.effect
+        self.in_flight[c.cell.hash] = rung
+        self._memo.clear()
+
+    def observe(self, rec: Record, rung: int | None = None) -> None:
+        """An attempt of a candidate ended (or, on --resume, had ended before)."""
+        c = self.by_hash.get(rec.cell_hash)
+        if c is None:
+            return
+        self._memo.clear()
+        self.in_flight.pop(rec.cell_hash, None)
+        self.spent_s += rec.wall_s or 0.0
+        if rec.wall_s and c.base_cost is not None:
+            full = predict_wall(rung_cell(c.cell, 1 if rung is None else rung), self.hw)
+            if full:
+                self.cost.observe({}, math.log(full), math.log(rec.wall_s))
+        if rec.status is Status.OK and rec.metrics and rec.metrics.tokens_per_s:
+            self._measured(c, rec, rung)
+        elif rec.status is Status.INTERRUPTED or rec.status is Status.KILLED:
+            return  # no outcome: it may run again
+        elif c.state != "measured":
+            c.state = "failed"
+        effect = self._effect_of.pop(rec.cell_hash, None)
+        if effect and rec.status is not Status.OK:
+            self._pair_failures[effect] += 1
+
+    def _measured(self, c: Candidate, rec: Record, rung: int | None) -> None:
+        c.state = "measured"
+        c.logs.append(math.log(rec.metrics.tokens_per_s))
+        c.rungs.append(1 if rung is None else rung)
+        if c.base_tps is not None:
+            self.tps.observe(c.features, c.base_tps, c.logs[-1])
+        peak, _ = results.peak_memory(rec)
+        if peak:
+            c.mem = max(c.mem or -math.inf, math.log(peak))
+            if c.base_mem is not None:
+                self.memory.observe(c.features, c.base_mem, math.log(peak))
+
+    def implied(self, cell_hash: str) -> None:
+        c = self.by_hash.get(cell_hash)
+        if c is not None and c.state == "open":
+            c.state = "implied"
+            self._memo.clear()
+
+    # -- decisions ----------------------------------------------------------------------------------------
+
+    def leader(self, group: tuple) -> Candidate | None:
+        ok = [c for c in self.candidates if c.group == group and c.logs]
+        return max(ok, key=lambda c: self.speed(c)[0], default=None)
+
+    def could_beat(self, c: Candidate, m: Candidate, by: float | None = None) -> bool:
+        """Whether c could be faster than m by more than `by` (default: the smallest effect that matters): the
+        one-sided 95% upper bound of log(c/m), both cells' uncertainty counted, above log(1 + by)."""
+        (mc, sc), (mm, sm) = self.speed(c), self.speed(m)
+        if not math.isfinite(mc):
+            return True
+        return mc - mm + Z1 * math.hypot(sc, sm) > math.log(1 + (self.s.speed_tolerance if by is None else by))
+
+    @property
+    def resolution(self) -> float:
+        """The speed difference one measurement of each of two cells tells apart (95%, two-sided): the
+        frontier is drawn at this resolution, as a full run measuring each cell once would draw it."""
+        return math.exp(Z * math.sqrt(2) * self.noise) - 1
+
+    def tie(self, m: Candidate, lead: Candidate) -> bool:
+        """Two measured cells that even MAX_MEASUREMENTS of each could not tell apart by more than the speed
+        tolerance: measuring them again is futile, and the answer names both."""
+        gap = abs(self.speed(lead)[0] - self.speed(m)[0])
+        best = Z1 * self.noise * math.sqrt(2 / MAX_MEASUREMENTS)  # the noise left after MAX measurements each
+        return gap < math.log(1 + self.s.speed_tolerance) + best
+
+    def could_lead(self, c: Candidate) -> bool:
+        lead = self.leader(c.group)
+        return lead is None or lead is c or self.could_beat(c, lead)
+
+    def dominated(self, c: Candidate) -> Candidate | None:
+        """A measured cell that needs no more memory than c (within the memory tolerance) and that c cannot
+        beat by more than the frontier's resolution: c adds no point to the frontier that it does not have."""
+        mem, slack = self.memory_of(c), math.log(1 + self.s.memory_tolerance)
+        for m in self.candidates:
+            if m is not c and m.logs and m.mem is not None:
+                if m.mem <= mem + slack and not self.could_beat(c, m, by=self.resolution):
+                    return m
+        return None
+
+    def memory_of(self, c: Candidate) -> float:
+        """log peak memory: measured, else predicted (the memory model, corrected by the run; its error is
+        of the order of the memory tolerance, which the comparisons allow)."""
+        lo, hi = self.memory_interval(c)
+        return c.mem if c.mem is not None else (lo + hi) / 2 if math.isfinite(lo) else -math.inf
+
+    def needed(self, c: Candidate) -> bool:
+        return self.could_lead(c) or self.dominated(c) is None
+
+    def open(self) -> list[Candidate]:
+        return [c for c in self.candidates if c.state == "open" and c.cell.hash not in self.in_flight]
+
+    # -- what to measure next -----------------------------------------------------------------------------
+
+    def next(self) -> Request | None:
+        """The next attempt to run, or None: nothing until something in flight ends, or nothing left (see
+        done()). Each group's leader first; then the three questions take turns (who leads, the frontier, the
+        knob effects), so a budget that runs out leaves each partly answered rather than one untouched.
+        Requests over the budget are passed over; the budget ends the search when none fits."""
+        req = self._first_affordable(self._seed())
+        if req is not None or self._seeding():
+            return req  # the other picks judge against the groups' leaders: wait for them
+        turns = (self._contest, self._frontier, self._effect)
+        for k in range(len(turns)):
+            req = self._first_affordable(turns[(self._turn + k) % len(turns)]())
+            if req is not None:
+                self._turn = (self._turn + k + 1) % len(turns)
+                return req
+        return None
+
+    def _first_affordable(self, requests) -> Request | None:
+        for req in requests:
+            if self._affordable(req):
+                return req
+            self.over_budget = True
+        return None
+
+    def _contest(self):
+        """Who leads: the leader on the full schedule, overlapping cells again, then cells that could lead."""
+        yield from self._leader_again()
+        yield from self._overlap()
+        yield from self._contender()
+
+    def done(self) -> bool:
+        return not self.in_flight and self.next() is None
+
+    def _req(self, c: Candidate, rung: int, role: str, why: str) -> Request:
+        return Request(c, rung, role, why, _group(self.s, c.group))
+
+    def _affordable(self, r: Request) -> bool:
+        if self.s.budget_s is None:
+            return True
+        flying = sum(self.cost_s(self.by_hash[h], rung) for h, rung in self.in_flight.items())
+        return self.spent_s + flying + self.cost_s(r.candidate, r.rung) <= self.s.budget_s
+
+    def _groups(self) -> list[tuple]:
+        return list(dict.fromkeys(c.group for c in self.candidates))
+
+    def _seeding(self) -> bool:
+        return any(self.by_hash[h].group not in self._led() for h in self.in_flight)
+
+    def _led(self) -> set[tuple]:
+        return {c.group for c in self.candidates if c.logs}
+
+    def _seed(self):
+        flying = {self.by_hash[h].group for h in self.in_flight}
+        for g in self._groups():
+            if g in self._led() or g in flying:
+                continue
+            pool = sorted((c for c in self.open() if c.group == g), key=lambda c: -self.speed(c)[0])
+            for c in pool:
+                yield self._req(c, 0, "leader", f"the predicted fastest of {_group(self.s, g)}: {_tps(self, c)}")
+
+    def _leader_again(self):
+        if not self.s.halving:
+            return
+        for g in self._groups():
+            lead = self.leader(g)
+            if lead is not None and 1 not in lead.rungs and lead.cell.hash not in self.in_flight and not lead.exhausted:
+                yield self._req(lead, 1, "leader", f"the leader of {_group(self.s, g)}, on the full schedule")
+
+    def _overlap(self):
+        for g in self._groups():
+            lead = self.leader(g)
+            for m in self.candidates:
+                if m is lead or m.group != g or not m.logs or not self.could_lead(m) or self.tie(m, lead):
+                    continue
+                again = min((c for c in (lead, m) if not c.exhausted), key=lambda c: len(c.logs), default=None)
+                if again and again.cell.hash not in self.in_flight:
+                    why = f"its interval overlaps the other's: {_tps(self, m)} vs leader {_tps(self, lead)}"
+                    yield self._req(again, 1, "contender", f"{m.cell.name} against {lead.cell.name}: {why}")
+
+    def _contender(self):
+        led = self._led()
+        pool = [c for c in self.open() if c.group in led and self.could_lead(c)]
+        for c in sorted(pool, key=lambda c: -self.speed(c)[0]):
+            lead = self.leader(c.group)
+            why = f"could lead {_group(self.s, c.group)}: {_tps(self, c)}, the leader {_tps(self, lead)}"
+            yield self._req(c, 0, "contender", why)
+
+    def _frontier(self):
+        # Lightest memory band first, the fastest of a band first: measured, it may settle the rest of its band.
+        band = math.log(1 + self.s.memory_tolerance)
+        pool = [c for c in self.open() if self.dominated(c) is None]
+        for c in sorted(pool, key=lambda c: (math.floor(self.memory_of(c) / band), -self.speed(c)[0])):
+            why = f"could be on the frontier: {_mem(self, c)}, {_tps(self, c)}; no measured cell is surely both"
+            yield self._req(c, 0, "frontier", why + " lighter and faster")
+
+    def _effect(self):
+        """A pair partner for each knob value short of its pairs: a cell whose partner has run first (one
+        attempt completes the pair), else the cheaper of two open cells (its partner then comes first). A
+        value whose pair attempts failed MAX_MEASUREMENTS times (they ran out of memory, say) is left."""
+        halves, news = [], []
+        for axis, value, ref, pairs, possible in self.effect_pairs():
+            if len(pairs) >= min(self.s.pairs, len(possible)) or self._pair_failures[(axis, value)] >= MAX_MEASUREMENTS:
+                continue
+            for c, partner in possible:
+                cost = self.cost_s(c, 0)
+                if partner.logs:
+                    halves.append((cost, axis, value, ref, c, partner))
+                elif cost <= self.cost_s(partner, 0):
+                    news.append((cost + self.cost_s(partner, 0), axis, value, ref, c, partner))
+        for _, axis, value, ref, c, partner in sorted(halves, key=_first) + sorted(news, key=_first):
+            short = AXIS[axis].short
+            why = f"a pair for {short}={value} against {short}={ref} (with {partner.cell.name})"
+            yield Request(c, 0, "effect", why, _group(self.s, c.group), effect=(axis, value))
+
+    # -- knob effects ----------------------------------------------------------------------------------------
+
+    def effect_pairs(self):
+        """Per ablated axis and value other than its reference: (axis, value, ref, measured pairs, open
+        partners (an open cell, the measured or open cell it pairs with)). A pair is two cells that differ
+        in that axis alone."""
+        out = []
+        live = [c for c in self.candidates if c.state in ("open", "measured")]
+        # An axis that means nothing for some cells (LoRA's rank beside peft: none) is left out of what a pair
+        # must share: a LoRA cell and a full fine-tune pair on everything else.
+        partial = {k for c in live for k, v in c.features.items() if v is None}
+        for ax in AXES:
+            values = [v for v in dict.fromkeys(c.features[ax.name] for c in live) if v is not None]
+            if len(values) < 2 or not ax.ablate:
+                continue
+            ref = ax.default if ax.default in values else values[0]
+            index: dict = {}
+            for c in live:
+                key = tuple((k, v) for k, v in c.features.items() if k != ax.name and k not in partial)
+                index.setdefault(key, {})[c.features[ax.name]] = c
+            for value in values:
+                if value == ref:
+                    continue
+                both = [(d[ref], d[value]) for d in index.values() if ref in d and value in d]
+                measured = [(a, b) for a, b in both if a.logs and b.logs]
+                possible = [
+                    (x, y)
+                    for a, b in both
+                    for x, y in ((a, b), (b, a))
+                    if x.state == "open" and x.cell.hash not in self.in_flight and (y.logs or y.state == "open")
+                ]
+                out.append((ax.name, value, ref, measured, possible))
+        return out
+
+    def effects(self) -> list[tuple[str, object, object, effects.Effect]]:
+        """Each knob value's effect on tokens/s against its reference over the measured pairs, with its 95%
+        interval (bench.effects.throughput, as the report computes it; each cell's noise the run's repeat
+        spread, so one pair's interval holds the spread between runs)."""
+        return [
+            (axis, value, ref, effects.throughput([(self._side(a), self._side(b)) for a, b in pairs]))
+            for axis, value, ref, pairs, _ in self.effect_pairs()
+        ]
+
+    def _side(self, c: Candidate) -> effects.Side:
+        mean, se = self.speed(c)
+        return effects.Side(
+            value=math.exp(mean), repeats=[math.exp(x) for x in c.logs] if len(c.logs) > 1 else (), log_se=se
+        )
+
+    # -- the end ----------------------------------------------------------------------------------------------
+
+    def frontier(self) -> list[Candidate]:
+        """The measured cells on the memory/speed frontier, lightest first: no other measured cell needs no more
+        memory (within the tolerance) and is faster."""
+        ok = sorted((c for c in self.candidates if c.logs and c.mem is not None), key=lambda c: c.mem)
+        slack = math.log(1 + self.s.memory_tolerance)
+        return [
+            c
+            for c in ok
+            if not any(m is not c and m.mem <= c.mem + slack and self.speed(m)[0] > self.speed(c)[0] for m in ok)
+        ]
+
+    def left_s(self) -> float:
+        """Predicted cell seconds of what could still be measured (each open cell that could change the
+        answer, once, on the short schedule), within the budget left."""
+        if "left" not in self._memo:  # asked at every record (the ETA); it changes only with an outcome
+            self._memo["left"] = sum(self.cost_s(c, 0) for c in self.open() if self.needed(c))
+        left = self._memo["left"]
+        return left if self.s.budget_s is None else min(left, max(0.0, self.s.budget_s - self.spent_s))
+
+    def full_run_s(self, cells: Iterable[Candidate]) -> float:
+        """Predicted cell seconds of measuring these cells once on the full schedule (what a run without
+        --answer adds)."""
+        return sum(self.cost_s(c, 1) for c in cells)
+
+    def unmeasured(self, stopped: bool = False) -> list[tuple[Candidate, dict]]:
+        """Every open cell at the end, with its answer note: whether it could still have changed the answer
+        (the budget ran out, or the run was stopped first) and why it was not measured, with its predicted
+        speed and memory."""
+        out = []
+        for c in self.open():
+            if self.needed(c):
+                what = f"lead {_group(self.s, c.group)}" if self.could_lead(c) else "be on the frontier"
+                budget = f"{self.s.budget_s:.0f} s" if self.s.budget_s is not None else "none"
+                cut = "the run was stopped first" if stopped else f"the budget ({budget}) was spent"
+                why = f"not measured: {cut}; it could still {what} ({_tps(self, c)})"
+            else:
+                lead, lighter = self.leader(c.group), self.dominated(c)
+                why = (
+                    f"not needed: {_tps(self, c)}, below the leader of {_group(self.s, c.group)} {lead.cell.name} "
+                    f"({_tps(self, lead)}); and {lighter.cell.name} needs no more memory ({_mem(self, lighter)} "
+                    f"against {_mem(self, c)}) and is surely faster"
+                )
+            out.append((c, self.note(c, needed=self.needed(c), why=why, **({"stopped": True} if stopped else {}))))
+        return out
+
+    def note(self, c: Candidate, **fields) -> dict:
+        """The record's answer note for a cell left unmeasured: its group and predicted figures."""
+        m, sd = self.speed(c)
+        lo_mem, hi_mem = self.memory_interval(c)
+        return {
+            **fields,
+            "group": _group(self.s, c.group),
+            "predicted_tokens_per_s": [math.exp(m - Z * sd), math.exp(m), math.exp(m + Z * sd)]
+            if math.isfinite(m)
+            else None,
+            "predicted_peak_bytes": [math.exp(lo_mem), math.exp((lo_mem + hi_mem) / 2), math.exp(hi_mem)]
+            if math.isfinite(lo_mem)
+            else None,
+            "predicted_wall_s": self.cost_s(c, 1) if c.base_cost is not None else None,
+        }
+
+    def summary(self) -> list[str]:
+        """The answer as the console prints it at the end of the run."""
+        lines = [
+            f"answer (95% intervals; {len(self.candidates)} runnable cells, grouped by {', '.join(self.s.group_by)}):"
+        ]
+        for g in self._groups():
+            lead = self.leader(g)
+            if lead is None:
+                lines.append(f"  {_group(self.s, g)}: no cell ran ok")
+                continue
+            ties = [
+                m.cell.name for m in self.candidates if m is not lead and m.group == g and m.logs and self.could_lead(m)
+            ]
+            tie = f"; no significant difference from {', '.join(ties)}" if ties else ""
+            n = len(lead.logs)
+            lines.append(
+                f"  fastest, {_group(self.s, g)}: {lead.cell.name}: {_tps(self, lead)}, {n} measurement(s){tie}"
+            )
+        lines.append(
+            "  frontier (lightest first): "
+            + "; ".join(f"{c.cell.name} {_mem(self, c)} {_tps(self, c)}" for c in self.frontier())
+        )
+        for axis, value, ref, e in self.effects():
+            short = AXIS[axis].short
+            if not e.n:
+                lines.append(f"  effect {short}={value} vs {short}={ref}: no pair measured")
+                continue
+            ci = f" [{e.ci[0]:.2f}, {e.ci[1]:.2f}]" if e.ci else ""
+            lines.append(
+                f"  effect {short}={value} vs {short}={ref}: tokens/s x{e.ratio:.2f}{ci}, {e.verdict} ({e.n} pair(s))"
+            )
+        measured = [c for c in self.candidates if c.tries]
+        rest = [c for c in self.candidates if c.state == "open"]
+        lines.append(
+            f"  cost: {self.spent_s:.0f} s of cell time for {len(measured)} of {len(self.candidates)} runnable cells; "
+            f"measuring the other {len(rest)} once would add about {_hms(self.full_run_s(rest))} (predicted)"
+        )
+        return lines
+
+
+def agreement(got: Search, full: Search) -> dict:
+    """How an answer compares with the answer of the whole grid (`full`: a search that observed every cell),
+    "the same" at the measurements' resolution (Search.resolution, as a full run measuring each cell once
+    can tell them apart): per group, whether the answer's fastest cell is the grid's or within the
+    resolution of it; the share of the grid's frontier that the answer measured, or a cell no heavier
+    (within the memory tolerance) and within the resolution as fast; and the share of the grid's cell
+    seconds it spent."""
+    res, slack = math.log(1 + full.resolution), math.log(1 + full.s.memory_tolerance)
+    mine = {c.cell.hash for c in got.candidates if c.logs}
+    leaders = {}
+    for g in full._groups():
+        lead, pick = full.leader(g), got.leader(g)
+        same = lead is None or (
+            pick is not None and full.speed(lead)[0] - full.speed(full.by_hash[pick.cell.hash])[0] < res
+        )
+        leaders[_group(full.s, g)] = (pick.cell.name if pick else None, lead.cell.name if lead else None, same)
+    measured = [full.by_hash[h] for h in mine if full.by_hash[h].mem is not None]
+    frontier = full.frontier()
+    found = [
+        f
+        for f in frontier
+        if any(m.mem <= f.mem + slack and full.speed(m)[0] >= full.speed(f)[0] - res for m in measured)
+    ]
+    return {
+        "leaders": leaders,
+        "frontier": (len(found), len(frontier)),
+        "cost": got.spent_s / full.spent_s if full.spent_s else None,
+    }
+
+
+def _first(t: tuple):
+    return t[0]
+
+
+def _group(s: Settings, g: tuple) -> str:
+    return ",".join(f"{AXIS[a].short}={v}" for a, v in zip(s.group_by, g)) or "all cells"
+
+
+def _tps(search: Search, c: Candidate) -> str:
+    lo, hi = search.interval(c)
+    mid = search.speed(c)[0]
+    if not math.isfinite(mid):
+        return "tokens/s unknown"
+    how = "measured" if c.logs else "predicted"
+    return f"{how} {_k(math.exp(mid))} tok/s [{_k(math.exp(lo))}, {_k(math.exp(hi))}]"
+
+
+def _mem(search: Search, c: Candidate) -> str:
+    lo, hi = search.memory_interval(c)
+    if not math.isfinite(lo):
+        return "memory unknown"
+    how = "measured" if c.mem is not None else "predicted"
+    return f"{how} {math.exp((lo + hi) / 2) / 2**30:.1f} GiB"
+
+
+def _k(x: float) -> str:
+    return f"{x / 1000:.1f}k" if x >= 1000 else f"{x:.0f}"
+
+
+def _hms(seconds: float) -> str:
+    m, sec = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s"

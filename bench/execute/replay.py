@@ -1,0 +1,134 @@
+"""The replay executor (`zerobench run M --replay FILE...`): recorded measurements served as if the cells
+ran, so a search (answer mode) can be checked against a grid that was measured in full, at no GPU cost.
+
+Nothing runs. Each attempt of a cell gets that cell's next recorded end from the files (an end that ran:
+ok or a failure, in the order recorded; past the last, the last again, marked reused). The plan is judged
+as on the recorded machine (its GPUs, memory and library versions, from the records' provenance), and a
+cell of the matrix with no recorded end is skipped by the rule `not-recorded`. Every record this makes
+carries `replay` (the file and the record it replays) and keeps the recorded provenance: a report made
+from it says it is a replay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import env, rules, store
+from ..status import Status
+from .executor import Attempt, Finished, Handle
+from .local import Slots
+from .plan import Plan
+
+__all__ = ["NOT_RECORDED", "Recording", "Replayed", "ReplayExecutor"]
+
+NOT_RECORDED = "not-recorded"
+"""The rule id of a cell the replayed files have no end for."""
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """What a replayed attempt comes back with: a recorded end, where it was read, and whether an earlier
+    attempt of this run was already served it."""
+
+    record: dict
+    source: str
+    reused: bool = False
+
+
+class Recording:
+    """The ends recorded in results files, by cell hash, in file order."""
+
+    def __init__(self, paths: list[str]):
+        self.paths = [str(p) for p in paths]
+        self.ends: dict[str, list[tuple[dict, str]]] = {}
+        self.first: dict | None = None
+        for path in self.paths:
+            for rec in store.Store(Path(path)).records():
+                st = Status(rec.get("status", "error"))
+                if st.ran and st.is_outcome:
+                    self.ends.setdefault(rec["cell_hash"], []).append((rec, path))
+                    self.first = self.first or rec
+        self.served: dict[str, int] = {}
+
+    def platform(self) -> env.Platform:
+        """The machine the records were made on, as far as rules and the memory model need it."""
+        prov = (self.first or {}).get("provenance") or {}
+        gpus = tuple(
+            env.Gpu(g["index"], g["name"], g.get("memory_bytes") or 0, g.get("uuid") or f"recorded-{g['index']}")
+            for g in prov.get("gpus") or []
+        )
+        return env.Platform(
+            gpus=gpus,
+            driver=prov.get("driver"),
+            versions=dict(prov.get("versions") or {}),
+            host_memory_bytes=prov.get("host_memory_bytes") or 0,
+            cpu_count=prov.get("cpu_count") or 0,
+            nvml=bool(prov.get("nvml", True)),
+        )
+
+    def restrict(self, p: Plan) -> Plan:
+        """The plan with every runnable cell that has no recorded end skipped, saying so."""
+        why = rules.Skip(
+            NOT_RECORDED,
+            f"no recorded end of this cell in {', '.join(self.paths)}",
+            "measure it: run the matrix without --replay",
+            "the replayed results files",
+        )
+        items = tuple(
+            it if it.skip is not None or it.cell.hash in self.ends else dataclasses.replace(it, skip=why)
+            for it in p.items
+        )
+        return dataclasses.replace(p, items=items)
+
+    def next_end(self, cell_hash: str) -> Replayed:
+        ends = self.ends[cell_hash]
+        k = self.served.get(cell_hash, 0)
+        self.served[cell_hash] = k + 1
+        rec, path = ends[min(k, len(ends) - 1)]
+        return Replayed(rec, path, reused=k >= len(ends))
+
+
+class ReplayExecutor:
+    """Serves recorded ends in place of running jobs; as many at once as the run has slots."""
+
+    prepares = False  # nothing to build or start: no cell runs here
+    forkservers = None
+
+    def __init__(self, slots: Slots, cuda: bool = True, recording: Recording | None = None):
+        if recording is None:
+            raise ValueError("the replay executor needs the results files to replay (--replay FILE...)")
+        self.slots, self.recording = slots.max_cells, recording
+        self._ended: queue.SimpleQueue[Finished] = queue.SimpleQueue()
+        self._in_flight = 0
+
+    def room(self) -> bool:
+        return self._in_flight < self.slots
+
+    def running(self) -> int:
+        return self._in_flight
+
+    def place(self, attempt: Attempt) -> Handle | None:
+        return Handle(attempt, None) if self.room() else None
+
+    def start(self, handle: Handle) -> None:
+        self._in_flight += 1
+        self._ended.put(Finished(handle, value=self.recording.next_end(handle.attempt.cell.hash)))
+
+    def release(self, handle: Handle) -> None:
+        pass
+
+    def collect(self, timeout_s: float) -> list[Finished]:
+        out = []
+        while not self._ended.empty():
+            out.append(self._ended.get())
+        self._in_flight -= len(out)
+        return out
+
+    def cancel(self, why: BaseException) -> list[Finished]:
+        return self.collect(0)
+
+    def close(self) -> None:
+        pass

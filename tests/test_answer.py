@@ -1,0 +1,227 @@
+"""Answer mode (bench.execute.answer) and the replay executor (bench.execute.replay): the noise constants
+against the committed A/A runs, the online correction of the models, the short schedule, the CLI's checks,
+and answer mode replayed over committed H200 grids against the answers the full grids give."""
+
+from __future__ import annotations
+
+import collections
+import glob
+import json
+import math
+import random
+
+import pytest
+
+from bench import effects, matrix
+from bench.cells import Cell
+from bench.cli import main as cli
+from bench.estimate.online import Online
+from bench.execute import answer
+from bench.execute.plan import hardware, plan
+from bench.execute.replay import Recording
+from bench.record import parse
+from bench.status import Status
+from bench.store import Store
+
+# -- the constants and pieces -----------------------------------------------------------------------------
+
+
+def _pooled_sd(files: list[str]) -> float:
+    ss, dof = 0.0, 0
+    for f in files:
+        by = collections.defaultdict(list)
+        for line in open(f):
+            r = json.loads(line)
+            if r.get("status") == "ok" and (r.get("metrics") or {}).get("tokens_per_s"):
+                by[(r["run_id"], r["cell_hash"], r.get("variant"))].append(math.log(r["metrics"]["tokens_per_s"]))
+        for v in by.values():
+            if len(v) >= 2:
+                m = sum(v) / len(v)
+                ss += sum((x - m) ** 2 for x in v)
+                dof += len(v) - 1
+    assert dof >= 40, files
+    return math.sqrt(ss / dof)
+
+
+def test_repeat_noise_is_the_committed_aa_runs_spread():
+    gpu = _pooled_sd(sorted(glob.glob("results/compare-h200-a[123].jsonl")))
+    cpu = _pooled_sd(sorted(glob.glob("results/ci-cpu-gate/aa*.jsonl")))
+    assert effects.REPEAT_NOISE == {"gpu": round(gpu, 4), "cpu": round(cpu, 4)}
+
+
+def test_online_learns_the_machine_and_the_knobs_from_a_few_cells():
+    # Truth: the machine runs everything at 0.5x the base; knob b=1 costs a further 0.7x. Noise 5%.
+    rng = random.Random(0)
+    on = Online(prior_sd=0.5, offset_sd=2.0, noise_sd=0.05)
+    before = on.predict({"a": 1, "b": 1}, 0.0)
+    for a in (0, 1, 2):
+        for b in (0, 1):
+            truth = math.log(0.5) + b * math.log(0.7)
+            on.observe({"a": a, "b": b}, 0.0, truth + rng.gauss(0, 0.05))
+    mean, sd = on.predict({"a": 1, "b": 1}, 0.0)
+    assert abs(mean - (math.log(0.5) + math.log(0.7))) < 0.1
+    assert sd < before[1] / 4  # six cells narrow the prior's width a lot
+    # An interaction the additive effects cannot hold shows as misfit, widening every prediction.
+    on2 = Online(prior_sd=0.5, offset_sd=2.0, noise_sd=0.01)
+    for a, b, y in [(0, 0, 0.0), (0, 1, 0.0), (1, 0, 0.0), (1, 1, 1.0), (2, 0, 0.0), (2, 1, 1.0)] * 2:
+        on2.observe({"a": a, "b": b}, 0.0, y)
+    assert on2.misfit > 0.1
+
+
+def test_rung_zero_is_the_short_schedule_and_rung_one_the_matrixs():
+    fixed = Cell(matrix="m", model="llama-tiny", measured_steps=8)
+    assert answer.rung_cell(fixed, 0).measured_steps == 4 and answer.rung_cell(fixed, 1) == fixed
+    m = matrix.load("matrices/7b.yaml")
+    c = matrix.expand(m)[0]
+    short = answer.rung_cell(c, 0)
+    assert short.adaptive.tolerance == 2 * c.adaptive.tolerance
+    assert short.adaptive.max_seconds == c.adaptive.max_seconds / 2
+    assert short.measured_steps == c.measured_steps // 2 and short.adaptive.min_steps == c.adaptive.min_steps
+    assert short.hash != c.hash  # what the worker runs; the record keeps the matrix's cell (tested below)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--budget", "20m"], "--budget only with --answer"),
+        (["--answer", "--budget", "twenty"], "a duration such as"),
+        (["--answer", "--group-by", "peft,nonsense"], "--group-by nonsense: not an axis"),
+        (["--answer", "--repeats", "2"], "--repeats with --answer"),
+        (["--executor", "replay"], "--executor replay needs the results files"),
+    ],
+)
+def test_answer_options_are_checked_before_anything_runs(tmp_path, capsys, argv, message):
+    code = cli(["run", "matrices/compare-h200.yaml", "--results", str(tmp_path / "r.jsonl"), "--no-report", *argv])
+    assert code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_answer_mode_refuses_a_searched_micro_batch(tmp_path, capsys):
+    code = cli(["run", "matrices/mb-auto-1b.yaml", "--answer", "--replay", "results/mb-auto-1b.jsonl",
+                "--results", str(tmp_path / "r.jsonl"), "--no-report"])  # fmt: skip
+    assert code == 2 and "micro_batch: auto" in capsys.readouterr().err
+
+
+# -- replayed over committed H200 grids -------------------------------------------------------------------
+
+GRIDS = {
+    "1b": ["results/1b.jsonl", "results/1b-rerun.jsonl", "results/1b-paramoffload.jsonl"],
+    "1b-axes": ["results/1b-axes.jsonl", "results/1b-axes-2.jsonl"],
+    "peft-axes-h200": ["results/peft-axes-h200.jsonl"],
+    "compare-h200": ["results/compare-h200-a1.jsonl", "results/compare-h200-a2.jsonl", "results/compare-h200-a3.jsonl"],
+}
+
+
+def _full(matrix_path: str, files: list[str], settings: answer.Settings) -> answer.Search:
+    """The answer the recorded grid gives: a search that has observed every recorded end."""
+    rec = Recording(files)
+    p = rec.restrict(plan(matrix_path, platform=rec.platform()))
+    hw = hardware(rec.platform())
+    full = answer.Search([it for it in p.items if it.skip is None], hw, settings, cuda=True)
+    for ends in rec.ends.values():
+        for r, _ in ends:
+            full.observe(parse(r))
+    return full
+
+
+@pytest.mark.parametrize("name", sorted(GRIDS))
+def test_answer_mode_replayed_recovers_the_answer_of_the_full_grid(tmp_path, capsys, name):
+    files = GRIDS[name]
+    out = tmp_path / f"{name}.jsonl"
+    code = cli(["run", f"matrices/{name}.yaml", "--answer", "--replay", *files, "--results", str(out),
+                "--no-report", "--no-progress"])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert code == 0
+    full = _full(f"matrices/{name}.yaml", files, answer.Settings())
+    recs = [r for r in Store(out).records() if r["status"] != Status.STARTED.value]
+    # Every cell of the matrix ends with a record; each measured one says why, each unmeasured one why not.
+    p = plan(f"matrices/{name}.yaml", platform=Recording(files).platform())
+    assert {r["cell_hash"] for r in recs} == {it.cell.hash for it in p.items}
+    for r in recs:
+        if r["status"] == Status.UNMEASURED.value:
+            assert r["answer"]["why"].startswith("not needed") and r["answer"]["needed"] is False
+        elif r["status"] not in (Status.SKIPPED.value, Status.IMPLIED_OOM.value):
+            assert r["replay"]["source"] in files and r["answer"]["role"] in (
+                "leader",
+                "contender",
+                "frontier",
+                "effect",
+            )
+    # (a) the fastest cell per group and (b) the frontier, against the full grid, as the run printed them.
+    got = answer.Search([c.planned for c in full.candidates], full.hw, answer.Settings(), cuda=True)
+    for r in recs:
+        got.observe(parse(r))
+    agree = answer.agreement(got, full)
+    assert all(same for _, _, same in agree["leaders"].values()), agree
+    found, total = agree["frontier"]
+    assert found >= 0.9 * total, agree
+    assert "DIFFERENT" not in printed and f"frontier: {found} of the grid's {total} points measured" in printed
+    # What it paid, printed, against what the full grid took.
+    paid = sum(r.get("wall_s") or 0 for r in recs)
+    assert f"cost: {paid:.0f} s of cell time" in printed
+    assert paid <= sum(r.get("wall_s") or 0 for ends in Recording(files).ends.values() for r, _ in ends)
+
+
+def test_replayed_records_keep_the_cell_and_say_what_they_replay(tmp_path):
+    out = tmp_path / "r.jsonl"
+    assert cli(["run", "matrices/compare-h200.yaml", "--answer", "--replay", "results/compare-h200-a3.jsonl",
+                "--results", str(out), "--no-report", "--no-progress"]) == 0  # fmt: skip
+    recorded = {
+        (r["run_id"], r["cell_hash"], r["attempt"]): r for r in Store("results/compare-h200-a3.jsonl").records()
+    }
+    ran = [r for r in Store(out).records() if r["status"] == "ok"]
+    assert ran
+    for r in ran:
+        src = recorded[(r["replay"]["run_id"], r["cell_hash"], r["replay"]["attempt"])]
+        assert r["cell_hash"] == src["cell_hash"] and r["metrics"] == src["metrics"]
+        assert r["provenance"]["gpu_name"] == "NVIDIA H200" and r["replay"]["reused"] is False
+    # At most as many attempts of a cell as the file has ends of it (3 repeats each).
+    assert max(collections.Counter(r["cell_hash"] for r in ran).values()) <= 3
+
+
+def test_a_budget_stops_the_search_and_each_cell_left_says_it_was_still_needed(tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    files = GRIDS["1b"]
+    assert cli(["run", "matrices/1b.yaml", "--answer", "--budget", "40s", "--replay", *files,
+                "--results", str(out), "--no-report", "--no-progress"]) == 0  # fmt: skip
+    recs = [r for r in Store(out).records() if r["status"] != "started"]
+    left = [r for r in recs if r["status"] == "unmeasured"]
+    assert left and any(r["answer"]["needed"] for r in left)
+    assert all("budget (40 s) was spent" in r["answer"]["why"] for r in left if r["answer"]["needed"])
+    spent = sum(r.get("wall_s") or 0 for r in recs)
+    assert spent <= 40 + max(r.get("wall_s") or 0 for r in recs)  # the last cell may end past it
+    # --resume with a larger budget goes on from what was measured, never measuring a cell twice needlessly.
+    assert cli(["run", "matrices/1b.yaml", "--answer", "--budget", "20m", "--replay", *files, "--resume",
+                "--results", str(out), "--no-report", "--no-progress"]) == 0  # fmt: skip
+    again = [r for r in Store(out).records() if r["status"] == "ok"]
+    assert len(again) > len([r for r in recs if r["status"] == "ok"])
+    last = {r["cell_hash"]: r for r in Store(out).records() if r["status"] != "started"}
+    assert not [r for r in last.values() if r["status"] == "unmeasured" and r["answer"]["needed"]]
+    assert "resume" in capsys.readouterr().out
+
+
+def test_a_stopped_answer_run_still_records_every_cell(tmp_path):
+    # SIGTERM from inside the run (as a job scheduler sends it) once two cells are recorded: every cell of the
+    # matrix still ends with a record, the ones the search did not reach saying the run was stopped.
+    import os
+    import signal
+
+    out = tmp_path / "r.jsonl"
+    seen: list[dict] = []
+
+    def stop_after_two(rec):
+        seen.append(rec)
+        if rec["status"] == "ok" and sum(r["status"] == "ok" for r in seen) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    from bench.execute import Stopped, run
+
+    with pytest.raises(Stopped):
+        run("matrices/1b.yaml", answer=answer.Settings(), replay=GRIDS["1b"], results=str(out), progress=False,
+            on_record=stop_after_two, printer=lambda *a: None)  # fmt: skip
+    last = {r["cell_hash"]: r for r in Store(out).records() if r["status"] != "started"}
+    p = plan("matrices/1b.yaml", platform=Recording(GRIDS["1b"]).platform())
+    assert set(last) == {it.cell.hash for it in p.items}
+    stopped = [r for r in last.values() if r["status"] == "unmeasured" and r["answer"]["needed"]]
+    assert stopped and all(r["reason"].startswith("answer mode: not measured, the run was stopped") for r in stopped)
+    assert all(r["answer"]["stopped"] for r in stopped)
