@@ -4,10 +4,14 @@ Two things are kept, under `root()` ($ZEROBENCH_CACHE, else $XDG_CACHE_HOME/zero
 ~/.cache/zerobench; delete the folder to clear it):
 - ops/<key>.json: which DeepSpeed JIT ops were built, for which stack (`ops_key`: DeepSpeed, torch and
   its CUDA, Python, accelerator, GPUs, TORCH_CUDA_ARCH_LIST, CUDA_HOME, the extensions folder, the
-  compiler, the CPU's flags, DeepSpeed's op sources by content), and each op's shared libraries by path,
-  size and content hash (not where the venv is, nor file times: a second venv of the same stack reuses
-  them). A run whose ops all check out skips the prebuild helper (an interpreter importing torch and
-  DeepSpeed: 25-60 s, for a build that ninja finds done).
+  compiler, the CPU's flags, DeepSpeed's op sources by content and the folders DeepSpeed and torch are
+  installed in), each op's shared libraries by path, size and content hash, and the build file torch
+  wrote in each of its folders. An op checks out only when torch's next load of it will compile
+  nothing: its build file is the one recorded (torch writes the install folders into it, so another
+  venv's load rewrites it and recompiles everything) and `ninja -n` finds nothing to do there (a
+  reinstall gives the sources newer times). A run whose ops all check out skips the prebuild helper
+  (an interpreter importing torch and DeepSpeed: 25-60 s); any other run compiles in that helper, never
+  inside a cell.
 - checkpoints/<preset>-<precision>-<key>/: the random-weight checkpoint QLoRA cells quantize from,
   keyed by the preset's shape, precision, seed and library versions, with a manifest of its files
   written last, so its presence is checked here without a helper process.
@@ -28,6 +32,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -115,6 +120,10 @@ def ops_key(environ: Mapping[str, str], *, cuda: bool, gpus: list[str] | None = 
         "compiler": _compiler(environ.get("CXX") or "c++"),
         "cpu_flags": _cpu_flags(),
         "op_sources": _deepspeed_sources(),
+        # torch writes where both are installed into the op's build file (-I, the sources): another venv's
+        # build of the same sources rewrites it, and ninja then compiles every object again.
+        "deepspeed_dir": _package_dir("deepspeed"),
+        "torch_dir": _package_dir("torch"),
         # torch's default folder already depends on its version and CUDA, both in the key.
         "TORCH_EXTENSIONS_DIR": str(Path(ext).resolve()) if ext else None,
     }
@@ -140,11 +149,17 @@ def _cpu_flags() -> str | None:
 
 
 @functools.cache
-def _deepspeed_sources() -> str | None:
-    spec = importlib.util.find_spec("deepspeed")  # finds the package without importing it (and torch)
+def _package_dir(name: str) -> str | None:
+    spec = importlib.util.find_spec(name)  # finds the package without importing it (and torch)
     if spec is None or not spec.submodule_search_locations:
         return None
-    return tree_digest(Path(next(iter(spec.submodule_search_locations))) / "ops" / "csrc")
+    return str(Path(next(iter(spec.submodule_search_locations))).resolve())
+
+
+@functools.cache
+def _deepspeed_sources() -> str | None:
+    d = _package_dir("deepspeed")
+    return tree_digest(Path(d) / "ops" / "csrc") if d else None
 
 
 def tree_digest(folder: Path) -> str | None:
@@ -171,7 +186,33 @@ def _lib_state(path: str) -> list | None:
         return None
 
 
-def _op_problem(entry) -> str | None:
+def _build_file(folder: str) -> str | None:
+    """The digest of the build file torch wrote in an op's folder (None: there is none)."""
+    try:
+        return hashlib.sha256(Path(folder, "build.ninja").read_bytes()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
+def _ninja_work(folder: str, environ: Mapping[str, str]) -> str | None:
+    """Why ninja would compile something in folder, as torch's next load of the op runs it (None: nothing
+    to do)."""
+    exe = shutil.which("ninja", path=environ.get("PATH"))
+    if exe is None:
+        return "ninja is not on PATH"
+    try:
+        r = subprocess.run([exe, "-n", "-d", "explain", "-C", folder], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"`ninja -n` in {folder} failed: {e}"
+    if r.returncode != 0:
+        return f"`ninja -n` in {folder} failed: {(r.stderr or r.stdout).strip()[-200:]}"
+    if "no work to do" in r.stdout:
+        return None
+    why = next((ln for ln in r.stderr.splitlines() if ln.startswith("ninja explain:")), "")
+    return f"ninja would compile in {folder}" + (f" ({why.removeprefix('ninja explain: ')})" if why else "")
+
+
+def _op_problem(entry, environ: Mapping[str, str]) -> str | None:
     if not isinstance(entry, dict) or not isinstance(entry.get("libs"), dict):
         return "no usable entry"
     if entry.get("unavailable"):
@@ -187,11 +228,21 @@ def _op_problem(entry) -> str | None:
     d = entry.get("dir")
     if d and os.path.exists(os.path.join(d, "lock")):
         return f"a build lock is left in {d}"
+    builds = entry.get("build_files")
+    if not isinstance(builds, dict) or not builds:
+        return "no build file recorded"
+    for folder, digest in builds.items():
+        if _build_file(folder) != digest:
+            return f"{folder}/build.ninja was rewritten since it was recorded (another environment's build)"
+    for folder in builds:
+        if why := _ninja_work(folder, environ):
+            return why
     return None
 
 
 def ops_missing(key: dict, builders: list[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The builders whose ops are not known built for this key, each with why (empty: all cached)."""
+    environ = os.environ if environ is None else environ
     path = ops_path(key, environ)
     if not path.exists():
         return {b: "not in the cache" for b in builders}
@@ -202,15 +253,16 @@ def ops_missing(key: dict, builders: list[str], environ: Mapping[str, str] | Non
         return {b: f"cache record {path} is for another stack" for b in builders}
     out = {}
     for b in builders:
-        why = _op_problem(data["ops"].get(b))
+        why = _op_problem(data["ops"].get(b), environ)
         if why:
             out[b] = why
     return out
 
 
 def record_ops(key: dict, report: Mapping[str, dict], environ: Mapping[str, str] | None = None) -> None:
-    """Record the ops a prebuild left ready (its report: builder -> {ok, unavailable, dir, libs, s}),
-    with each library's size and mtime as they are now. Failed builds are not recorded."""
+    """Record the ops a prebuild left ready (its report: builder -> {ok, unavailable, dir, dirs, libs, s}),
+    with each library's size and content and each folder's build file as they are now (dirs: every op
+    folder the builder's load used, its own and those it loads first). Failed builds are not recorded."""
     path = ops_path(key, environ)
     data = _read_json(path)
     ops = data["ops"] if data and data.get("key") == key and isinstance(data.get("ops"), dict) else {}
@@ -219,7 +271,14 @@ def record_ops(key: dict, report: Mapping[str, dict], environ: Mapping[str, str]
             ops.pop(b, None)
             continue
         libs = {lib: s for lib in r.get("libs") or [] if (s := _lib_state(lib)) is not None}
-        ops[b] = {"dir": r.get("dir"), "libs": libs, "unavailable": bool(r.get("unavailable")), "s": r.get("s")}
+        folders = r.get("dirs") or ([r["dir"]] if r.get("dir") else [])
+        ops[b] = {
+            "dir": r.get("dir"),
+            "libs": libs,
+            "build_files": {d: _build_file(d) for d in folders},
+            "unavailable": bool(r.get("unavailable")),
+            "s": r.get("s"),
+        }
     _write_json(path, {"key": key, "ops": ops})
 
 

@@ -570,9 +570,10 @@ def _estimate_check(args) -> int:
     from .estimate import timecheck
 
     steps: dict[str, list[float]] = {}
-    for t in timecheck.time_cases(files, gpu=args.gpu_name) if args.held_out else ():
+    for t in timecheck.time_cases(files, gpu=args.gpu_name, unfitted=True) if args.held_out else ():
         steps.setdefault(t.cell.hash, []).append(t.step_s)
-    held = [(p, check.held_out(p, cs, steps)) for p in args.held_out or ()]
+    every = check.cases(files, gpu=args.gpu_name, unfitted=True) if args.held_out else cs
+    held = [(p, check.held_out(p, every, steps)) for p in args.held_out or ()]
     if held:
         print()
         print(check.text_table(check.held_out_table([h for _, h in held])))

@@ -54,14 +54,20 @@ def test_torch_cuda_version_is_read_without_importing_torch():
 
 
 def _libs(tmp_path, op="cpu_adam"):
+    """An op's folder as torch's JIT leaves it: a build file, and the library ninja made from a source."""
     d = tmp_path / "ext" / op
     d.mkdir(parents=True)
-    (d / f"{op}.so").write_bytes(b"\x7fELF" + b"\0" * 100)
+    src = tmp_path / f"{op}.cpp"
+    src.write_text("// the op's source\n")
+    (d / "build.ninja").write_text(f"rule link\n  command = cp $in $out\nbuild {op}.so: link {src}\n")
+    subprocess.run([shutil.which("ninja"), "-C", str(d)], check=True, capture_output=True)
     return d
 
 
-def _report(d, ok=True):
-    return {"ok": ok, "built": True, "dir": str(d), "libs": [str(p) for p in d.glob("*.so")], "s": 1.0}
+def _report(d, ok=True, dirs=None):
+    dirs = dirs or [d]
+    libs = [str(p) for x in dirs for p in x.glob("*.so")]
+    return {"ok": ok, "built": True, "dir": str(d), "dirs": [str(x) for x in dirs], "libs": libs, "s": 1.0}
 
 
 def test_recorded_ops_are_cached_until_their_library_changes(tmp_path, cache_env):
@@ -85,6 +91,39 @@ def test_recorded_ops_are_cached_until_their_library_changes(tmp_path, cache_env
     (d / "lock").unlink()
     so.unlink()
     assert "gone" in cache.ops_missing(key, ["CPUAdamBuilder"], cache_env)["CPUAdamBuilder"]
+
+
+def test_an_op_torch_would_compile_again_is_not_cached(tmp_path, cache_env):
+    """Cached means torch's next load compiles nothing. It runs ninja on the build file it writes, with the
+    install folders in it: another venv's build rewrites that file (and recompiles), and a reinstall gives the
+    sources newer times. Either way the prebuild helper must pay the compile, not a cell (a cell compiling
+    DeepSpeed's async_io ran past its 600 s limit in setup on a 2-core CI machine)."""
+    key = cache.ops_key(cache_env, cuda=False)
+    pin, aio = _libs(tmp_path, "pin_memory"), _libs(tmp_path, "async_io")
+    cache.record_ops(key, {"AsyncIOBuilder": _report(aio, dirs=[pin, aio])}, cache_env)
+    assert cache.ops_missing(key, ["AsyncIOBuilder"], cache_env) == {}
+
+    build = pin / "build.ninja"  # the op it loads first, rewritten by another environment's load
+    text = build.read_text()
+    build.write_text(text.replace("cp $in $out", "cp -f $in $out"))
+    subprocess.run([shutil.which("ninja"), "-C", str(pin)], check=True, capture_output=True)
+    why = cache.ops_missing(key, ["AsyncIOBuilder"], cache_env)["AsyncIOBuilder"]
+    assert why == f"{pin}/build.ninja was rewritten since it was recorded (another environment's build)"
+    build.write_text(text)
+    subprocess.run([shutil.which("ninja"), "-C", str(pin)], check=True, capture_output=True)
+    assert cache.ops_missing(key, ["AsyncIOBuilder"], cache_env) == {}
+
+    src = tmp_path / "async_io.cpp"  # reinstalled: the same source, a newer time
+    os.utime(src, (src.stat().st_atime, (aio / "async_io.so").stat().st_mtime + 60))
+    why = cache.ops_missing(key, ["AsyncIOBuilder"], cache_env)["AsyncIOBuilder"]
+    assert why.startswith(f"ninja would compile in {aio} (") and "async_io.so" in why, why
+    no_ninja = {**cache_env, "PATH": str(tmp_path / "empty")}
+    assert cache.ops_missing(key, ["AsyncIOBuilder"], no_ninja) == {"AsyncIOBuilder": "ninja is not on PATH"}
+    old = cache.ops_path(key, cache_env)  # a record made before build files were recorded
+    data = json.loads(old.read_text())
+    del data["ops"]["AsyncIOBuilder"]["build_files"]
+    old.write_text(json.dumps(data))
+    assert cache.ops_missing(key, ["AsyncIOBuilder"], cache_env) == {"AsyncIOBuilder": "no build file recorded"}
 
 
 def test_a_failed_or_corrupt_entry_means_building(tmp_path, cache_env):
@@ -247,13 +286,16 @@ def test_second_run_on_the_machine_pays_no_prebuild(tmp_path):
     assert json.loads(rec.read_text())["ops"]["CPUAdamBuilder"]["libs"]
 
 
-def test_a_second_venv_of_the_same_stack_reuses_the_ops(tmp_path, cache_env):
-    """What decides a built op is its sources, versions, compiler and CPU, not where a venv put them or
-    when a file was written: a copy of DeepSpeed's op sources at another prefix is the same op, and a
-    library another venv's load touched (same bytes, new mtime) is still the one recorded."""
+def test_the_key_is_the_stack_and_where_it_is_installed(tmp_path, cache_env):
+    """What decides a built op is its sources by content, versions, compiler and CPU, and the folders
+    DeepSpeed and torch are installed in (torch writes them into the op's build file, so another venv's
+    load compiles again: that venv has a key of its own). Variables that only name a venv do not count,
+    nor does a library's time (same bytes, new mtime: still the one recorded)."""
     import importlib.util
 
-    csrc = Path(next(iter(importlib.util.find_spec("deepspeed").submodule_search_locations))) / "ops" / "csrc"
+    ds = Path(next(iter(importlib.util.find_spec("deepspeed").submodule_search_locations)))
+    torch_dir = Path(next(iter(importlib.util.find_spec("torch").submodule_search_locations)))
+    csrc = ds / "ops" / "csrc"
     other = tmp_path / "venv2" / "lib" / "site-packages" / "deepspeed" / "ops" / "csrc"
     shutil.copytree(csrc, other)  # copytree keeps times: set them all anew, as an install would
     for f in other.rglob("*"):
@@ -266,6 +308,7 @@ def test_a_second_venv_of_the_same_stack_reuses_the_ops(tmp_path, cache_env):
     venv_b = {**cache_env, "VIRTUAL_ENV": "/venvs/b", "PATH": "/venvs/b/bin:/usr/bin"}
     key = cache.ops_key(venv_a, cuda=False)
     assert cache.ops_key(venv_b, cuda=False) == key and key["op_sources"] == cache.tree_digest(csrc)
+    assert (key["deepspeed_dir"], key["torch_dir"]) == (str(ds.resolve()), str(torch_dir.resolve()))
 
     d = _libs(tmp_path)
     cache.record_ops(key, {"CPUAdamBuilder": _report(d)}, cache_env)

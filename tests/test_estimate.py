@@ -334,9 +334,10 @@ def test_committed_predictions_find_their_records(cases):
     # record (at most one ended without a measurement: the interrupted last cell of peft-axes-h200), except a
     # whole matrix's predictions for an answer-mode run, which measures some of its cells (7b-predicted.txt).
     assert len(PREDICTIONS) >= 4
+    every = mcheck.cases(RESULTS, unfitted=True)  # the held-out files' records too
     for p in PREDICTIONS:
-        h = mcheck.held_out(p, cases)
-        assert h.commit and h.cells >= 5 and h.errors, p
+        h = mcheck.held_out(p, every)
+        assert h.commit and h.cells >= 4 and h.errors, p
         answered = all(
             any(r.get("answer") for r in Store(f"results/{f}").records() if r.get("status") == "ok") for f in h.results
         )
@@ -395,3 +396,16 @@ def test_estimate_7b_matrix_under_two_seconds(benchmark):
     slowdown = max(1.0, min(before, _calibrate()) / IDLE_CALIBRATION_S)
     assert all(e is not None for _, e, _ in rows)
     assert min(timings) <= BUDGET_S * slowdown, f"{min(timings):.2f} s CPU (slowdown x{slowdown:.1f})"
+
+
+def test_the_unfitted_files_are_read_only_for_their_held_out_check(cases):
+    """UNFITTED_FILES name committed results files (each scored by a predictions file), and no fit or
+    leave-one-file-out table reads them."""
+    from bench.estimate.fitted import UNFITTED_FILES
+
+    every = mcheck.cases(RESULTS, unfitted=True)
+    for name in UNFITTED_FILES:
+        assert f"results/{name}" in RESULTS, name
+        assert any(c.file == name for c in every) and not any(c.file == name for c in cases), name
+    held = {f for p in PREDICTIONS for f in mcheck.held_out(p, every).results}
+    assert set(UNFITTED_FILES) <= held

@@ -322,14 +322,15 @@ def _model_check() -> dict[str, Any]:
     excluded: list[tuple[str, str]] = []
     tc = timecheck.time_cases(files, excluded=excluded)
     steps: dict[str, list[float]] = {}
-    for t in tc:
+    for t in timecheck.time_cases(files, unfitted=True):
         steps.setdefault(t.cell.hash, []).append(t.step_s)
+    every = check.cases(files, unfitted=True)
     predictions = sorted(glob.glob(str(ROOT / "reports" / "*-predicted.txt")))
     return {
         "files": [str(Path(f).relative_to(ROOT)) for f in files],
         "rows": check.evaluate(cs),
         "cv": check.cross_validate(cs),
-        "held": [(str(Path(p).relative_to(ROOT)), check.held_out(p, cs, steps)) for p in predictions],
+        "held": [(str(Path(p).relative_to(ROOT)), check.held_out(p, every, steps)) for p in predictions],
         "time_cases": tc,
         "time_rows": timecheck.evaluate_time(tc),
         "time_cv": timecheck.cross_validate_time(tc),

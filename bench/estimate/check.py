@@ -19,7 +19,7 @@ from ..axes import OPTIMIZERS
 from ..cells import Cell
 from ..record import parse
 from ..store import read
-from .fitted import FITTED, Constants
+from .fitted import FITTED, UNFITTED_FILES, Constants
 from .model import Estimate, Hardware, predict
 from .verdict import DEFAULT_MARGIN, Verdict, verdict
 
@@ -77,11 +77,19 @@ def _ds_config(cell: Cell, recorded: dict | None) -> dict | None:
         return recorded
 
 
-def cases(paths: Iterable[str | os.PathLike], gpu: str = "H200") -> list[Case]:
+def fitted_on(path: str | os.PathLike) -> bool:
+    """Whether the constants were fitted on this results file (UNFITTED_FILES: the held-out checks)."""
+    return os.path.basename(os.fspath(path)) not in UNFITTED_FILES
+
+
+def cases(paths: Iterable[str | os.PathLike], gpu: str = "H200", *, unfitted: bool = False) -> list[Case]:
     """Every ok, cuda_oom and host_oom record run on a GPU whose name contains `gpu`, with NVML's figures
-    (ok) or an out-of-memory end (the rest)."""
+    (ok) or an out-of-memory end (the rest); of the files in UNFITTED_FILES only with `unfitted` (to score
+    the predictions made before they ran)."""
     out = []
     for path in paths:
+        if not unfitted and not fitted_on(path):
+            continue
         for raw in read(path, warn=False):
             if raw.get("status") not in ("ok", *OOM):
                 continue
@@ -528,7 +536,8 @@ def markdown(
     """The check as Markdown: `paths` as given on the command line, `files` the results files read, `held` the
     predictions files (as given, scored)."""
     s_in, s_cv = summarize(rows), summarize(cv)
-    listed = ", ".join(f"`{os.path.basename(p)}`" for p in files)
+    listed = ", ".join(f"`{os.path.basename(p)}`" for p in files if fitted_on(p))
+    held_only = ", ".join(f"`{os.path.basename(p)}`" for p in files if not fitted_on(p))
     held_arg = f" --held-out {' '.join(p for p, _ in held)}" if held else ""
     held_part = ["## Held-out checks", "", _HELD_OUT_TEXT, "", md_table(held_out_table([h for _, h in held])), ""]
     return "\n".join(
@@ -578,9 +587,14 @@ def markdown(
             "",
             md_table(table(rows, cv)),
             "",
-            f"Results files ({len(files)}): {listed}. Records counted: status ok with NVML's figures, and "
-            "cuda_oom/host_oom, run on an H200; the others (skipped, interrupted, errors, selfcheck variants "
-            "without telemetry) predict nothing to compare.",
+            f"Results files ({sum(map(fitted_on, files))}): {listed}. Records counted: status ok with NVML's "
+            "figures, and cuda_oom/host_oom, run on an H200; the others (skipped, interrupted, errors, selfcheck "
+            "variants without telemetry) predict nothing to compare."
+            + (
+                f" Read only for the held-out checks (no constant was fitted on them): {held_only}."
+                if held_only
+                else ""
+            ),
             "",
         ]
     )

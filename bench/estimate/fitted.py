@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-__all__ = ["Constants", "FITTED", "FIT_NAMES"]
+__all__ = ["Constants", "FITTED", "FIT_NAMES", "UNFITTED_FILES"]
 
 GiB = 2**30
 
@@ -49,3 +49,8 @@ class Constants:
 FIT_NAMES = tuple(f.name for f in fields(Constants))
 
 FITTED = Constants()
+
+UNFITTED_FILES = ("timecheck-h200.jsonl", "timecheck-h200-7b.jsonl")
+"""Committed results files that neither model's constants (these and bench.estimate.steptime's) were fitted
+on: held-out checks, predicted before they ran (reports/*-predicted.txt). The checks read them only to score
+those predictions; a refit takes them in and empties this."""

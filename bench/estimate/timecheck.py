@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields, replace
 from ..record import parse
 from ..store import read
 from .band import BAND_COVERAGE, FAMILIAR_FILES
-from .check import _cell, _ds_config, _pct
+from .check import _cell, _ds_config, _pct, fitted_on
 from .model import Hardware
 from .shapes import shape_of
 from .steptime import (
@@ -77,12 +77,19 @@ EXCLUDED = "a fault injected (ZEROBENCH_FAULT): a deliberately slowed or burdene
 
 
 def time_cases(
-    paths: Iterable[str | os.PathLike], gpu: str = "H200", excluded: list[tuple[str, str]] | None = None
+    paths: Iterable[str | os.PathLike],
+    gpu: str = "H200",
+    excluded: list[tuple[str, str]] | None = None,
+    *,
+    unfitted: bool = False,
 ) -> list[TimeCase]:
     """Every ok record run on one or two GPUs named `gpu` with a median step time, of a known model shape,
-    less those EXCLUDED says (appended to `excluded` as (file, cell id) where a list is given)."""
+    less those EXCLUDED says (appended to `excluded` as (file, cell id) where a list is given); of the files
+    in UNFITTED_FILES only with `unfitted` (to score the predictions made before they ran)."""
     out = []
     for path in paths:
+        if not unfitted and not fitted_on(path):
+            continue
         for raw in read(path, warn=False):
             if raw.get("status") != "ok":
                 continue

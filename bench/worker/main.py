@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 import traceback
+from pathlib import Path
 
 from .. import faults
 from ..cells import Cell
@@ -140,7 +141,6 @@ def _clean_nvme(doc: dict) -> None:
     """Record what DeepSpeed wrote to the attempt's NVMe swap folders (evidence it really swapped),
     then remove them: swap files of a 7B can fill a drive across a matrix."""
     import shutil
-    from pathlib import Path
 
     swaps = [d for d in doc.pop("nvme_swap_dirs", None) or () if os.path.isdir(d)]
     if swaps:
@@ -168,16 +168,19 @@ def _prebuild(builders: list[str], report_path: str | None = None) -> int:
             print(f"prebuild: {name}: not available on the {acc.device_name()} accelerator", flush=True)
             report[name] = {"ok": True, "unavailable": True, "libs": [], "s": 0.0}
             continue
+        first = len(ops.LOADED)
         try:
             builder.load(verbose=False)
             built = any(b["op"] == builder.name for b in ops.BUILT)
             print(f"prebuild: {name}: {'built' if built else 'ready'} in {time.time() - t0:.1f} s", flush=True)
             d = ops.build_dir(builder.name)
+            dirs = list(dict.fromkeys([*ops.LOADED[first:], str(d)]))
             report[name] = {
                 "ok": True,
                 "built": built,
                 "dir": str(d),
-                "libs": sorted(str(p) for p in d.glob("*.so")),
+                "dirs": dirs,
+                "libs": sorted(str(p) for x in dirs for p in Path(x).glob("*.so")),
                 "s": round(time.time() - t0, 1),
             }
         except Exception as e:  # noqa: BLE001 - the cells that need it will report it as their error

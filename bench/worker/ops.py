@@ -18,10 +18,13 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["BUILT", "CLEARED", "build_dir", "instrument", "lock_holders", "clear_stale_lock"]
+__all__ = ["BUILT", "CLEARED", "LOADED", "build_dir", "instrument", "lock_holders", "clear_stale_lock"]
 
 BUILT: list[dict] = []
 """Ops this process compiled (or relinked): {"op", "s"} each, in order."""
+LOADED: list[str] = []
+"""The build folders of the ops this process loaded, in order (an op's load may load others first:
+async_io loads pin_memory)."""
 CLEARED: list[str] = []
 """Stale locks this process removed, in words."""
 
@@ -146,6 +149,7 @@ def instrument() -> None:
                 return _original(self, verbose)
             finally:
                 stop.set()
+                LOADED.append(str(d))
                 after = _libs(d)
                 if any(before.get(k) != v for k, v in after.items()):
                     BUILT.append({"op": self.name, "s": round(time.time() - t0, 1)})
