@@ -88,7 +88,7 @@ _FINITE_METRICS = ("tokens_per_s", "samples_per_s", "step_time_median_s", "step_
 
 
 def _range_problem(rec: Record) -> str | None:
-    cell = rec.cell
+    cell = rec.cell or {}
     if cell.get("zero_stage", 0) not in (0, 1, 2, 3):
         return f"cell.zero_stage: {cell['zero_stage']!r:.20} is not a ZeRO stage (0-3)"
     for k, low in _CELL_MIN.items():
@@ -185,7 +185,7 @@ def _parse_line(rec, path, line: int, foreign: list[str]) -> Record | None:
         foreign.append(f"line {line} ({'.'.join(map(str, err['loc'])) or 'record'}: {err['msg']})")
         return None
     # The record keeps the cell as a dict; its fields are typed and bounded here.
-    why = _field_problem(parsed.cell, _CELL_FIELDS, "cell.") or _range_problem(parsed)
+    why = _field_problem(parsed.cell or {}, _CELL_FIELDS, "cell.") or _range_problem(parsed)
     if why:
         foreign.append(f"line {line} ({why})")
         return None
@@ -294,7 +294,7 @@ class Store:
         Raises StoreWriteError when the whole line cannot be written (disk full, file too large, I/O error):
         the file is then cut back to its size before this call, so no torn record is left behind."""
         if isinstance(record, Record):
-            record = record.to_dict()
+            record = record.stored()
         record = _finite(record)
         data = (json.dumps(record, default=str, separators=(",", ":"), allow_nan=False) + "\n").encode()
         with self._lock:

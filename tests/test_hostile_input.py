@@ -58,7 +58,7 @@ def test_duplicate_matrix_keys_name_both_lines():
 @pytest.mark.parametrize(
     "bad, says",
     [
-        (lambda r: r["cell"].update(zero_stage=-1), "cell.zero_stage: -1 is not a ZeRO stage"),
+        (lambda r: r.update(cell={"zero_stage": -1}), "cell.zero_stage: -1 is not a ZeRO stage"),
         (lambda r: r.update(started_at="yesterday"), "started_at: 'yesterday' is not an ISO 8601 time"),
         (lambda r: r.update(metrics={"tokens_per_s": math.inf}), "metrics.tokens_per_s: inf is not a finite"),
         (lambda r: r.update(schema_version="two"), "schema_version 'two' is not a version"),

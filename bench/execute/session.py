@@ -229,9 +229,8 @@ class Session:
                 self.prog.total = self.i + len(self.queue) - self.k
             else:
                 self.search.implied(c.hash)
-            pred = self.preds[id(waiting[c.hash])]
             with launch.holding_signals():
-                rec = self.save(Record.implied_oom(c, {**by, "how": how}, at=now(), predicted=pred, **ident))
+                rec = self.save(Record.implied_oom(c, {**by, "how": how}, at=now(), **ident))
             self.recorded(self.i, rec)
 
     def imply_stored(self) -> None:
@@ -295,17 +294,26 @@ class Session:
 
     def settle(self, stopped: bool = False) -> None:
         """Answer mode's end: a record for every cell it did not measure, saying why; then the answer. On a stop
-        too (the cells in flight recorded interrupted first), so every cell of the matrix has a record."""
+        too (the cells in flight recorded interrupted first), so every cell of the matrix has a record. A cell
+        whose last record already says it was left unmeasured for the same reason (an earlier call of a
+        --resume) gets no second one: a record is written when what it says changes."""
+        said = self.unmeasured_before()
         for c, note in self.search.unmeasured(stopped):
+            rec = Record.unmeasured(c.cell, note, at=now(), **self.ident(c.cell))
+            if said.get(c.cell.hash) == rec.reason:
+                continue
             self.i += 1
-            ident = self.ident(c.cell)
-            self.attempts[c.cell.hash] = ident["attempt"]
-            pred = self.preds[id(c.planned)]
+            self.attempts[c.cell.hash] = rec.attempt
             with launch.holding_signals():
-                rec = self.save(Record.unmeasured(c.cell, note, at=now(), predicted=pred, **ident))
+                self.save(rec)
             self.recorded(self.i, rec)
         for text in self.search.summary() + (self.against_recording() if self.o.replay else []):
             self.o.printer(text)
+
+    def unmeasured_before(self) -> dict[str, str]:
+        """On --resume, the cells whose last record in the file is an unmeasured one, with its reason."""
+        last = {r["cell_hash"]: r for r in self.existing if r.get("status") != Status.STARTED.value}
+        return {h: r["reason"] for h, r in last.items() if r["status"] == Status.UNMEASURED.value}
 
     def against_recording(self) -> list[str]:
         """A replayed answer against the answer of every recorded end of the same cells (the full grid)."""
@@ -354,8 +362,8 @@ class Session:
     def skip(self, unit: Unit) -> None:
         """A cell recorded without running: a rule's skip, or pruned (predicted not to fit)."""
         it = unit.planned
-        pred = self.preds[id(it)]
-        ident = {**self.ident(it.cell), "fixed_costs": self.costs}
+        pred = None if it.skip else self.preds[id(it)]  # a pruned cell's: why it did not run
+        ident = self.ident(it.cell)
         self.attempts[it.cell.hash] = ident["attempt"]
         skip = it.skip or prune_skip(pred)
         with launch.holding_signals():

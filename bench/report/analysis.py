@@ -127,7 +127,7 @@ class Section:
 
     model: str
     """The cells' `model`: a preset name or a local model directory, as the records name it."""
-    seq_len: int
+    seq_len: int | None
     label: str
     """The section's heading: "llama-1b, sequence length 2,048"."""
     slug: str
@@ -906,11 +906,13 @@ def _section(cells: pd.DataFrame, samples: dict, attempts: pd.DataFrame) -> Sect
     """One model at one sequence length: its headlines, what fits, its frontier and its knob effects."""
     first = cells.iloc[0]
     ok = cells[cells["status"] == Status.OK.value]
-    seq = int(first["seq_len"])
+    # Unknown only for records of cells that did not run whose matrix file is not here (bench.results).
+    seq = None if fmt.missing(first["seq_len"]) else int(first["seq_len"])
+    model = "model unknown" if fmt.missing(first["model"]) else str(first["model"])
     return Section(
-        model=str(first["model"]),
+        model=model,
         seq_len=seq,
-        label=f"{first['model']}, sequence length {seq:,}",
+        label=f"{model}, sequence length {seq:,}" if seq else f"{model} (its matrix file is not here)",
         slug=first["section"],
         cells=cells,
         ok=ok,
