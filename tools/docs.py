@@ -159,10 +159,10 @@ def _rules_section() -> str:
     )
     return (
         "## Rules\n\nA cell that cannot run is recorded `skipped` with the first rule that stops it "
-        "(`bench/rules.py`, in this order): the reason, the fix and the source that makes it true. "
-        "`zerobench cells MATRIX` lists them per cell; `--assume-gpus N` judges as on a CUDA host.\n\n"
-        + _table(["rule", "reason", "fix", "source"], rows)
-        + "\n"
+        "(`bench/rules.py`, in this order): its id and reason; the fix and the source that makes it true are "
+        "the rule's, below. "
+        "`zerobench cells MATRIX` lists each rule's reason, fix and source once and each cell with its rule; "
+        "`--assume-gpus N` judges as on a CUDA host.\n\n" + _table(["rule", "reason", "fix", "source"], rows) + "\n"
     )
 
 

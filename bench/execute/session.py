@@ -73,6 +73,7 @@ class Options:
     replay: Recording | None = None  # the replay executor's recorded ends (bench.execute.replay)
     address: str | None = None  # the cluster's, for a cluster executor
     slurm: Any = None  # the slurm executor's settings (bench.execute.slurm.Settings)
+    host_mem: int | None = None  # host memory to judge cells against (default: the platform's)
 
 
 class Session:
@@ -80,7 +81,7 @@ class Session:
 
     def __init__(self, p: Plan, store: Store, o: Options, run_id: str):
         self.p, self.store, self.o, self.run_id = p, store, o, run_id
-        self.hw: Hardware = hardware(o.platform, o.gpu_mem)
+        self.hw: Hardware = hardware(o.platform, o.gpu_mem, o.host_mem)
         self.written: list[Record] = []  # the outcomes this run stored, in order
         self.attempts: dict[str, int] = {}  # cell hash -> the last attempt number used
         self.existing = store.records()
