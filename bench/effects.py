@@ -84,7 +84,7 @@ NOTE = (
     "verdict is zerobench compare's: faster or slower only when the interval excludes ×1 and compare would not "
     "call it noise (at least {min_effect:.0%}; with one run a side, at least {single:.0%}); otherwise no significant "
     "difference. Peak memory: more or less beyond its tolerance (NVML {nvml:.0%}, allocator {alloc:.0%}, host RSS "
-    "{rss:.0%}). Final loss: the median difference."
+    "{rss:.0%}). Loss: the median difference at the last step both cells of a pair ran."
 )
 
 

@@ -690,8 +690,9 @@ class Record(BaseModel):
     status: Status
     """How the attempt ended (the statuses below)."""
     reason: str
-    """Why it ended so ("" when it simply ran); for a skip, the rule's reason, fix and source; for a multi-rank
-    cell, the end of the rank that failed first (the others' lost connections are its consequence)."""
+    """Why it ended so ("" when it simply ran); for a skip, the rule's reason (before version 3 with its fix and
+    source); for a multi-rank cell, the end of the rank that failed first (the others' lost connections are its
+    consequence)."""
     warnings: list[str] | None = None
     """What makes the measurement less clean than its status says (an op compiled inside the cell, a
     relaunch after a taken port); shown in the report's notes. None when there is nothing to say."""

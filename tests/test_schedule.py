@@ -192,8 +192,8 @@ def test_reports_compare_and_the_model_check_keep_implied_apart(tmp_path):
     (s,) = a.sections
     assert len(s.did_not_fit) == 1 and len(s.implied) == 1 and a.counts["implied_oom"] == 1
     md = markdown.render_analysis(a)
-    assert "1 ran out of memory. 1 more did not run: implied out of memory" in md
-    assert "**1 of 2** cells that ran" in md
+    assert "**1** ran out of memory. 1 more did not run: implied out of memory" in md
+    assert "Of the 2 cells that ran, **1** fit" in md
     base = [rec(2, 1, tps=30_000)]
     c = next(x for x in compare.compare(records_to_frame(base), records_to_frame(recs)).cells if x.key == f"{2:010x}")
     assert c.verdict == compare.NOT_RUN

@@ -111,7 +111,7 @@ class Progress:
             self.not_run[group] = self.not_run.get(group, 0) + 1
         text = None
         if group is None or self.not_run[group] == 1:
-            text = line(i, self.total, rec) + (f"  (further cells {group}: counted at the end)" if group else "")
+            text = line(i, self.total, rec) + ("  (others like it are counted, not listed)" if group else "")
             if elapsed is not None:
                 text += f"  [{schedule.duration(elapsed)} elapsed, ETA {schedule.duration(eta)}]"
         if self.bar:

@@ -29,6 +29,7 @@ from .analysis import (
     Analysis,
     Section,
     analyse,
+    measured_first,
     records,
 )
 from .charts import Chart, tradeoff_name
@@ -159,7 +160,7 @@ def _widths(values, top: float) -> list[str]:
 
 
 def _cells_table(a: Analysis) -> dict:
-    cells, compute = a.cells, a.compute_metric
+    cells, compute = measured_first(a.cells), a.compute_metric
     extra = [(c, h) for c, h in _EXTRA if c in cells and cells[c].nunique(dropna=False) > 1]
     cols = [
         "cell_name",
