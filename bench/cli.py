@@ -9,6 +9,9 @@ from pathlib import Path
 from .problems import ConfigError, InputError
 
 DEFAULT_MATRIX = Path(__file__).parent / "matrices" / "smoke.yaml"
+LOCAL = "local"
+"""The embedded default's own folder under results/ and reports/ (git-ignored in this repository): what it writes
+is the user's, not the repository's committed results, so the repository's checks never read it."""
 
 
 def _matrix_arg(p):
@@ -205,10 +208,23 @@ def _slurm_platform(args, options: dict):
     return slurm.platform_of(part), f"on Slurm partition {part.name}'s nodes"
 
 
+def _embedded_default_paths(args) -> None:
+    """No matrix given: the embedded default's results and report go to results/local/ and reports/local/."""
+    if args.matrix is not None:
+        return
+    from .execute import default_results_path
+    from .matrix import load
+
+    path = default_results_path(load(str(DEFAULT_MATRIX)).name, args.shard)
+    args.results = args.results or str(path.parent / LOCAL / path.name)
+    args.report = args.report or str(Path("reports") / LOCAL / path.stem)
+
+
 def cmd_run(args) -> int:
     from . import report as _  # noqa: F401 - fail early if the report stack is broken
     from .execute import Stopped, run, stop_on_signals
 
+    _embedded_default_paths(args)
     src = _resolve(args.matrix)
     try:
         slurm_options = _slurm_options(args)
@@ -752,9 +768,19 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument(
         "--pairs", type=_positive, metavar="N", help="with --answer: measured pairs per knob value (default 1)"
     )
-    r.add_argument("--results", metavar="PATH", help="results file (default: results/<matrix name>.jsonl)")
-    r.add_argument("--logs", metavar="DIR", help="worker logs (default: results/logs/<results name>/)")
-    r.add_argument("--report", metavar="PATH", help="report path without suffix (default: reports/<results name>)")
+    r.add_argument(
+        "--results",
+        metavar="PATH",
+        help=f"results file (default: results/<matrix name>.jsonl; the embedded default's: "
+        f"results/{LOCAL}/smoke.jsonl)",
+    )
+    r.add_argument("--logs", metavar="DIR", help="worker logs (default: logs/<results name>/ beside the results file)")
+    r.add_argument(
+        "--report",
+        metavar="PATH",
+        help=f"report path without suffix (default: reports/<results name>; the embedded default's: "
+        f"reports/{LOCAL}/smoke)",
+    )
     r.add_argument("--no-report", action="store_true", help="do not write the reports at the end")
     r.add_argument("--no-progress", action="store_true", help="no progress bar (one line per cell still printed)")
     r.add_argument("--strict", action="store_true", help="exit 1 if any cell failed (for CI jobs)")
