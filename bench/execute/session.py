@@ -312,7 +312,7 @@ class Session:
             self.o.printer(text)
 
     def unmeasured_before(self) -> dict[str, str]:
-        """On --resume, the cells whose last record in the file is an unmeasured one, with its reason."""
+        """The cells whose last record in the results file (an earlier call's) is an unmeasured one, with its reason."""
         last = {r["cell_hash"]: r for r in self.existing if r.get("status") != Status.STARTED.value}
         return {h: r["reason"] for h, r in last.items() if r["status"] == Status.UNMEASURED.value}
 
