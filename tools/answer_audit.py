@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-
 from pathlib import Path
 
 from bench.estimate import Verdict
