@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import jsonschema
+import pytest
 
 from bench import cells, record, results, rules
 from bench.cli import main as cli
@@ -106,3 +107,13 @@ def test_committed_v2_records_read_as_they_did():
     recs = read(ROOT / "results" / "7b-answer-h200.jsonl")
     assert len(recs) == 130 and all(r["cell"] and r["provenance"] for r in recs)
     assert record.upgrade({"schema_version": 2, "x": 1}) == {"schema_version": SCHEMA_VERSION, "x": 1}
+
+
+@pytest.mark.slow  # runs nothing, but writes 4,320 records one fsync at a time (some 15 s)
+def test_the_7b_answer_replayed_writes_under_3_mb_and_its_report_leads_with_the_failures(tmp_path):
+    out = tmp_path / "replay.jsonl"
+    args = ["run", "matrices/7b.yaml", "--executor", "replay", "--replay", "results/7b-answer-h200.jsonl", "--answer"]
+    assert cli([*args, "--results", str(out), "--report", str(tmp_path / "replay"), "--no-progress"]) == 0
+    assert out.stat().st_size <= 3 * 2**20, out.stat().st_size
+    screen = (tmp_path / "replay.md").read_text().splitlines()[:40]
+    assert "## What failed" in screen and any(ln.startswith("| error | 19 |") for ln in screen)
