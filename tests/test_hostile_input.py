@@ -142,8 +142,7 @@ def test_logs_on_a_read_only_mount(tmp_path):
 
 
 def test_ctrl_c_during_report(tmp_path, recs):
-    # A report that takes well over the wait below (records of skipped cells are compact: some 350 bytes).
-    p = _write(tmp_path / "r.jsonl", recs * 60000)
+    p = _write(tmp_path / "r.jsonl", recs * 15000)  # a report that takes well over the wait below
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     proc = subprocess.Popen(
         [os.sys.executable, "-m", "bench", "report", str(p), "-o", "rep/r"],
