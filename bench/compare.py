@@ -3,9 +3,16 @@
 results (store) -> results.load() -> samples() per side -> compare() -> Comparison -> markdown() / exit code
 
 What each figure is held to (thresholds: bench.matrix.CompareSettings, per matrix, `--thresholds`):
-- noisy figures (tokens/s, median step time): bench.stats.judge_noisy, process-level repeats as the
-  samples: a one-sided Mann-Whitney test AND a minimum effect; one repeat on a side: the minimum
-  effect alone, with a wider default, and the report says the noise could not be estimated;
+- noisy figures (tokens/s, median step time): bench.stats.judge_noisy, the one rule of the reports and answer
+  mode: the ratio of the two sides' geometric means over their process-level repeats, with an interval at
+  1 - 2 alpha (90%: one-sided 95% either way) whose variance is the larger of what the measurements' noise
+  allows (bench.quality, measured on the committed runs; one repeat a side is judged by that noise) and what
+  the repeats' spread shows; changed only when the whole interval lies beyond the minimum effect;
+- machines (bench.record.Machine): the sides ran on one machine (or a record does not say): compared directly.
+  On different machines a machine is faster or slower as a whole: the difference is estimated from the cells
+  measured ok on both sides (anchors; their median log ratio, at least MIN_ANCHORS of them), taken out of
+  each cell's ratio and added to its uncertainty with each cell's own deviation from it (bench.quality.CROSS).
+  A change common to every cell cannot be told from the machines' difference, and the Markdown says so;
 - figures that repeat exactly or nearly (allocator peaks and the memory between steps, NVML peaks,
   host RSS, first and final loss): bench.stats.judge_bound, a tight bound widened to the spread the
   repeats themselves show; the final loss is each side's loss at the last step every repeat of both
@@ -29,7 +36,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from . import stats
+from . import quality, stats
 from .matrix import CompareSettings
 from .problems import ConfigError, Problem
 from .status import Status
@@ -51,14 +58,16 @@ __all__ = [
     "NOT_COMPARABLE",
 ]
 
+MIN_ANCHORS = 3  # cells measured on both machines, to tell a machine's difference from one cell's change
 REGRESSION = stats.REGRESSION
 IMPROVEMENT = stats.IMPROVEMENT
 UNCHANGED = "unchanged"
+NOT_SETTLED = stats.NOT_SETTLED
 NOT_COMPARABLE = "not comparable"
 NOT_RUN = "not run"
 NEW, MISSING = "new", "missing"
 # Worst first: a cell's verdict is the worst of its figures'.
-VERDICT_ORDER = [REGRESSION, NOT_COMPARABLE, IMPROVEMENT, UNCHANGED, NOT_RUN, NEW, MISSING]
+VERDICT_ORDER = [REGRESSION, NOT_COMPARABLE, NOT_SETTLED, IMPROVEMENT, UNCHANGED, NOT_RUN, NEW, MISSING]
 
 
 @dataclass(frozen=True)
@@ -116,6 +125,12 @@ class CellSamples:
     """Per figure column, the ok repeats' values (finite ones)."""
     environment: dict[str, tuple]
     """Per ENVIRONMENT column, the distinct values the repeats ran with (sorted, as strings)."""
+    noise: list[float] = field(default_factory=list)
+    """Each ok repeat's noise on the log scale (bench.quality.noise_sd), in the order of `values`' tokens/s."""
+    machines: tuple = ()
+    """The machines its repeats that ran were measured on (bench.record.Machine ids; None: unknown)."""
+    blocks: tuple = ()
+    """The blocks (run part x machine) of those repeats."""
     step_times: list[list[float]] = field(default_factory=list)
     """Each ok repeat's measured step times (the within-run view)."""
     losses: list[list[float]] = field(default_factory=list)
@@ -168,6 +183,7 @@ def samples(df) -> dict[str, CellSamples]:
     if df is None or df.empty:
         return {}
     need = ["cell_hash", "variant", "repeat", "status", "reason", "cell_name", "warmup_steps", "step_times_s", "losses"]
+    need += ["noise_sd", "machine", "block"]
     need += [f.column for f in FIGURES] + [col for col, _ in ENVIRONMENT]
     cols = [c for c in need if c in df]
     # Column lists zipped, not to_dict("records") over the frame: a 10k-row report stays fast.
@@ -200,6 +216,9 @@ def samples(df) -> dict[str, CellSamples]:
             reason=str(first_bad.get("reason") or "") if first_bad is not None else "",
             repeats=len(recs),
             values={f.column: stats.finite(r.get(f.column) for r in ok) for f in FIGURES},
+            noise=[float(r["noise_sd"]) for r in ok if _present(r.get("noise_sd")) and _present(r.get("tokens_per_s"))],
+            machines=tuple(dict.fromkeys(r.get("machine") if _present(r.get("machine")) else None for r in ran)),
+            blocks=tuple(dict.fromkeys(r.get("block") for r in ran if _present(r.get("block")))),
             # From the repeats that ran: a skipped or interrupted record says nothing about the software that measures.
             environment={
                 col: tuple(sorted({_text(r[col]) for r in ran if _present(r.get(col))})) for col, _ in ENVIRONMENT
@@ -211,6 +230,24 @@ def samples(df) -> dict[str, CellSamples]:
 
 
 # -- the comparison ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Machines:
+    """Where the two sides ran, and what that does to the comparison."""
+
+    baseline: tuple = ()
+    """The machine ids of the baseline's attempts (None: a record that does not say)."""
+    current: tuple = ()
+    same: bool = True
+    """One machine on both sides, or one side does not say: compared directly."""
+    anchors: int = 0
+    """Across machines: the cells measured ok on both sides, whose median log ratio is the machines' difference."""
+    offset: float | None = None
+    """ln(current machine's speed / baseline machine's), from the anchors (None: one machine, or too few)."""
+    offset_var: float = 0.0
+    cross: float = 0.0
+    """Each cell's own deviation from the machines' difference (bench.quality.CROSS), on each side."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -233,6 +270,7 @@ class Comparison:
     settings: CompareSettings
     settings_source: str
     cells: list[CellComparison]
+    machines: Machines = field(default_factory=Machines)
 
     @property
     def regressions(self) -> list[CellComparison]:
@@ -265,20 +303,61 @@ def _env_diff(b: CellSamples, c: CellSamples) -> list[tuple[str, str, str]]:
     return out
 
 
-def _judge(f: Figure, b: list[float], c: list[float], s: CompareSettings) -> stats.Judgement:
+def machines(b: dict[str, CellSamples], c: dict[str, CellSamples]) -> Machines:
+    """The sides' machines, and across machines their difference in speed from the anchors."""
+    mb = tuple(dict.fromkeys(m for x in b.values() for m in x.machines))
+    mc = tuple(dict.fromkeys(m for x in c.values() for m in x.machines))
+    known_b, known_c = {m for m in mb if m}, {m for m in mc if m}
+    if None in mb + mc or not known_b or not known_c or (known_b == known_c and len(known_b) == 1):
+        return Machines(baseline=mb, current=mc)
+    gpu = any(x.environment.get("gpu_name") for x in [*b.values(), *c.values()])
+    cross = quality.CROSS["gpu" if gpu else "cpu"]
+    diffs = [_log_ratio(b[k], c[k]) for k in b if k in c and b[k].status == c[k].status == Status.OK.value]
+    diffs = [d for d in diffs if d is not None]
+    if len(diffs) < MIN_ANCHORS:
+        return Machines(baseline=mb, current=mc, same=False, anchors=len(diffs), cross=cross)
+    offset = stats.median([d for d, _ in diffs])
+    # The median's variance: pi/2 times a mean's, for normal errors.
+    var = math.pi / 2 * (sum(v for _, v in diffs) / len(diffs) + 2 * cross**2) / len(diffs)
+    return Machines(baseline=mb, current=mc, same=False, anchors=len(diffs), offset=offset, offset_var=var, cross=cross)
+
+
+def _log_ratio(b: CellSamples, c: CellSamples) -> tuple[float, float] | None:
+    """ln(current tokens/s over baseline's), the means of the repeats' logs, and its variance (the one rule)."""
+    vb, vc = b.values["tokens_per_s"], c.values["tokens_per_s"]
+    if not vb or not vc or min(vb + vc) <= 0:
+        return None
+    return stats.log_diff([math.log(x) for x in vb], _sd(b, vb), [math.log(x) for x in vc], _sd(c, vc))
+
+
+def _sd(side: CellSamples, values: list[float]) -> list[float]:
+    """Each value's noise: the repeats' own where the record had it, else the noisiest kind's (a clean GPU
+    measurement's where the side ran on a GPU)."""
+    if len(side.noise) == len(values):
+        return side.noise
+    fallback = quality.NOISE["gpu" if side.environment.get("gpu_name") else "cpu"]
+    return [max(side.noise, default=fallback)] * len(values)
+
+
+def _judge(
+    f: Figure, b: CellSamples, c: CellSamples, s: CompareSettings, m: Machines, vb=None, vc=None
+) -> stats.Judgement:
+    vb = b.values[f.column] if vb is None else vb
+    vc = c.values[f.column] if vc is None else vc
     if f.kind == "noisy":
+        # Across machines, the machines' difference out of each cell's ratio (step time moves the other way).
+        offset = 0.0 if m.offset is None else m.offset if f.higher_is_better else -m.offset
         return stats.judge_noisy(
-            b,
-            c,
-            higher_is_better=f.higher_is_better,
-            alpha=s.alpha,
-            min_effect=s.min_effect,
-            single_min_effect=s.single_run_min_effect,
-        )
-    return stats.judge_bound(b, c, tolerance=getattr(s, f.tolerance), relative=f.relative, both_ways=f.both_ways)
+            vb, vc, higher_is_better=f.higher_is_better, conf=1 - 2 * s.alpha, min_effect=s.min_effect,
+            base_sd=_sd(b, vb), cur_sd=_sd(c, vc), offset=offset,
+            offset_var=0.0 if m.offset is None else m.offset_var + 2 * m.cross**2,
+        )  # fmt: skip
+    return stats.judge_bound(vb, vc, tolerance=getattr(s, f.tolerance), relative=f.relative, both_ways=f.both_ways)
 
 
-def _compare_cell(key: str, b: CellSamples | None, c: CellSamples | None, s: CompareSettings) -> CellComparison:
+def _compare_cell(
+    key: str, b: CellSamples | None, c: CellSamples | None, s: CompareSettings, m: Machines
+) -> CellComparison:
     if b is None or c is None:
         one = b or c
         return CellComparison(
@@ -296,11 +375,11 @@ def _compare_cell(key: str, b: CellSamples | None, c: CellSamples | None, s: Com
     env = _env_diff(b, c)
     figures = {}
     if b.status == ok and c.status == ok:
-        figures = {f.column: _judge(f, b.values[f.column], c.values[f.column], s) for f in FIGURES}
+        figures = {f.column: _judge(f, b, c, s, m) for f in FIGURES}
         step = common_step(b, c)
         if step is not None:  # not each side's own last step: the same point of training on both
             f = next(f for f in FIGURES if f.column == "loss_final")
-            j = _judge(f, loss_at(b, step), loss_at(c, step), s)
+            j = _judge(f, b, c, s, m, loss_at(b, step), loss_at(c, step))
             figures[f.column] = dataclasses.replace(j, why=f"at step {step}, the last both sides ran: {j.why}")
     reasons: list[str] = []
     if b.status in not_run or c.status in not_run:
@@ -309,6 +388,12 @@ def _compare_cell(key: str, b: CellSamples | None, c: CellSamples | None, s: Com
     elif env:
         verdict = NOT_COMPARABLE
         reasons += [f"{label}: {vb} -> {vc}" for label, vb, vc in env]
+    elif not m.same and m.offset is None and b.status == ok and c.status == ok:
+        verdict = NOT_COMPARABLE
+        reasons.append(
+            f"different machines, and {m.anchors} cell(s) measured on both: at least {MIN_ANCHORS} are needed to tell "
+            "the machines' difference from a change of this cell"
+        )
     elif b.status == ok and c.status != ok:
         verdict = REGRESSION
         reasons.append(f"ok in the baseline, {c.status} now: {c.reason[:200]}")
@@ -321,8 +406,9 @@ def _compare_cell(key: str, b: CellSamples | None, c: CellSamples | None, s: Com
     else:
         worst = [f for f in FIGURES if figures[f.column].verdict == REGRESSION]
         better = [f for f in FIGURES if figures[f.column].verdict == IMPROVEMENT]
-        verdict = REGRESSION if worst else IMPROVEMENT if better else UNCHANGED
-        reasons += [f"{f.label}: {figures[f.column].why}" for f in worst or better]
+        unsure = [f for f in FIGURES if figures[f.column].verdict == NOT_SETTLED]
+        verdict = REGRESSION if worst else NOT_SETTLED if unsure else IMPROVEMENT if better else UNCHANGED
+        reasons += [f"{f.label}: {figures[f.column].why}" for f in worst or unsure or better]
     return CellComparison(
         key=key,
         cell_name=c.cell_name,
@@ -348,12 +434,14 @@ def compare(
     s = settings or CompareSettings()
     b, c = samples(base_df), samples(cur_df)
     keys = list(b) + [k for k in c if k not in b]
+    m = machines(b, c)
     return Comparison(
         baseline=baseline,
         current=current,
         settings=s,
         settings_source=settings_source,
-        cells=[_compare_cell(k, b.get(k), c.get(k), s) for k in keys],
+        cells=[_compare_cell(k, b.get(k), c.get(k), s, m) for k in keys],
+        machines=m,
     )
 
 
@@ -439,8 +527,33 @@ def _change(j: stats.Judgement, f: Figure) -> str:
     return s
 
 
-_MARK = {REGRESSION: "🔴", IMPROVEMENT: "🟢", NOT_COMPARABLE: "⚪", UNCHANGED: "", NOT_RUN: "", NEW: "", MISSING: ""}
+_MARK = {
+    REGRESSION: "🔴", IMPROVEMENT: "🟢", NOT_COMPARABLE: "⚪", NOT_SETTLED: "🟡", UNCHANGED: "", NOT_RUN: "", NEW: "",
+    MISSING: "",
+}  # fmt: skip
 MAX_ROWS = 60
+
+
+def _machines_text(m: Machines) -> list[str]:
+    """Where the sides ran, in a sentence; across machines, the difference taken out and what it hides."""
+
+    def ids(xs: tuple) -> str:
+        return ", ".join(x or "unknown" for x in xs) or "none"
+
+    if m.same:
+        return [f"Machines: baseline {ids(m.baseline)}, current {ids(m.current)} (compared directly).", ""]
+    head = f"**The sides ran on different machines** (baseline {ids(m.baseline)}, current {ids(m.current)}). "
+    if m.offset is None:
+        few = f"Only {m.anchors} cell(s) ran ok on both, fewer than the {MIN_ANCHORS} needed to tell the machines' "
+        return [head + few + "difference from a change of one cell: tokens/s and step time are not compared.", ""]
+    z = stats.normal_quantile(0.95) * math.sqrt(m.offset_var)
+    return [
+        head + f"The current machine runs ×{math.exp(m.offset):.2f} [{math.exp(m.offset - z):.2f}, "
+        f"{math.exp(m.offset + z):.2f}] (95%) the baseline's speed, the median over the {m.anchors} cells measured "
+        "on both (anchors); each cell's tokens/s and step time are judged against that, so a change common to every "
+        "cell cannot be told from the machines' difference.",
+        "",
+    ]
 
 
 def markdown(cmp: Comparison) -> str:
@@ -455,21 +568,24 @@ def markdown(cmp: Comparison) -> str:
         + ", ".join(f"{n} {v}" for v, n in counts.items())
         + f"). Exit code {cmp.exit_code}.",
         "",
-        f"Rules (thresholds from {_esc(cmp.settings_source)}): tokens/s and step time change when the one-sided "
-        f"Mann-Whitney test over process-level repeats gives p ≤ {s.alpha:g} **and** the medians differ by "
-        f"≥ {s.min_effect:.0%}; allocator figures by > {s.memory_tolerance:.0%}, NVML peaks > {s.nvml_tolerance:.0%}, "
+        f"Rules (thresholds from {_esc(cmp.settings_source)}): tokens/s and step time change when the whole "
+        f"{1 - 2 * s.alpha:.0%} interval of their ratio (over process-level repeats, never narrower than the measured "
+        f"noise allows) lies beyond ±{s.min_effect:.0%} (one that excludes no change but reaches inside it is *not "
+        "settled*: shown, not a regression); "
+        f"allocator figures by > {s.memory_tolerance:.0%}, NVML peaks > {s.nvml_tolerance:.0%}, "
         f"host RSS > {s.host_rss_tolerance:.0%}, first loss by > {s.loss_first_tolerance:g} (either way), final "
         f"loss up by > {s.loss_final_tolerance:g} (each bound widened to the spread of the repeats); a cell ok "
         "before and failing now is a regression; another GPU, driver or library version is not comparable.",
         "",
     ]
+    lines += _machines_text(cmp.machines)
     single = cmp.single_repeat
     if single:
         lines += [
-            f"> **{len(single)} cell(s) have one repeat on a side: the run-to-run noise cannot be estimated.** "
-            f"Their tokens/s and step time are judged by the minimum effect alone (±{s.single_run_min_effect:.0%}), "
-            "so smaller real changes go unflagged. Run with `--repeats 3` (or `repeats: 3` in the matrix) on both "
-            "sides to test them.",
+            f"> **{len(single)} cell(s) have one repeat on a side: their own run-to-run noise cannot be estimated.** "
+            "Their tokens/s and step time are judged against the noise measured on the committed runs (wider for a "
+            "host-bound or unstable measurement), so smaller real changes go unflagged. Run with `--repeats 3` (or "
+            "`repeats: 3` in the matrix) on both sides to test them.",
             "",
         ]
     envs = {(label, vb, vc) for c in cmp.cells for label, vb, vc in c.environment_diff}
@@ -478,7 +594,7 @@ def markdown(cmp: Comparison) -> str:
         lines += ["| | baseline | current |", "|---|---|---|"]
         lines += [f"| {_esc(a)} | {_esc(b)} | {_esc(c)} |" for a, b, c in sorted(envs)]
         lines.append("")
-    flagged = [c for c in cmp.cells if c.verdict in (REGRESSION, IMPROVEMENT)]
+    flagged = [c for c in cmp.cells if c.verdict in (REGRESSION, NOT_SETTLED, IMPROVEMENT)]
     if flagged:
         lines += ["| | cell | verdict | why |", "|---|---|---|---|"]
         for c in flagged[:MAX_ROWS]:

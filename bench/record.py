@@ -17,12 +17,18 @@ Versions (`schema_version` in every line):
      `reason` on every record ("" where there is nothing to say; v1 started records had none).
      A v1 record that had no provenance reads as `provenance: null`: the only place a null appears,
      since every record written at v2 carries one.
+  3  `machine` on every attempt (started records and their ends): where it ran, by GPU UUIDs, the host's
+     boot id and name, CPU model and count (`provenance.boot_id` is new). A v2 record reads with the
+     machine its provenance names: its GPUs' UUIDs, the boot id unknown; `machine: null` (unknown) where
+     it names no GPU UUID (a CPU run: host names repeat, "vm" on every lent machine).
 Reading goes through `upgrade`, one function per version step, so every results file ever written
 loads as the current version; the store writes only the current version.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, Protocol
 
@@ -42,6 +48,8 @@ __all__ = [
     "AllocatorPeaks",
     "Provenance",
     "Gpu",
+    "Machine",
+    "machine_of",
     "Skip",
     "RankEnd",
     "NodeRun",
@@ -60,7 +68,7 @@ __all__ = [
     "StepsTaken",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # The parts of a measured step whose allocator peaks the worker records (torch_max_allocated_<part>_bytes).
 STEP_PARTS = ("forward", "backward", "step")
@@ -347,6 +355,8 @@ class Provenance(BaseModel):
     model_config = _OPEN
     host: str | None = None
     """Host name."""
+    boot_id: str | None = None
+    """The host's boot id (bench.env.boot_id): new at every boot; absent from records before schema v3."""
     os: str | None = None
     """platform.platform()."""
     python: str | None = None
@@ -377,6 +387,44 @@ class Provenance(BaseModel):
     """Only when zerobench ran from its own git checkout (never an enclosing repository's commit)."""
     git_dirty: bool | None = None
     """The checkout had uncommitted changes."""
+
+
+class Machine(BaseModel):
+    """Where an attempt ran, as a stable identity: measurements from one machine in one run part (a block,
+    `Record.block`) compare directly; across blocks only through cells measured in both (bench.blocks)."""
+
+    model_config = _CLOSED
+    id: str
+    """A short hash of the host's identity: boot id, host name, CPU model and count, the UUIDs of the GPUs it
+    shows. Two records with one id ran on one machine (one boot of one host)."""
+    gpus: list[str] = []
+    """The UUIDs of the GPUs the attempt's ranks held (its placement's), else every GPU the host showed."""
+    host: str | None = None
+    boot_id: str | None = None
+    """None where it is unknown (records before schema v3, a system without one)."""
+    cpu: str | None = None
+    cpu_count: int | None = None
+
+
+def machine_of(provenance: Any, held: list[int] | None = None) -> Machine | None:
+    """The machine a provenance (Provenance or its dict) names, with the GPUs of `held` (NVML indexes, the
+    placement's) as the attempt's; None where it names neither a boot id nor a GPU UUID (unknown)."""
+    if provenance is None:
+        return None
+    p = provenance if isinstance(provenance, Provenance) else Provenance.model_validate(provenance)
+    uuids = {g.index: g.uuid for g in p.gpus if g.uuid}
+    if not p.boot_id and not uuids:
+        return None
+    key = [p.boot_id, p.host, p.cpu, p.cpu_count, sorted(uuids.values())]
+    mine = [uuids[i] for i in held or () if i in uuids] or sorted(uuids.values())
+    return Machine(
+        id=hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12],
+        gpus=mine,
+        host=p.host,
+        boot_id=p.boot_id,
+        cpu=p.cpu,
+        cpu_count=p.cpu_count,
+    )
 
 
 class Inputs(BaseModel):
@@ -585,9 +633,11 @@ class AnswerNote(BaseModel):
     """Answer mode (`zerobench run --answer`, bench.execute.answer): why the cell was measured, or why not."""
 
     model_config = _CLOSED
-    role: Literal["leader", "contender", "frontier", "effect", "unmeasured"]
+    role: Literal["leader", "contender", "frontier", "effect", "anchor", "unmeasured"]
     """What the measurement was for: a group's (predicted) fastest cell, a cell that could beat it, a cell
-    that could be on the memory/speed frontier, a pair for a knob's effect; or unmeasured."""
+    that could be on the memory/speed frontier, a pair for a knob's effect, a cell measured before on another
+    machine or in another run part, measured again to tie this block to the others (an anchor); or
+    unmeasured."""
     why: str
     rung: int | None = None
     """0: the short schedule (half the measured steps and time cap, twice the tolerance); 1: the matrix's."""
@@ -623,7 +673,7 @@ class Replay(BaseModel):
 _REPLAYED = {
     "wall_s", "exit_code", "phase_at_end", "world_size", "ranks", "metrics", "memory", "losses", "step_times_s",
     "steps", "worker", "warnings", "telemetry", "ds_config", "foreign_gpu_processes", "gpu_after", "started_by",
-    "log_tail", "traceback", "provenance",
+    "log_tail", "traceback", "provenance", "machine",
 }  # fmt: skip
 
 
@@ -730,6 +780,10 @@ class Record(BaseModel):
     """Required; null only on a record upgraded from v1 that was written without one. The machine that ran the
     cell: on an outcome from a cluster node, that node's (its first node's; `nodes` has each node's), taken there;
     otherwise the orchestrator's host."""
+    machine: Machine | None = None
+    """Where the attempt ran (started records and their ends; absent from records of cells that did not run):
+    on a cluster, the node that ran it (its first node's). None: unknown (a record from before schema v3 that
+    names no GPU UUID)."""
     orchestrator: Provenance | None = None
     """On an outcome a cluster node ran (`--executor ray` or `slurm`): the provenance of the host that planned the
     run and wrote this record (its started record's). Absent where one host did both."""
@@ -768,12 +822,14 @@ class Record(BaseModel):
         answer: dict | None = None,
     ) -> "Record":
         """Written before launch, so a run killed mid-cell is found by --resume."""
+        prov = env.provenance()
         return cls(
             **_identity(cell, run_id, attempt, matrix_file, repeat),
             status=Status.STARTED,
             reason="",
             started_at=started_at,
-            provenance=env.provenance(),
+            provenance=prov,
+            machine=machine_of(prov, (placement or {}).get("gpus")),
             **({"predicted": predicted} if predicted else {}),
             **({"fixed_costs": fixed_costs} if fixed_costs else {}),
             **({"placement": placement} if placement else {}),
@@ -979,9 +1035,20 @@ class Record(BaseModel):
             keep["placement"] = self.placement.model_dump(exclude_unset=True)
         if self.answer is not None:
             keep["answer"] = self.answer.model_dump(exclude_unset=True)
-        return type(self).model_validate(
-            {**keep, "schema_version": SCHEMA_VERSION, "status": status, "reason": reason, **fields}
-        )
+        out = {**keep, "schema_version": SCHEMA_VERSION, "status": status, "reason": reason, **fields}
+        if "machine" not in fields:  # where it ran as its end says: a cluster node's provenance and GPUs
+            place = out.get("placement")
+            held = place.gpus if isinstance(place, Placement) else (place or {}).get("gpus")
+            out["machine"] = machine_of(out.get("provenance"), held)
+        return type(self).model_validate(out)
+
+    @property
+    def block(self) -> str:
+        """The block the measurement belongs to: one run part (one `zerobench run`; a replayed record's, the run it
+        replays) on one machine, "RUN@MACHINE" ("RUN@unknown" where the machine is). Measurements of one block
+        compare directly; blocks differ by the machine's speed and compare only through cells measured in both."""
+        run = self.replay.run_id if self.replay is not None else self.run_id
+        return f"{run}@{self.machine.id if self.machine is not None else 'unknown'}"
 
     # -- serialisation ------------------------------------------------------------------------------
 
@@ -1132,8 +1199,21 @@ def _v1_to_v2(rec: dict) -> dict:
     return rec
 
 
+def _v2_to_v3(rec: dict) -> dict:
+    """The machine its provenance names (GPU UUIDs; no boot id then), for an attempt; unknown (null) where it
+    names none."""
+    try:
+        status = Status(rec.get("status"))
+    except ValueError:
+        return rec  # validation says what is wrong with it
+    if status is Status.STARTED or status.ran:
+        m = machine_of(rec.get("provenance"), (rec.get("placement") or {}).get("gpus"))
+        rec["machine"] = m.model_dump(mode="json") if m is not None else None
+    return rec
+
+
 # UPGRADES[n] turns a version-n record into a version-(n + 1) one.
-UPGRADES: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2}
+UPGRADES: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2, 2: _v2_to_v3}
 assert set(UPGRADES) == set(range(1, SCHEMA_VERSION)), "one upgrade per version step"
 
 

@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Iterable
 
+from . import quality
 from .axes import SHOWN, lora_targets_name
 from .cells import Cell
 from .record import STEP_PARTS, Provenance, Record, WorkerFacts, parse
@@ -25,6 +26,7 @@ __all__ = [
     "peak_memory",
     "fixed_cost_s",
     "AXIS_COLUMNS",
+    "axis_values",
     "METRIC_COLUMNS",
     "MEMORY_COLUMNS",
     "PEAK_MEMORY_SOURCES",
@@ -120,6 +122,18 @@ def steps_schedule(cell: dict) -> str:
     return text + (f" ≤{a['max_seconds']:g}s" if a.get("max_seconds") is not None else "")
 
 
+def axis_values(cell: dict) -> dict:
+    """A record's cell (bench.cells.Cell.to_dict) as its axis values, as the results frame's columns have them:
+    a field the record lacks at its default; the PEFT settings from the cell's blocks, empty where they do not
+    apply (no adapter, no 4-bit weights)."""
+    out = {a.name: cell.get(a.name, _CELL_DEFAULTS.get(a.name)) for a in SHOWN}
+    for a in SHOWN:
+        if a.block:
+            value = (cell.get(a.block) or {}).get(a.block_field)
+            out[a.name] = lora_targets_name(value) if a.name == "lora_targets" and value else value
+    return out
+
+
 def fixed_cost_s(rec: Record | dict) -> float | None:
     """What a cell costs besides its steps and its model build: process start, imports, engine setup,
     teardown. From a result record; None when it has no steps."""
@@ -156,6 +170,7 @@ def _row(rec: Record) -> dict:
     }
     # A record written before a field existed ran at that field's default (compile off, hf kernels).
     row.update({k: cell.get(k, default) for k, default in _CELL_COLUMN_DEFAULTS})
+    row.update(axis_values(cell))
     # The schedule the cell asked for (what cells must share to be compared), then the steps it took:
     # warmup_steps and measured_steps are what ran, so everything that splits step_times_s splits it right.
     row["steps_schedule"] = steps_schedule(cell)
@@ -164,11 +179,6 @@ def _row(rec: Record) -> dict:
         row["warmup_steps"], row["measured_steps"] = taken.warmup, taken.measured
     for col, field_ in STEPS_COLUMNS.items():
         row[col] = getattr(taken, field_) if taken is not None else None
-    # PEFT settings from the cell's blocks: empty where they do not apply (no adapter, no 4-bit weights).
-    for a in SHOWN:
-        if a.block:
-            value = (cell.get(a.block) or {}).get(a.block_field)
-            row[a.name] = lora_targets_name(value) if a.name == "lora_targets" and value else value
     row["qlora_quant_type"] = row["qlora_quant"]
     if rec.metrics:
         row.update(rec.metrics.model_dump(exclude_unset=True))
@@ -236,6 +246,11 @@ def _row(rec: Record) -> dict:
         row |= {"answer_needed": note.needed, "answer_predicted_wall_s": note.predicted_wall_s}
     if rec.replay:
         row["replay_source"] = rec.replay.source
+    # Where it ran and how far its measurement can be trusted (bench.quality).
+    row["machine"] = rec.machine.id if rec.machine is not None else None
+    row["block"] = rec.block
+    row["flags"] = quality.flags(rec) or None if rec.status is Status.OK else None
+    row["noise_sd"] = quality.noise_sd(rec) if rec.status is Status.OK else None
     row["losses"] = rec.losses
     row["step_times_s"] = rec.step_times_s
     return row

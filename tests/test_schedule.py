@@ -14,7 +14,7 @@ from bench.axes import AXES, LARGER, heavier_or_equal
 from bench.cells import Cell
 from bench.estimate import check
 from bench.execute.progress import Progress as _Progress
-from bench.record import Record, parse
+from bench.record import SCHEMA_VERSION, Record, parse
 from bench.report import analysis, markdown
 from bench.results import records_to_frame
 from bench.status import Status
@@ -178,7 +178,7 @@ def test_the_implied_record_names_its_prover_and_validates():
     d = _implied_record(BASE, cell(micro_batch=4))
     assert d["status"] == "implied_oom" and d["implied_by"]["cell_hash"] == BASE.hash
     assert d["reason"].startswith(f"implied out of GPU memory, not run: {BASE.name} (#{BASE.hash}) ran out (cuda_oom)")
-    schema = json.loads((ROOT / "schema" / "record-v2.schema.json").read_text())
+    schema = json.loads((ROOT / "schema" / f"record-v{SCHEMA_VERSION}.schema.json").read_text())
     jsonschema.validate(d, schema)
     assert parse(d).implied_by.how == "mb=4 vs 2"
     assert Status.IMPLIED_OOM.is_outcome and not Status.IMPLIED_OOM.ran

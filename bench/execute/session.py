@@ -9,6 +9,7 @@ The executor (bench.execute.registry) decides where and when each attempt's job 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from collections.abc import Callable
@@ -16,15 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import dsconfig, env, schedule, telemetry
+from .. import dsconfig, env, quality, schedule, telemetry
 from ..axes import AUTO
 from ..cells import Cell
 from ..estimate import Hardware
 from ..estimate.search import SearchResult, seed_micro_batch
-from ..record import Record, Search, parse
+from ..record import Record, Search, machine_of, parse
 from ..status import Status
 from ..store import Store, StoreWriteError
-from . import answer, launch, local
+from . import answer, answer_text, launch, local
 from .attempt import HARNESS_ERRNOS, HarnessError, ended, now
 from .executor import WAIT, Attempt, Finished, Handle, Job, Shape, dispatch
 from .plan import Plan, Planned, arrange, hardware, prediction, prune_skip
@@ -101,9 +102,20 @@ class Session:
         self.running: dict[int, Record] = {}  # id(handle) -> the started record of each attempt in flight
         runnable = [it for it in self.items if it.skip is None and id(it) not in self.free]
         ends = o.replay.ends if o.replay else None
-        self.search = answer.Search(runnable, self.hw, o.answer, o.platform.cuda, ends) if o.answer else None
+        self.search = (
+            answer.Search(runnable, self.hw, o.answer, o.platform.cuda, ends, self.here()) if o.answer else None
+        )
         self.index_of: dict[str, int] = {}  # answer mode: a cell's progress index, kept across its rungs
         self.width = o.slots.max_cells  # how many cells run side by side (the executor's slots, once it is up)
+
+    def here(self) -> str | None:
+        """The block this run's attempts measure in (bench.record.Record.block), where it is known before any
+        runs: this host under the local executor. A replay's records keep the block they were measured in, and
+        a cluster's nodes are each a machine: there each record says."""
+        if self.o.replay is not None or self.o.executor != "local":
+            return None
+        m = machine_of(env.provenance())
+        return f"{self.run_id}@{m.id if m is not None else 'unknown'}"
 
     # -- records --------------------------------------------------------------------------------------
 
@@ -166,10 +178,8 @@ class Session:
         for rec in self.existing:
             if rec.get("status") not in (Status.STARTED.value, Status.UNMEASURED.value):
                 r = parse(rec)
-                self.search.observe(r, r.answer.rung if r.answer else None)
+                self.search.resumed(r)
                 self.begun.add(r.cell_hash)
-                if r.cell_hash in self.search.by_hash:
-                    self.search.by_hash[r.cell_hash].tries += 1
                 if self.o.replay is not None and r.replay is not None:  # its next attempt gets the next end
                     self.o.replay.served[r.cell_hash] = self.o.replay.served.get(r.cell_hash, 0) + 1
         done = [c for c in self.search.candidates if c.state != "open"]
@@ -304,7 +314,7 @@ class Session:
             with launch.holding_signals():
                 rec = self.save(Record.unmeasured(c.cell, note, at=now(), predicted=pred, **ident))
             self.recorded(self.i, rec)
-        for text in self.search.summary() + (self.against_recording() if self.o.replay else []):
+        for text in answer_text.summary(self.search) + (self.against_recording() if self.o.replay else []):
             self.o.printer(text)
 
     def against_recording(self) -> list[str]:
@@ -315,7 +325,8 @@ class Session:
                 full.observe(parse(rec))
         a = answer.agreement(self.search, full)
         lines = [
-            f"against the full grid (every recorded end; 'the same' within {full.resolution:.0%}, the resolution):"
+            "against the full grid (every recorded end; 'the same' within the resolution of one measurement each: "
+            f"{full.resolution():.0%}, {_flagged_resolution(full):.0%} where one is host-bound or unstable):"
         ]
         for group, (mine, theirs, same) in a["leaders"].items():
             verdict = "the same" if mine == theirs else "the same within the resolution" if same else "DIFFERENT"
@@ -497,3 +508,9 @@ class Session:
             f"  written to {self.store.path} by this run: {len(self.written)} outcome(s), each whole; "
             "once there is room, `--resume` runs the cells that have none"
         )
+
+
+def _flagged_resolution(search: answer.Search) -> float:
+    """The resolution of two measurements, one of them flagged (bench.quality): what 'the same' allows there."""
+    flagged = quality.NOISE["gpu_flagged" if search.cuda else "cpu"]
+    return math.exp(answer.Z * math.hypot(search.noise, flagged)) - 1

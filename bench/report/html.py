@@ -16,10 +16,12 @@ from importlib import resources
 import jinja2
 from markupsafe import Markup, escape
 
-from ..effects import NO_DIFFERENCE, Effect, effects_note
+from ..effects import NOT_SETTLED, Effect, effects_note
 from . import charts as charts_
 from . import figures, fmt
 from .analysis import (
+    ANSWER_NOTE,
+    BLOCKS_NOTE,
     COMPARE_RULE,
     LOSS_PARITY_NOTE,
     NOT_RUN,
@@ -107,8 +109,8 @@ def _effect(e: Effect) -> str:
 
 
 def _shows_why(e: Effect) -> bool:
-    """Say why where the interval alone would suggest otherwise: compare's bound decided."""
-    return e.verdict == NO_DIFFERENCE and bool(e.ci) and not e.ci[0] <= 1 <= e.ci[1]
+    """Say why where the interval excludes x1 and yet no change is called: it reaches inside the minimum effect."""
+    return e.verdict == NOT_SETTLED
 
 
 def _verdict_tone(e: Effect) -> str:
@@ -218,8 +220,10 @@ def _cells_rows(rows: list[dict], extra, compute, compute_fmt, mixed: bool) -> M
         tps = fmt.num(r["tokens_per_s"])
         if r["repeats"] > 1:
             tps += (
-                f'<br><span class="muted" title="median of {r["repeats"]} repeats and its distribution-free interval">'
-                f"{fmt.num(r['tokens_per_s_ci_low'])}–{fmt.num(r['tokens_per_s_ci_high'])}, n={r['repeats']}</span>"
+                f'<br><span class="muted" title="median of {r["repeats"]} repeats and its 95% interval, never '
+                'narrower than the noise">'
+                f"{fmt.num(r['tokens_per_s_ci_low'])}–{fmt.num(r['tokens_per_s_ci_high'])}, 95%, "
+                f"n={r['repeats']}</span>"
             )
         parts.append("\n" + _num_td(r["tokens_per_s"], tps))
         parts.append(_num_td(r["step_time_median_s"], fmt.ms(r["step_time_median_s"])))
@@ -407,6 +411,7 @@ def _nav(a: Analysis, ctx: dict) -> list[tuple[str, str]]:
         head += [("ablations", "Ablations")] if m["s"].ablations else []
         head += [("compute", "MFU")]
     nav = [
+        ("blocks", "Blocks", bool(a.blocks)),
         ("cells", "Cells", True),
         ("zero", "ZeRO vs paper", bool(a.zero_scaling)),
         ("parity", "Loss parity", bool(a.loss_parity)),
@@ -431,6 +436,8 @@ def render_analysis(a: Analysis, charts: dict[str, Chart] | None = None) -> str:
         "section_note": SECTION_NOTE,
         "replay_note": REPLAY_NOTE,
         "effects_note": effects_note(),
+        "blocks_note": BLOCKS_NOTE,
+        "answer_note": ANSWER_NOTE,
     }
     ctx |= _loss(a, charts.get("loss"))
     for section in (_cells_table, _memory, _failures, _baseline, _zero, _parity):
