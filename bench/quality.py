@@ -41,9 +41,9 @@ CROSS = {"gpu": 0.0394, "cpu": 0.0}
 """Between blocks, a cell's deviation from its block's offset (the machines' difference as a whole): what an
 anchor's offset misses for another cell. The CPU's repeats drift together within a run, so there none is seen
 beyond the noise."""
-UNTIED_SD = 1.0
-"""A block's offset before any cell ties it to the others: unknown (a factor of e either way at one sd). Not a
-measurement: a machine may be anything, and a block is compared with others only through anchors."""
+UNTIED_SD = 10.0
+"""A block's offset before any cell ties it to the others: unknown (a prior so wide that only anchors move it).
+Not a measurement: a machine may be anything, and a block is compared with others only through anchors."""
 
 
 def kind(rec: Record) -> str:
