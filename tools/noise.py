@@ -104,12 +104,13 @@ def _flagged(x: Measured, util: float, tail: float) -> bool:
     return (x.util is not None and not x.offloads and x.util < util) or (x.tail is not None and x.tail > tail)
 
 
-def _cross(gs: dict, noise) -> tuple[float, int]:
-    """The interaction between blocks (see the module's docstring) and the pairs of blocks it pooled."""
+def _cross(gs: dict, noise) -> tuple[float, int, float]:
+    """The interaction between blocks (see the module's docstring), the pairs of blocks it pooled, and the
+    largest offset between two of them (|mean difference|, ln)."""
     by_block: dict = collections.defaultdict(dict)
     for (block, cell), ms in gs.items():
         by_block[block][cell] = ms
-    excess, dof, pairs = 0.0, 0, 0
+    excess, dof, pairs, widest = 0.0, 0, 0, 0.0
     for a, b in itertools.combinations(sorted(by_block), 2):
         shared = sorted(set(by_block[a]) & set(by_block[b]))
         if len(shared) < MIN_SHARED:
@@ -120,11 +121,12 @@ def _cross(gs: dict, noise) -> tuple[float, int]:
             d.append(sum(x.log for x in B) / len(B) - sum(x.log for x in A) / len(A))
             own.append(sum(noise(x) ** 2 for x in A) / len(A) ** 2 + sum(noise(x) ** 2 for x in B) / len(B) ** 2)
         mean = sum(d) / len(d)
+        widest = max(widest, abs(mean))
         resid = sum((x - mean) ** 2 for x in d) / (len(d) - 1)
         excess += (resid - sum(own) / len(own)) * (len(d) - 1)
         dof += len(d) - 1
         pairs += 1
-    return math.sqrt(max(0.0, excess / dof / 2)), pairs
+    return math.sqrt(max(0.0, excess / dof / 2)), pairs, widest
 
 
 def derive() -> dict:
@@ -143,8 +145,10 @@ def derive() -> dict:
         "gpu_flagged": math.sqrt(sum(flagged) / len(flagged)),
         "cpu": math.sqrt(sum(cpu_d2) / len(cpu_d2)),
     }
-    gpu_cross, gpu_pairs = _cross(gpu, lambda x: noise["gpu_flagged"] if _flagged(x, u, t) else noise["gpu"])
-    cpu_cross, cpu_pairs = _cross(cpu, lambda x: noise["cpu"])
+    gpu_cross, gpu_pairs, gpu_widest = _cross(
+        gpu, lambda x: noise["gpu_flagged"] if _flagged(x, u, t) else noise["gpu"]
+    )
+    cpu_cross, cpu_pairs, cpu_widest = _cross(cpu, lambda x: noise["cpu"])
     return {
         "host_bound_util_pct": u,
         "host_bound_split": util,
@@ -154,6 +158,7 @@ def derive() -> dict:
         "samples": {"gpu": len(clean), "gpu_flagged": len(flagged), "cpu": len(cpu_d2)},
         "cross": {"gpu": gpu_cross, "cpu": cpu_cross},
         "block_pairs": {"gpu": gpu_pairs, "cpu": cpu_pairs},
+        "widest_offset": {"gpu": gpu_widest, "cpu": cpu_widest},
     }
 
 
@@ -173,8 +178,10 @@ def main() -> None:
     print(f"noise within a block: GPU clean {n['gpu']:.4f} ({s['gpu']}), flagged {n['gpu_flagged']:.4f} "
           f"({s['gpu_flagged']}); CPU {n['cpu']:.4f} ({s['cpu']}, {CPU_FILES})")  # fmt: skip
     c, p = d["cross"], d["block_pairs"]
+    w = d["widest_offset"]
     print(f"interaction between blocks: GPU {c['gpu']:.4f} ({p['gpu']} pairs of blocks), CPU {c['cpu']:.4f} "
-          f"({p['cpu']} pairs)")  # fmt: skip
+          f"({p['cpu']} pairs); blocks differ as a whole by up to x{math.exp(w['gpu']):.3f} (GPU), "
+          f"x{math.exp(w['cpu']):.3f} (CPU)")  # fmt: skip
     print(f"bench.quality: HOST_BOUND_UTIL_PCT {quality.HOST_BOUND_UTIL_PCT}, UNSTABLE_TAIL {quality.UNSTABLE_TAIL}, "
           f"NOISE {quality.NOISE}, CROSS {quality.CROSS}")  # fmt: skip
 

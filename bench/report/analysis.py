@@ -18,6 +18,7 @@ import pandas as pd
 
 from .. import blocks, compare, effects, quality, rules, stats
 from ..axes import AXES as AXIS_TABLE
+from ..axes import AXIS as AXIS_TABLE_BY_NAME
 from ..axes import SHOWN, peft_variant
 from ..results import PEAK_MEMORY_SOURCES, latest
 from ..status import Status
@@ -120,9 +121,10 @@ SECTION_NOTE = (
 
 BLOCKS_NOTE = (
     "A block is one run part (one `zerobench run`) on one machine (the GPUs' UUIDs, the host's boot id and name, its "
-    "CPU). Cells compare directly only within a block: machines differ in speed as a whole (by up to 26% between "
-    "H200 machines measured), so knob effects pair cells of one block, and blocks are compared through anchors, "
-    "cells measured in both (their speed below, at 95%). A block no anchor ties is compared with none."
+    "CPU). Cells compare directly only within a block: machines differ in speed as a whole (blocks of the committed "
+    "H200 records by up to 13% over the cells they share), so knob effects pair cells of one block, and blocks are "
+    "compared through anchors, cells measured in both (their speed below, at 95%). A block no anchor ties is "
+    "compared with none."
 )
 
 ANSWER_NOTE = (
@@ -1000,7 +1002,11 @@ def _answer_effects(measured: pd.DataFrame, left: pd.DataFrame, obs: dict, cross
     out = []
     for axis, value, ref, idx in effects.knob_pairs(feats):
         pairs = [(obs.get(hashes[i], {}), obs.get(hashes[j], {})) for i, j in idx]
-        out.append({"axis": axis, "value": value, "reference": ref, "tokens": effects.knob_effect(pairs, cross)})
+        short = AXIS_TABLE_BY_NAME[axis].short
+        out.append({
+            "axis": axis, "value": value, "reference": ref, "knob": f"{short}={value} vs {short}={ref}",
+            "tokens": effects.knob_effect(pairs, cross),
+        })  # fmt: skip
     return out
 
 

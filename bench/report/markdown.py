@@ -10,6 +10,7 @@ import html
 import re
 from urllib.parse import quote
 
+from ..axes import AXIS
 from ..effects import NOT_SETTLED, Effect, effects_note
 from . import fmt
 from .analysis import (
@@ -263,6 +264,12 @@ def _loss_parity(a: Analysis) -> list[str]:
     return lines + _more(len(rows), len(shown), " pairs")
 
 
+def _knob(e: dict) -> str:
+    """An answer effect's knob as the console names it: zero=1 vs zero=0."""
+    short = AXIS[e["axis"]].short
+    return f"{short}={_v(e['axis'], e['value'])} vs {short}={_v(e['axis'], e['reference'])}"
+
+
 def _v(axis: str, v) -> str:
     return ("on" if v in (True, "True") else "off") if axis == "grad_ckpt" else str(v)
 
@@ -394,15 +401,14 @@ def _answer(s: Section, h: str) -> list[str]:
         rows,
     )
     effects_rows = [
-        [f"{escape(_v(e['axis'], e['value']))} vs {escape(_v(e['axis'], e['reference']))}", str(e["tokens"].n),
-         fmt.effect(e["tokens"].ratio, e["tokens"].ci, e["tokens"].ci_conf), escape(e["tokens"].verdict or "")]
+        [escape(_knob(e)), str(e["tokens"].n), fmt.effect(e["tokens"].ratio, e["tokens"].ci, e["tokens"].ci_conf),
+         escape(e["tokens"].verdict or "")]
         for e in ans["effects"] if e["tokens"].n
     ]  # fmt: skip
     if effects_rows:
-        lines += [""] + _table(["knob", "pairs in one block", "tokens/s", "verdict"], "lrrl", effects_rows)
+        lines += _table(["knob", "pairs in one block", "tokens/s", "verdict"], "lrrl", effects_rows)
     cost = ", ".join(f"{role} {sec:.0f} s" for role, sec in sorted(ans["cost_s"].items()))
     lines += [
-        "",
         f"Measured {ans['measured']} cells ok in {ans['attempts']} attempts, {ans['spent_s']:.0f} s of cell time "
         f"({cost}). " + _left(ans),
         "",
