@@ -239,6 +239,8 @@ class Machines:
     baseline: tuple = ()
     """The machine ids of the baseline's attempts (None: a record that does not say)."""
     current: tuple = ()
+    blocks: tuple[int, int] = (0, 0)
+    """How many blocks (run parts on one machine) each side's attempts come from."""
     same: bool = True
     """One machine on both sides, or one side does not say: compared directly."""
     anchors: int = 0
@@ -307,19 +309,22 @@ def machines(b: dict[str, CellSamples], c: dict[str, CellSamples]) -> Machines:
     """The sides' machines, and across machines their difference in speed from the anchors."""
     mb = tuple(dict.fromkeys(m for x in b.values() for m in x.machines))
     mc = tuple(dict.fromkeys(m for x in c.values() for m in x.machines))
+    n = (len({k for x in b.values() for k in x.blocks}), len({k for x in c.values() for k in x.blocks}))
     known_b, known_c = {m for m in mb if m}, {m for m in mc if m}
     if None in mb + mc or not known_b or not known_c or (known_b == known_c and len(known_b) == 1):
-        return Machines(baseline=mb, current=mc)
+        return Machines(baseline=mb, current=mc, blocks=n)
     gpu = any(x.environment.get("gpu_name") for x in [*b.values(), *c.values()])
     cross = quality.CROSS["gpu" if gpu else "cpu"]
     diffs = [_log_ratio(b[k], c[k]) for k in b if k in c and b[k].status == c[k].status == Status.OK.value]
     diffs = [d for d in diffs if d is not None]
     if len(diffs) < MIN_ANCHORS:
-        return Machines(baseline=mb, current=mc, same=False, anchors=len(diffs), cross=cross)
+        return Machines(baseline=mb, current=mc, blocks=n, same=False, anchors=len(diffs), cross=cross)
     offset = stats.median([d for d, _ in diffs])
     # The median's variance: pi/2 times a mean's, for normal errors.
     var = math.pi / 2 * (sum(v for _, v in diffs) / len(diffs) + 2 * cross**2) / len(diffs)
-    return Machines(baseline=mb, current=mc, same=False, anchors=len(diffs), offset=offset, offset_var=var, cross=cross)
+    return Machines(
+        baseline=mb, current=mc, blocks=n, same=False, anchors=len(diffs), offset=offset, offset_var=var, cross=cross
+    )
 
 
 def _log_ratio(b: CellSamples, c: CellSamples) -> tuple[float, float] | None:
@@ -537,12 +542,13 @@ MAX_ROWS = 60
 def _machines_text(m: Machines) -> list[str]:
     """Where the sides ran, in a sentence; across machines, the difference taken out and what it hides."""
 
-    def ids(xs: tuple) -> str:
-        return ", ".join(x or "unknown" for x in xs) or "none"
+    def ids(xs: tuple, blocks: int) -> str:
+        return f"{', '.join(x or 'unknown' for x in xs) or 'none'} ({blocks} run part(s) there)"
 
+    sides = f"baseline {ids(m.baseline, m.blocks[0])}, current {ids(m.current, m.blocks[1])}"
     if m.same:
-        return [f"Machines: baseline {ids(m.baseline)}, current {ids(m.current)} (compared directly).", ""]
-    head = f"**The sides ran on different machines** (baseline {ids(m.baseline)}, current {ids(m.current)}). "
+        return [f"Machines: {sides}; compared directly.", ""]
+    head = f"**The sides ran on different machines** ({sides}). "
     if m.offset is None:
         few = f"Only {m.anchors} cell(s) ran ok on both, fewer than the {MIN_ANCHORS} needed to tell the machines' "
         return [head + few + "difference from a change of one cell: tokens/s and step time are not compared.", ""]
