@@ -28,7 +28,9 @@ import numpy as np
 from . import stats
 from .quality import UNTIED_SD
 
-__all__ = ["Obs", "Sample", "Offsets", "Gap", "mean_var", "offsets", "level", "gap", "components", "parts", "leading"]
+__all__ = [
+    "Obs", "Sample", "Offsets", "Gap", "mean_var", "offsets", "level", "joint", "gap", "components", "parts", "leading",
+]  # fmt: skip
 
 
 class Obs(NamedTuple):
@@ -178,6 +180,24 @@ def _offset_var(weights: Mapping[str, float], offs: Offsets) -> float:
     idx = [(offs.blocks.index(b), w) for b, w in weights.items() if b in offs.blocks]
     out = sum(wi * wj * offs.cov[i, j] for i, wi in idx for j, wj in idx)
     return float(out) + sum(w * w * UNTIED_SD**2 for b, w in weights.items() if b not in offs.blocks)
+
+
+def joint(cells: Sequence[Sample], offs: Offsets, cross: float) -> tuple[np.ndarray, np.ndarray]:
+    """The levels of several measured cells on the reference block's scale (`level` each) and their covariance:
+    cells measured in the same blocks share those blocks' offset uncertainty."""
+    ws = [_weights(s, offs, cross) for s in cells]
+    mean = np.array([math.fsum(w * m for m, _, w in x.values()) for x in ws])
+    idx = {b: i for i, b in enumerate(offs.blocks)}
+    W = np.zeros((len(cells), len(offs.blocks)))
+    own = np.zeros(len(cells))
+    for i, x in enumerate(ws):
+        for b, (_, v, w) in x.items():
+            own[i] += w * w * v
+            if b in idx:
+                W[i, idx[b]] = w
+            else:
+                own[i] += w * w * UNTIED_SD**2
+    return mean, W @ offs.cov @ W.T + np.diag(own)
 
 
 class Gap(NamedTuple):

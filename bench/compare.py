@@ -349,6 +349,12 @@ def _judge(
 ) -> stats.Judgement:
     vb = b.values[f.column] if vb is None else vb
     vc = c.values[f.column] if vc is None else vc
+    if f.kind == "noisy" and not m.same and m.offset is None:
+        base, cur = stats.median(vb), stats.median(vc)
+        return stats.Judgement(
+            verdict=stats.NO_DATA, base=base, cur=cur, ratio=cur / base if base and cur else None, n=(len(vb), len(vc)),
+            why=f"not compared: different machines, fewer than {MIN_ANCHORS} cells measured on both",
+        )  # fmt: skip
     if f.kind == "noisy":
         # Across machines, the machines' difference out of each cell's ratio (step time moves the other way).
         offset = 0.0 if m.offset is None else m.offset if f.higher_is_better else -m.offset
@@ -358,6 +364,38 @@ def _judge(
             offset_var=0.0 if m.offset is None else m.offset_var + 2 * m.cross**2,
         )  # fmt: skip
     return stats.judge_bound(vb, vc, tolerance=getattr(s, f.tolerance), relative=f.relative, both_ways=f.both_ways)
+
+
+# Neither skipped, implied nor interrupted is a measurement of the cell (a rule or the memory model, a lighter
+# cell's out-of-memory end, the orchestrator stopping): the cell that ran out is compared itself.
+_NOT_RUN = (Status.SKIPPED.value, Status.IMPLIED_OOM.value, Status.INTERRUPTED.value)
+
+
+def _verdict(
+    b: CellSamples, c: CellSamples, env: list, m: Machines, figures: dict[str, stats.Judgement]
+) -> tuple[str, list[str]]:
+    """A cell's verdict from its statuses, environments, machines and figures, and why."""
+    ok = Status.OK.value
+    if b.status in _NOT_RUN or c.status in _NOT_RUN:
+        return NOT_RUN, [f"{b.status} in the baseline, {c.status} now"]
+    if env:
+        return NOT_COMPARABLE, [f"{label}: {vb} -> {vc}" for label, vb, vc in env]
+    if b.status == ok and c.status != ok:
+        return REGRESSION, [f"ok in the baseline, {c.status} now: {c.reason[:200]}"]
+    if b.status != ok and c.status == ok:
+        return IMPROVEMENT, [f"{b.status} in the baseline, ok now"]
+    if b.status != ok:
+        return UNCHANGED, [f"failing on both sides ({b.status} -> {c.status})"]
+    untied = not m.same and m.offset is None  # across machines with too few anchors: the noisy figures wait
+    judged = [f for f in FIGURES if not (untied and f.kind == "noisy")]
+    worst = [f for f in judged if figures[f.column].verdict == REGRESSION]
+    better = [f for f in judged if figures[f.column].verdict == IMPROVEMENT]
+    unsure = [f for f in judged if figures[f.column].verdict == NOT_SETTLED]
+    reasons = [f"{f.label}: {figures[f.column].why}" for f in worst or unsure or better]
+    if untied and not worst:
+        why = f"different machines, and {m.anchors} cell(s) measured on both: at least {MIN_ANCHORS} are needed "
+        return NOT_COMPARABLE, [why + "to tell the machines' difference from a change of this cell", *reasons]
+    return (REGRESSION if worst else NOT_SETTLED if unsure else IMPROVEMENT if better else UNCHANGED), reasons
 
 
 def _compare_cell(
@@ -374,9 +412,6 @@ def _compare_cell(
             reasons=["not in the baseline" if b is None else "in the baseline, not in the current results"],
         )
     ok = Status.OK.value
-    # Neither skipped, implied nor interrupted is a measurement of the cell (a rule or the memory model, a
-    # lighter cell's out-of-memory end, the orchestrator stopping): the cell that ran out is compared itself.
-    not_run = (Status.SKIPPED.value, Status.IMPLIED_OOM.value, Status.INTERRUPTED.value)
     env = _env_diff(b, c)
     figures = {}
     if b.status == ok and c.status == ok:
@@ -386,34 +421,7 @@ def _compare_cell(
             f = next(f for f in FIGURES if f.column == "loss_final")
             j = _judge(f, b, c, s, m, loss_at(b, step), loss_at(c, step))
             figures[f.column] = dataclasses.replace(j, why=f"at step {step}, the last both sides ran: {j.why}")
-    reasons: list[str] = []
-    if b.status in not_run or c.status in not_run:
-        verdict = NOT_RUN
-        reasons.append(f"{b.status} in the baseline, {c.status} now")
-    elif env:
-        verdict = NOT_COMPARABLE
-        reasons += [f"{label}: {vb} -> {vc}" for label, vb, vc in env]
-    elif not m.same and m.offset is None and b.status == ok and c.status == ok:
-        verdict = NOT_COMPARABLE
-        reasons.append(
-            f"different machines, and {m.anchors} cell(s) measured on both: at least {MIN_ANCHORS} are needed to tell "
-            "the machines' difference from a change of this cell"
-        )
-    elif b.status == ok and c.status != ok:
-        verdict = REGRESSION
-        reasons.append(f"ok in the baseline, {c.status} now: {c.reason[:200]}")
-    elif b.status != ok and c.status == ok:
-        verdict = IMPROVEMENT
-        reasons.append(f"{b.status} in the baseline, ok now")
-    elif b.status != ok:
-        verdict = UNCHANGED
-        reasons.append(f"failing on both sides ({b.status} -> {c.status})")
-    else:
-        worst = [f for f in FIGURES if figures[f.column].verdict == REGRESSION]
-        better = [f for f in FIGURES if figures[f.column].verdict == IMPROVEMENT]
-        unsure = [f for f in FIGURES if figures[f.column].verdict == NOT_SETTLED]
-        verdict = REGRESSION if worst else NOT_SETTLED if unsure else IMPROVEMENT if better else UNCHANGED
-        reasons += [f"{f.label}: {figures[f.column].why}" for f in worst or unsure or better]
+    verdict, reasons = _verdict(b, c, env, m, figures)
     return CellComparison(
         key=key,
         cell_name=c.cell_name,

@@ -178,6 +178,14 @@ def test_two_machines_give_the_leader_and_the_effects_one_machine_gives():
     assert lead2 == lead1 and lead1[("none",)] == "zero=0,offload=none,prec=fp32,gc=off,opt=adamw,peft=none,mb=2"
     # Every effect one machine measures is measured in one block on two machines, with the same ratio and verdict.
     assert fx2 == fx1 and ("zero_stage", 2) in fx1 and ("precision", "fp32") in fx1
+    # The joint posterior of a set of cells: two cells of the non-reference block share its offset's uncertainty.
+    off_ref = [c for c in two.candidates if c.obs and two.offsets.ref not in c.obs][:2]
+    mean, cov = two.posterior(off_ref)
+    assert mean[0] == pytest.approx(two.speed(off_ref[0])[0]) and cov[0, 0] == pytest.approx(
+        two.speed(off_ref[0])[1] ** 2
+    )
+    (block,) = off_ref[0].obs
+    assert cov[0, 1] == pytest.approx(two.offsets.var(block), rel=1e-6) and cov[0, 1] > 0
     # Without the blocks (one machine identity for both), B's cells read 1.6x too fast: ZeRO-2 "leads".
     merged = [_on(r, "machine-A", FAST if r["run_id"] == "run-on-machine-B" else 1.0) for r in _two_machines()]
     raw = _search(merged)

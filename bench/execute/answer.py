@@ -36,6 +36,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .. import blocks, effects, quality, results
 from ..axes import AXIS
 from ..blocks import Obs
@@ -232,6 +234,24 @@ class Search:
             return math.inf, math.inf  # unknown: it could lead
         self.offsets  # noqa: B018 - the model's block offsets are the anchors'
         return self.tps.predict(c.features, c.base_tps)
+
+    def posterior(self, cells: list[Candidate]) -> tuple[np.ndarray, np.ndarray]:
+        """The joint mean and covariance of these cells' log tokens/s on the reference block's scale: measured
+        cells from their measurements and the blocks' offsets (bench.blocks.joint), the others from the corrected
+        step-time model (Online.posterior); a measured and a predicted cell are taken as independent."""
+        mean, cov = np.zeros(len(cells)), np.zeros((len(cells), len(cells)))
+        measured = [i for i, c in enumerate(cells) if c.obs]
+        predicted = [i for i, c in enumerate(cells) if not c.obs and c.base_tps is not None]
+        if measured:
+            m, v = blocks.joint([cells[i].obs for i in measured], self.offsets, self.cross)
+            mean[measured], cov[np.ix_(measured, measured)] = m, v
+        if predicted:
+            self.offsets  # noqa: B018 - the model's block offsets are the anchors'
+            m, v = self.tps.posterior([(cells[i].features, cells[i].base_tps) for i in predicted])
+            mean[predicted], cov[np.ix_(predicted, predicted)] = m, v
+        unknown = [i for i, c in enumerate(cells) if not c.obs and c.base_tps is None]
+        mean[unknown], cov[unknown, unknown] = math.inf, math.inf
+        return mean, cov
 
     def gap(self, c: Candidate, m: Candidate) -> tuple[float, float]:
         """log(c / m) and its sd: two measured cells within the blocks both ran in, else through the anchors
