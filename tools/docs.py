@@ -301,9 +301,12 @@ def results_page() -> str:
         "(what each version changed is at the top of `bench/record.py`), and a line that is not a zerobench "
         "record is skipped with a warning. `zerobench schema` prints the JSON Schema "
         f"(`schema/record-v{record.SCHEMA_VERSION}.schema.json` is the committed copy); "
-        '`bench.results.load("results/NAME.jsonl")` gives a pandas DataFrame, one row per attempt, with two '
+        '`bench.results.load("results/NAME.jsonl")` gives a pandas DataFrame, one row per attempt, with '
         "columns computed on loading: the ZeRO paper's model-state estimate (`bench/estimate/paper.py`, a floor "
-        "under the measured peak) and `fixed_cost_s` (wall time minus the steps and the model build). A field "
+        "under the measured peak), `fixed_cost_s` (wall time minus the steps and the model build), `machine` and "
+        "`block` (the machine's id, and the run part on that machine: measurements compare directly only within "
+        "a block) and, for an ok attempt, `flags` and `noise_sd` (`bench/quality.py`: what makes its measurement "
+        "weaker evidence, host-bound, unstable or throttled, and the spread of ln tokens/s it carries). A field "
         "marked ? may be absent. Telemetry is sampled every 10 ms on GPU hosts, 50 ms on CPU hosts.\n",
         "## Statuses\n\n" + _table(["status", "what it means"], statuses) + "\n",
         "## Record\n\n" + " ".join(schema.get("description", "").split()) + "\n\n" + _fields_table(schema, defs) + "\n",
