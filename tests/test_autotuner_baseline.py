@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -123,28 +124,7 @@ def test_the_autotuner_end_to_end_on_the_cpu(tmp_path):
     (capped there to keep CI short); zerobench then measures the configuration it chose."""
     path = write_matrix(tmp_path / "m.yaml", SPACE)
     out = tmp_path / "out"
-    e = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tools.autotuner_baseline",
-            str(path),
-            "--results",
-            str(out),
-            "--autotuning",
-            "max_train_micro_batch_size_per_gpu=1",
-            "--autotuner-timeout",
-            "900",
-        ],
-        cwd=ROOT,
-        env=e,
-        capture_output=True,
-        text=True,
-        timeout=1500,
-    )
-    log = (out / "autotuner" / "console.log").read_text() if (out / "autotuner" / "console.log").exists() else ""
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:] + log[-3000:]
+    tool(path, "--results", out, "--autotuning", "max_train_micro_batch_size_per_gpu=1", "--autotuner-timeout", 900)
     summary = json.loads((out / "summary.json").read_text())
     exps = [json.loads(line) for line in (out / "experiments.jsonl").read_text().splitlines()]
 
@@ -171,3 +151,22 @@ def test_the_autotuner_end_to_end_on_the_cpu(tmp_path):
     assert exps[0]["model_info"]["num_params"] == record["worker"]["params_total"]
     assert best["losses"] == pytest.approx(record["losses"][: len(best["losses"])], abs=2e-4)
     assert len(best["losses"]) == 5  # the engine stops itself after end_profile_step (5)
+    assert at["best_so_far"]["name"] == best["name"]
+
+    # --optimal: no autotuner, its earlier choice measured again (as beside zerobench's answer in another call).
+    again = tmp_path / "again"
+    tool(path, "--results", again, "--optimal", choice["ds_config_path"])
+    second = json.loads((again / "summary.json").read_text())
+    assert second["autotuner"]["chosen"]["ds_config"] == choice["ds_config"]
+    assert second["choice_measured"]["fastest"]["cell"] == measured["fastest"]["cell"]
+    assert not (again / "autotuner").exists()
+
+
+def tool(*args) -> None:
+    """tools/autotuner_baseline.py as a user runs it; fails the test with its output and the autotuner's log."""
+    e = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "tools.autotuner_baseline", *map(str, args)]
+    r = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=1500)
+    out = Path(args[args.index("--results") + 1])
+    log = out / "autotuner" / "console.log"
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:] + (log.read_text()[-3000:] if log.exists() else "")

@@ -15,6 +15,9 @@ data source, precision, optimizer, checkpointing, PEFT. The steps, in order, eac
 4. the configuration the autotuner chose (its ds_config_optimal.json, as written) as a one-cell matrix
    through `zerobench run`, so both answers are measured the same way.
 
+--optimal JSON skips step 3 and measures an earlier run's choice instead: the autotuner's run in one call of a
+GPU host, its choice beside zerobench's answer on one machine in another.
+
 DIR gets summary.json (what each step took and found), experiments.jsonl (one line per experiment the
 autotuner launched: config, metric, status), the autotuner's own folders (autotuner/) and each step's log.
 """
@@ -348,15 +351,16 @@ def _duration(d: Path) -> float | None:
         return None
 
 
-def chosen(results: Path, exps: list[dict]) -> dict | None:
-    """The configuration the autotuner wrote as optimal, and which experiment it came from."""
-    cfg = _json(results / "ds_config_optimal.json")
+def chosen(optimal: Path, exps: list[dict]) -> dict | None:
+    """The configuration the autotuner wrote as optimal (its ds_config_optimal.json), and which of its
+    experiments it came from."""
+    cfg = _json(optimal)
     if cfg is None:
         return None
     same = [e for e in exps if e["status"] == "ok" and _key(e["ds_config"]) == _key(cfg)]
     best = max(same, key=lambda e: e["metrics"]["throughput"], default=None)
     return {
-        "ds_config_path": str(results / "ds_config_optimal.json"),
+        "ds_config_path": str(optimal),
         "ds_config": cfg,
         "zero_stage": (cfg.get("zero_optimization") or {}).get("stage"),
         "micro_batch": cfg.get("train_micro_batch_size_per_gpu"),
@@ -439,6 +443,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--autotuner-timeout", type=float, default=3600, help="seconds before the autotuner is stopped")
     ap.add_argument("--answer", metavar="BUDGET", help="also run zerobench's answer mode on MATRIX with this budget")
     ap.add_argument("--repeats", type=int, default=1, help="measure the autotuner's choice this many times")
+    ap.add_argument(
+        "--optimal",
+        metavar="JSON",
+        help="run no autotuner: measure this ds_config_optimal.json (an earlier run's choice) beside zerobench's",
+    )
     ap.add_argument("--timeout", type=float, default=3600, help="seconds for each zerobench run")
     args = ap.parse_args(argv)
     try:
@@ -453,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     # same command differently, so each would rebuild the other's: seen here with 1.11 and 1.13).
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     summary = baseline(b, overrides, Path(args.results).resolve(), args)
-    return 0 if summary["autotuner"]["exit_code"] == 0 else 1
+    return 0 if summary["autotuner"].get("exit_code", 0) == 0 else 1
 
 
 def baseline(b: Baseline, overrides: dict, out: Path, args) -> dict:
@@ -473,20 +482,12 @@ def baseline(b: Baseline, overrides: dict, out: Path, args) -> dict:
         run = zerobench(zb + ["--logs", str(out / "logs"), "--no-report"], out / "answer.log", args.timeout)
         summary["zerobench_answer"] = run | {"budget": args.answer, "results": str(answer), **measured(answer)}
         _write(out, summary)
-    cfg = user_config(b, overrides, out / "autotuner")
-    tuned = run_autotuner(b, cfg, out / "autotuner", args.autotuner_timeout)
-    exps = experiments(Path(tuned["results_dir"]), b.base.seq_len) if Path(tuned["results_dir"]).is_dir() else []
-    with open(out / "experiments.jsonl", "w") as f:
-        f.writelines(json.dumps(e) + "\n" for e in exps)
-    choice = chosen(Path(tuned["results_dir"]), exps)
-    summary["autotuner"] = tuned | {
-        "settings": cfg["autotuning"],
-        "changed_defaults": changed_defaults(overrides),
-        "launched_experiments": len(exps),
-        "statuses": {s: sum(e["status"] == s for e in exps) for s in dict.fromkeys(e["status"] for e in exps)},
-        "chosen": choice,
-    }
+    if args.optimal:  # an earlier run's answer, measured here beside zerobench's
+        summary["autotuner"] = {"optimal_from": args.optimal, "chosen": chosen(Path(args.optimal).resolve(), [])}
+    else:
+        summary["autotuner"] = tune(b, overrides, out, args.autotuner_timeout)
     _write(out, summary)
+    choice = summary["autotuner"]["chosen"]
     if choice is not None:
         results = out / "choice.jsonl"
         zb = ["run", str(choice_matrix(b, choice, out)), "--results", str(results), "--repeats", str(args.repeats)]
@@ -494,6 +495,28 @@ def baseline(b: Baseline, overrides: dict, out: Path, args) -> dict:
         summary["choice_measured"] = run | {"results": str(results), **measured(results)}
         _write(out, summary)
     return summary
+
+
+def tune(b: Baseline, overrides: dict, out: Path, timeout: float) -> dict:
+    """The autotuner's run, its experiments (also as experiments.jsonl) and its choice; where it was stopped
+    before it chose, the best of its experiments so far, as its own metric ranks them (not its answer)."""
+    cfg = user_config(b, overrides, out / "autotuner")
+    tuned = run_autotuner(b, cfg, out / "autotuner", timeout)
+    results = Path(tuned["results_dir"])
+    exps = experiments(results, b.base.seq_len) if results.is_dir() else []
+    with open(out / "experiments.jsonl", "w") as f:
+        f.writelines(json.dumps(e) + "\n" for e in exps)
+    ran = [e for e in exps if e["status"] == "ok" and e["metrics"]]
+    best = max(ran, key=lambda e: e["metrics"]["throughput"], default=None)
+    return tuned | {
+        "settings": cfg["autotuning"],
+        "changed_defaults": changed_defaults(overrides),
+        "launched_experiments": len(exps),
+        "statuses": {s: sum(e["status"] == s for e in exps) for s in dict.fromkeys(e["status"] for e in exps)},
+        "chosen": chosen(results / "ds_config_optimal.json", exps),
+        "best_so_far": best
+        and {k: best[k] for k in ("name", "zero_stage", "micro_batch", "grad_accum", "tokens_per_s")},
+    }
 
 
 def _write(out: Path, summary: dict) -> None:
