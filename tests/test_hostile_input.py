@@ -75,8 +75,8 @@ def test_out_of_range_record_is_skipped_and_named(tmp_path, recs, capfd, bad, sa
     assert "line 1 (" in err and says in err, err
     r = zerobench("report", str(p), "-o", "rep/r", cwd=tmp_path)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    r = zerobench("compare", str(p), str(p), cwd=tmp_path)
-    assert r.returncode in (0, 1) and "Traceback" not in r.stderr, r.stderr[-2000:]
+    r = zerobench("compare", str(p), str(p), cwd=tmp_path)  # its cells all skipped: 3, compared nothing
+    assert r.returncode in (0, 1, 3) and "Traceback" not in r.stderr, r.stderr[-2000:]
 
 
 def test_byte_order_mark_keeps_the_first_record(tmp_path, recs):

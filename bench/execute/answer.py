@@ -153,6 +153,7 @@ class Search:
         self.in_flight: dict[str, int] = {}  # cell hash -> the rung running
         self.spent_s = 0.0
         self.over_budget = False
+        self.spent_at_start = False  # --resume: the budget was spent before this call measured anything
         self._memo: dict = {}  # speeds and memory intervals, until the next outcome
         self._turn = 0  # whose turn: who leads, the frontier, the effects (next())
         self._pair_failures: collections.Counter = collections.Counter()  # (axis, value) -> attempts that failed
@@ -517,10 +518,10 @@ class Search:
         (the budget ran out, or the run was stopped first) and why it was not measured, with its predicted
         speed and memory."""
         out = []
+        budget = f"{self.s.budget_s:.0f} s" if self.s.budget_s is not None else "none"
         for c in self.open():
             if self.needed(c):
                 what = f"lead {_group(self.s, c.group)}" if self.could_lead(c) else "be on the frontier"
-                budget = f"{self.s.budget_s:.0f} s" if self.s.budget_s is not None else "none"
                 cut = "the run was stopped first" if stopped else f"the budget ({budget}) was spent"
                 why = f"not measured: {cut}; it could still {what} ({_tps(self, c)})"
             else:
@@ -530,8 +531,14 @@ class Search:
                     f"({_tps(self, lead)}); and {lighter.cell.name} needs no more memory ({_mem(self, lighter)} "
                     f"against {_mem(self, c)}) and is surely faster"
                 )
+                if self.spent_at_start:  # this call measured nothing: it settled nothing either
+                    why = f"not measured: the budget ({budget}) was spent before this call began; so far {why}"
             out.append((c, self.note(c, needed=self.needed(c), why=why, **({"stopped": True} if stopped else {}))))
         return out
+
+    def group_of(self, c: Candidate) -> str:
+        """Its group as its records' answer notes name it (`--group-by` values as key=value)."""
+        return _group(self.s, c.group)
 
     def note(self, c: Candidate, **fields) -> dict:
         """The record's answer note for a cell left unmeasured: its group and predicted figures."""
