@@ -739,7 +739,8 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         metavar="RESULTS",
         help="run nothing: serve these results files' recorded ends as if the cells ran (to check --answer against "
-        "a grid measured in full); judged as on the recorded machine; every record and report says it is a replay",
+        "a grid measured in full); judged as on the recorded machine; written to results/<matrix name>.replay.jsonl "
+        "unless --results says where (never into a replayed file); every record and report says it is a replay",
     )
     r.add_argument("--budget", metavar="TIME", help="with --answer: cell time to spend at most, e.g. 20m, 1h, 90s")
     r.add_argument("--group-by", metavar="AXES", help="with --answer: comma-separated axes to group by (default peft)")

@@ -519,6 +519,26 @@ def _change(j: stats.Judgement, f: Figure) -> str:
     return s
 
 
+def _schedules(cmp: Comparison) -> list[str]:
+    """The cells whose sides ran other step schedules, by pair of schedules: not comparable, and why."""
+    pairs: dict[tuple[str, str], int] = {}
+    for c in cmp.cells:
+        if c.base and c.cur and c.base.schedule and c.cur.schedule and c.base.schedule != c.cur.schedule:
+            key = ("; ".join(c.base.schedule), "; ".join(c.cur.schedule))
+            pairs[key] = pairs.get(key, 0) + 1
+    if not pairs:
+        return []
+    return [
+        "Step schedules differ, so those cells are not comparable (not regressions): another schedule trains on other "
+        "batches (its first loss too); compare runs of one schedule:",
+        "",
+        "| baseline steps | current steps | cells |",
+        "|---|---|---:|",
+        *[f"| {_esc(b)} | {_esc(c)} | {n} |" for (b, c), n in pairs.items()],
+        "",
+    ]
+
+
 _MARK = {REGRESSION: "🔴", IMPROVEMENT: "🟢", NOT_COMPARABLE: "⚪", UNCHANGED: "", NOT_RUN: "", NEW: "", MISSING: ""}
 MAX_ROWS = 60
 
@@ -548,7 +568,8 @@ def markdown(cmp: Comparison) -> str:
         f"≥ {s.min_effect:.0%}; allocator figures by > {s.memory_tolerance:.0%}, NVML peaks > {s.nvml_tolerance:.0%}, "
         f"host RSS > {s.host_rss_tolerance:.0%}, first loss by > {s.loss_first_tolerance:g} (either way), final "
         f"loss up by > {s.loss_final_tolerance:g} (each bound widened to the spread of the repeats); a cell ok "
-        "before and failing now is a regression; another GPU, driver or library version is not comparable.",
+        "before and failing now is a regression; another GPU, driver, library version or step schedule is not "
+        f"comparable; fewer than {s.min_compared:.0%} of the baseline's cells that ran compared exits 3.",
         "",
     ]
     single = cmp.single_repeat
@@ -566,6 +587,7 @@ def markdown(cmp: Comparison) -> str:
         lines += ["| | baseline | current |", "|---|---|---|"]
         lines += [f"| {_esc(a)} | {_esc(b)} | {_esc(c)} |" for a, b, c in sorted(envs)]
         lines.append("")
+    lines += _schedules(cmp)
     flagged = [c for c in cmp.cells if c.verdict in (REGRESSION, IMPROVEMENT)]
     if flagged:
         lines += ["| | cell | verdict | why |", "|---|---|---|---|"]

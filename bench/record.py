@@ -579,7 +579,7 @@ class ImpliedBy(BaseModel):
 UNMEASURED_NOT_NEEDED = "answer mode: not needed to settle the answer (a run without --answer measures it)"
 UNMEASURED_NEEDED = "answer mode: not measured, the --budget was spent; it could still change the answer"
 UNMEASURED_STOPPED = "answer mode: not measured, the run was stopped first; it could still change the answer"
-UNMEASURED_SPENT = "answer mode: not measured, the --budget was spent before this call began (a larger one goes on)"
+UNMEASURED_SPENT = "answer mode: not measured, the --budget was spent before this call could measure anything"
 
 
 class AnswerNote(BaseModel):
@@ -842,9 +842,9 @@ class Record(BaseModel):
         predicted: dict | None = None, spent: bool = False,
     ) -> "Record":  # fmt: skip
         """Answer mode left it unmeasured: its answer note says why (not needed, or the budget ran out). The
-        reason is one of a few sentences, so reports group these; the note has the figures. spent: the budget
-        was spent before this call measured anything, so no cell is said to be not needed (the note's `needed`
-        keeps the figures' verdict)."""
+        reason is one of a few sentences, so reports group these; the note has the figures. spent: a resumed call
+        whose budget afforded no attempt: it measured nothing, so it says no cell is not needed (the note's
+        `needed` and `why` keep the figures' verdict)."""
         note = AnswerNote.model_validate({**note, "role": "unmeasured"})
         return cls(
             **_identity(cell, run_id, attempt, matrix_file),

@@ -153,7 +153,8 @@ class Search:
         self.in_flight: dict[str, int] = {}  # cell hash -> the rung running
         self.spent_s = 0.0
         self.over_budget = False
-        self.spent_at_start = False  # --resume: the budget was spent before this call measured anything
+        self.resumed = False  # --resume: the search goes on from an earlier call's records
+        self.started_here = 0  # attempts this call started
         self._memo: dict = {}  # speeds and memory intervals, until the next outcome
         self._turn = 0  # whose turn: who leads, the frontier, the effects (next())
         self._pair_failures: collections.Counter = collections.Counter()  # (axis, value) -> attempts that failed
@@ -223,8 +224,14 @@ class Search:
 
     # -- the run's outcomes -------------------------------------------------------------------------------
 
+    @property
+    def spent_at_start(self) -> bool:
+        """A resumed call whose budget afforded no attempt: it measured nothing, so it settled nothing either."""
+        return self.resumed and self.over_budget and not self.started_here
+
     def started(self, c: Candidate, rung: int, request: Request | None = None) -> None:
         c.tries += 1
+        self.started_here += 1
         if request is not None and request.effect:
             self._effect_of[c.cell.hash] = request.effect
         self.in_flight[c.cell.hash] = rung
@@ -532,7 +539,7 @@ class Search:
                     f"against {_mem(self, c)}) and is surely faster"
                 )
                 if self.spent_at_start:  # this call measured nothing: it settled nothing either
-                    why = f"not measured: the budget ({budget}) was spent before this call began; so far {why}"
+                    why = f"not measured: the budget ({budget}) was spent before this call measured anything; {why}"
             out.append((c, self.note(c, needed=self.needed(c), why=why, **({"stopped": True} if stopped else {}))))
         return out
 
@@ -593,6 +600,10 @@ class Search:
             f"  cost: {self.spent_s:.0f} s of cell time for {len(measured)} of {len(self.candidates)} runnable cells; "
             f"measuring the other {len(rest)} once would add about {_hms(self.full_run_s(rest))} (predicted)"
         )
+        if self.spent_at_start:
+            lines.append(
+                "  the budget left afforded no attempt: this call measured nothing (a larger --budget goes on)"
+            )
         return lines
 
 

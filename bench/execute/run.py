@@ -89,8 +89,8 @@ def run(
     executor (bench.execute.registry: local, ray at address, slurm with its options over the matrix's slurm
     block, replay), shard (plan.Shard: one part of the cells, its own results file by default), answer
     (bench.execute.answer.Settings: only the cells that settle the answer; the rest recorded unmeasured with
-    why), replay (results files: nothing runs, their recorded ends are served). This process writes every
-    record, whichever executor runs the cells."""
+    why), replay (results files: nothing runs, their recorded ends are served, by default into
+    results/<matrix name>.replay.jsonl). This process writes every record, whichever executor runs the cells."""
     _check_choices(order, executor, replay)
     recording = Recording(replay) if replay else None
     on_slurm = _on_slurm(matrix_path, ds_configs, slurm, gpus_available, pack) if executor == "slurm" else None
@@ -104,8 +104,9 @@ def run(
     environ = {**os.environ, **(extra_env or {})}
     check_settings(environ)  # before anything runs: a bad value would otherwise be every cell's error
     _check_faults(p, environ.get("ZEROBENCH_FAULT"))
-    if recording:  # before anything is created
-        _check_replay_target(Path(results) if results else default_results_path(p), recording.paths)
+    if recording:  # before anything is created; by default beside the real results, never in them
+        results = results or str(default_results_path(p).with_suffix(".replay.jsonl"))
+        _check_replay_target(Path(results), recording.paths)
     store, logs = _files(p, results, logs_dir)
     slots, slurm_settings = _placing(platform, gpus_available, pack, on_slurm, logs)
     o = Options(

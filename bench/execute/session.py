@@ -191,12 +191,12 @@ class Session:
                 self.o.replay.served[r.cell_hash] = self.o.replay.served.get(r.cell_hash, 0) + 1
         done = [c for c in self.search.candidates if c.state != "open"]
         budget, spent = self.o.answer.budget_s, self.search.spent_s
+        self.search.resumed = True
         if budget is None:
             left = "no --budget: it measures until the answer is settled"
         elif spent < budget:
             left = f"--budget {budget:.0f} s is the whole search's, {budget - spent:.0f} s of it left"
         else:
-            self.search.spent_at_start = True
             left = f"the --budget ({budget:.0f} s, the whole search's) is already spent: nothing more is measured"
         self.o.printer(
             f"resume: answer mode goes on from {len(done)} cell(s) already measured or failed in {self.store.path} "
