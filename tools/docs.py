@@ -36,7 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bench import axes, cells, matrix, record, rules, status
+from bench import axes, cells, matrix, record, rules, status, store
 from bench.estimate import check, timecheck
 from bench.estimate.band import BAND_COVERAGE
 from bench.estimate.fitted import FITTED
@@ -299,7 +299,11 @@ def results_page() -> str:
         "each ends: a `started` line before the launch, then the attempt's outcome. Every line is a "
         f"`bench.record.Record` with `schema_version` {record.SCHEMA_VERSION}; reading upgrades older records "
         "(what each version changed is at the top of `bench/record.py`), and a line that is not a zerobench "
-        "record is skipped with a warning. `zerobench schema` prints the JSON Schema "
+        "record is skipped with a warning that names its line: another tool's line, a field of the wrong type or "
+        "out of range, figures that contradict each other (tokens/s that its step times and tokens per step do "
+        f"not give, a measurement on a cell that never ran), a name over {store.MAX_NAME_CHARS:,} characters or a "
+        f"line over {store.MAX_LINE_CHARS >> 20} MiB, and a last line cut short by a killed run (`bench/store.py`). "
+        "`zerobench schema` prints the JSON Schema "
         f"(`schema/record-v{record.SCHEMA_VERSION}.schema.json` is the committed copy); "
         '`bench.results.load("results/NAME.jsonl")` gives a pandas DataFrame, one row per attempt, with two '
         "columns computed on loading: the ZeRO paper's model-state estimate (`bench/estimate/paper.py`, a floor "

@@ -153,6 +153,8 @@ class Search:
         self.in_flight: dict[str, int] = {}  # cell hash -> the rung running
         self.spent_s = 0.0
         self.over_budget = False
+        self.resumed = False  # --resume: the search goes on from an earlier call's records
+        self.started_here = 0  # attempts this call started
         self._memo: dict = {}  # speeds and memory intervals, until the next outcome
         self._turn = 0  # whose turn: who leads, the frontier, the effects (next())
         self._pair_failures: collections.Counter = collections.Counter()  # (axis, value) -> attempts that failed
@@ -222,8 +224,14 @@ class Search:
 
     # -- the run's outcomes -------------------------------------------------------------------------------
 
+    @property
+    def spent_at_start(self) -> bool:
+        """A resumed call whose budget afforded no attempt: it measured nothing, so it settled nothing either."""
+        return self.resumed and self.over_budget and not self.started_here
+
     def started(self, c: Candidate, rung: int, request: Request | None = None) -> None:
         c.tries += 1
+        self.started_here += 1
         if request is not None and request.effect:
             self._effect_of[c.cell.hash] = request.effect
         self.in_flight[c.cell.hash] = rung
@@ -517,10 +525,10 @@ class Search:
         (the budget ran out, or the run was stopped first) and why it was not measured, with its predicted
         speed and memory."""
         out = []
+        budget = f"{self.s.budget_s:.0f} s" if self.s.budget_s is not None else "none"
         for c in self.open():
             if self.needed(c):
                 what = f"lead {_group(self.s, c.group)}" if self.could_lead(c) else "be on the frontier"
-                budget = f"{self.s.budget_s:.0f} s" if self.s.budget_s is not None else "none"
                 cut = "the run was stopped first" if stopped else f"the budget ({budget}) was spent"
                 why = f"not measured: {cut}; it could still {what} ({_tps(self, c)})"
             else:
@@ -530,8 +538,14 @@ class Search:
                     f"({_tps(self, lead)}); and {lighter.cell.name} needs no more memory ({_mem(self, lighter)} "
                     f"against {_mem(self, c)}) and is surely faster"
                 )
+                if self.spent_at_start:  # this call measured nothing: it settled nothing either
+                    why = f"not measured: the budget ({budget}) was spent before this call measured anything; {why}"
             out.append((c, self.note(c, needed=self.needed(c), why=why, **({"stopped": True} if stopped else {}))))
         return out
+
+    def group_of(self, c: Candidate) -> str:
+        """Its group as its records' answer notes name it (`--group-by` values as key=value)."""
+        return _group(self.s, c.group)
 
     def note(self, c: Candidate, **fields) -> dict:
         """The record's answer note for a cell left unmeasured: its group and predicted figures."""
@@ -586,6 +600,10 @@ class Search:
             f"  cost: {self.spent_s:.0f} s of cell time for {len(measured)} of {len(self.candidates)} runnable cells; "
             f"measuring the other {len(rest)} once would add about {_hms(self.full_run_s(rest))} (predicted)"
         )
+        if self.spent_at_start:
+            lines.append(
+                "  the budget left afforded no attempt: this call measured nothing (a larger --budget goes on)"
+            )
         return lines
 
 

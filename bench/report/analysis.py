@@ -27,6 +27,7 @@ __all__ = [
     "Analysis",
     "Ablation",
     "analyse",
+    "replay_note",
     "AXES",
     "MEMORY_VIEW",
     "MEMORY_PHASES",
@@ -121,6 +122,18 @@ REPLAY_NOTE = (
 )
 
 
+def replay_note(a: "Analysis") -> str:
+    """What the report says of its replayed records: REPLAY_NOTE when every attempt that ran is one, else how
+    many are (a replay's records beside real ones: files given together, or a run resumed on either)."""
+    if not a.measured_anew:
+        return REPLAY_NOTE
+    return (
+        f"{a.replayed_attempts} of the {a.replayed_attempts + a.measured_anew} attempts that ran here are replays, "
+        "which ran nothing anew: their measurements were recorded earlier and served by the replay executor "
+        f"(`zerobench run --replay`); the other {a.measured_anew} ran. The replays came from these files"
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class Section:
     """The cells of one model at one sequence length: the only cells the report ranks against each other."""
@@ -182,7 +195,11 @@ class Analysis:
     environment: list[tuple[str, str]]
     baseline: pd.DataFrame | None = None
     replayed: list[str] = field(default_factory=list)
-    """The results files a replay (`zerobench run --replay`) served these records from: nothing here ran anew."""
+    """The results files a replay (`zerobench run --replay`) served these records from: nothing in them ran anew."""
+    replayed_attempts: int = 0
+    """Attempts that ran (every status a worker reaches) served by a replay."""
+    measured_anew: int = 0
+    """Attempts that ran and are not replays: with replayed ones beside them, the report says how many of each."""
     baseline_only: list[str] = field(default_factory=list)
     """Cell names that the baseline has and these results do not."""
     zero_scaling: list[dict] = field(default_factory=list)
@@ -962,6 +979,7 @@ def analyse(df: pd.DataFrame, *, title: str = "zerobench report", baseline: pd.D
         cells=cells,
         sections=_sections(cells, samples, df),
         replayed=sorted(df["replay_source"].dropna().unique()) if "replay_source" in df else [],
+        **_replay_counts(df),
         counts={s: int(counts[s]) for s in STATUS_ORDER + sorted(set(counts.index) - set(STATUS_ORDER)) if s in counts},
         pruned=int((cells["status"].eq(Status.SKIPPED.value) & cells["skip_rule"].eq(rules.PRUNED)).sum()),
         peak_label=_peak_label(cells["peak_memory_source"]),
@@ -981,6 +999,15 @@ def analyse(df: pd.DataFrame, *, title: str = "zerobench report", baseline: pd.D
         baseline_only=only,
         notes=_notes(cells),
     )
+
+
+def _replay_counts(df: pd.DataFrame) -> dict[str, int]:
+    """Of the attempts that ran, how many a replay served and how many ran anew (none replayed: both 0)."""
+    if "replay_source" not in df or df["replay_source"].isna().all():
+        return {}
+    ran = ~df["status"].isin(NOT_RUN)
+    replayed = df["replay_source"].notna()
+    return {"replayed_attempts": int((ran & replayed).sum()), "measured_anew": int((ran & ~replayed).sum())}
 
 
 def _notes(cells: pd.DataFrame) -> list[tuple[str, str]]:

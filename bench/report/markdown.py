@@ -16,12 +16,12 @@ from .analysis import (
     COMPARE_RULE,
     LOSS_PARITY_NOTE,
     NOT_RUN,
-    REPLAY_NOTE,
     SECTION_NOTE,
     ZERO_SCALING_NOTE,
     Analysis,
     Section,
     analyse,
+    replay_note,
 )
 from .charts import tradeoff_name
 
@@ -434,7 +434,7 @@ def render_analysis(a: Analysis, charts: dict[str, str] | None = None) -> str:
     )
     lines += [f"{n} cells: {counts} ({a.attempts} attempts).{pruned}", ""]
     if a.replayed:
-        lines += [f"**Replay**: {REPLAY_NOTE} ({escape(', '.join(a.replayed))}).", ""]
+        lines += [f"**Replay**: {replay_note(a)} ({escape(', '.join(a.replayed))}).", ""]
     lines += _sections(a, charts)
     lines += _zero_scaling(a) + _loss_parity(a)
     lines += _failures(a) + _notes(a) + _baseline(a)
