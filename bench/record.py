@@ -579,6 +579,10 @@ class ImpliedBy(BaseModel):
 UNMEASURED_NOT_NEEDED = "answer mode: not needed to settle the answer (a run without --answer measures it)"
 UNMEASURED_NEEDED = "answer mode: not measured, the --budget was spent; it could still change the answer"
 UNMEASURED_STOPPED = "answer mode: not measured, the run was stopped first; it could still change the answer"
+UNMEASURED_EXPECTED = (
+    "answer mode: not measured, expected to repeat an error of cells with its settings (a run without --answer "
+    "measures it)"
+)
 
 
 class AnswerNote(BaseModel):
@@ -603,6 +607,9 @@ class AnswerNote(BaseModel):
     """[low, mid, high] of its peak memory, the same way."""
     predicted_wall_s: float | None = None
     """What measuring it once on the full schedule would take (the step-time model, corrected by the run)."""
+    expected_error: str | None = None
+    """Unmeasured only: the error signature (bench.execute.failures) it was expected to repeat, as cells that
+    share its failing settings ended twice or more; a run without --answer measures it."""
 
 
 class Replay(BaseModel):
@@ -846,7 +853,9 @@ class Record(BaseModel):
         return cls(
             **_identity(cell, run_id, attempt, matrix_file),
             status=Status.UNMEASURED,
-            reason=UNMEASURED_NOT_NEEDED
+            reason=UNMEASURED_EXPECTED
+            if note.expected_error
+            else UNMEASURED_NOT_NEEDED
             if not note.needed
             else UNMEASURED_STOPPED
             if note.stopped
