@@ -848,7 +848,7 @@ class Record(BaseModel):
         predicted: dict | None = None,
     ) -> "Record":  # fmt: skip
         """Answer mode left it unmeasured: its answer note says why (not needed, or the budget ran out). The
-        reason is one of two sentences, so reports group these; the note has the figures."""
+        reason is one of a few fixed sentences, so reports group these; the note has the figures."""
         note = AnswerNote.model_validate({**note, "role": "unmeasured"})
         return cls(
             **_identity(cell, run_id, attempt, matrix_file),

@@ -131,6 +131,7 @@ def replays(tmp_path_factory):
                     "--no-progress"]  # fmt: skip
             assert cli(argv) == 0
             out[name] = [r for r in Store(res).records() if r["status"] != Status.STARTED.value]
+            out[f"{name}-file"] = res
     return out
 
 
@@ -144,6 +145,16 @@ def test_answer_mode_attempts_no_error_signature_more_than_twice(replays):
         assert counts[r["answer"]["expected_error"]] == TEACHES_AT
         assert r["answer"]["needed"] is False and r["reason"].startswith("answer mode: not measured, expected to")
         assert r["answer"]["why"].startswith("expected to repeat an error seen in 2 attempt(s)")
+
+
+def test_the_report_counts_the_cells_left_to_repeat_an_error(replays):
+    from bench import results
+    from bench.report import markdown
+
+    left = [r for r in replays["answer"] if r["status"] == "unmeasured"]
+    expected = [r for r in left if r["answer"].get("expected_error")]
+    text = markdown.render(results.load(replays["answer-file"]), title="replay")
+    assert f"Left unmeasured: {len(left)} cells ({len(expected)} of them expected to repeat an error" in text
 
 
 def test_a_full_run_still_runs_every_cell(replays):

@@ -20,7 +20,11 @@ SEVEN_B = "results/7b-answer-h200.jsonl"  # the 7B answer on H200s, bitsandbytes
 CASES = {
     # rule: (results files, the optimizers it is about, what a stopped cell's record says)
     "fusedlamb-needs-zero0": ((SEVEN_B, "results/1b-axes-2.jsonl"), ("fusedlamb",), "untested ZeRO Optimizer"),
-    "bnb-over-int32": ((SEVEN_B,), rules.BNB, "Error invalid argument at line 177 in file /src/csrc/ops.cu"),
+    "bnb-over-int32": (
+        (SEVEN_B, "results/7b.jsonl"),
+        rules.BNB,
+        "Error invalid argument at line 177 in file /src/csrc/ops.cu",
+    ),
     "onebit-no-bf16": ((SEVEN_B, "results/1b-axes.jsonl"), rules.ONEBIT, ""),
 }
 
