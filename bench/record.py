@@ -580,6 +580,10 @@ UNMEASURED_NOT_NEEDED = "answer mode: not needed to settle the answer (a run wit
 UNMEASURED_NEEDED = "answer mode: not measured, the --budget was spent; it could still change the answer"
 UNMEASURED_STOPPED = "answer mode: not measured, the run was stopped first; it could still change the answer"
 UNMEASURED_SPENT = "answer mode: not measured, the --budget was spent before this call could measure anything"
+UNMEASURED_EXPECTED = (
+    "answer mode: not measured, expected to repeat an error of cells with its settings (a run without --answer "
+    "measures it)"
+)
 
 
 class AnswerNote(BaseModel):
@@ -604,6 +608,9 @@ class AnswerNote(BaseModel):
     """[low, mid, high] of its peak memory, the same way."""
     predicted_wall_s: float | None = None
     """What measuring it once on the full schedule would take (the step-time model, corrected by the run)."""
+    expected_error: str | None = None
+    """Unmeasured only: the error signature (bench.execute.failures) it was expected to repeat, as cells that
+    share its failing settings ended twice or more; a run without --answer measures it."""
 
 
 class Replay(BaseModel):
@@ -842,14 +849,16 @@ class Record(BaseModel):
         predicted: dict | None = None, spent: bool = False,
     ) -> "Record":  # fmt: skip
         """Answer mode left it unmeasured: its answer note says why (not needed, or the budget ran out). The
-        reason is one of a few sentences, so reports group these; the note has the figures. spent: a resumed call
-        whose budget afforded no attempt: it measured nothing, so it says no cell is not needed (the note's
+        reason is one of a few fixed sentences, so reports group these; the note has the figures. spent: a resumed
+        call whose budget afforded no attempt: it measured nothing, so it says no cell is not needed (the note's
         `needed` and `why` keep the figures' verdict)."""
         note = AnswerNote.model_validate({**note, "role": "unmeasured"})
         return cls(
             **_identity(cell, run_id, attempt, matrix_file),
             status=Status.UNMEASURED,
-            reason=UNMEASURED_SPENT
+            reason=UNMEASURED_EXPECTED
+            if note.expected_error
+            else UNMEASURED_SPENT
             if spent and not note.needed
             else UNMEASURED_NOT_NEEDED
             if not note.needed

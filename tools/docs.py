@@ -136,8 +136,11 @@ def _optimizers_section() -> str:
     head = ["name", "class that runs", "built by", "under offload", "precisions", "ZeRO stages", "JIT op"]
     head.append("state bytes/param")
     return (
-        "## Optimizers\n\nThe values of the `optimizer` axis (`bench.axes.OPTIMIZERS`). The worker refuses a "
-        "cell whose engine built another class than the one named. *Under offload*: runs (steps on the CPU as "
+        "## Optimizers\n\nThe values of the `optimizer` axis (`bench.axes.OPTIMIZERS`). Before the first step "
+        "the worker refuses a cell whose engine built another optimizer than the one named (`bench/worker/"
+        "optimizer.py`: the class, bitsandbytes' state bits and paging, the learning rate and betas; the HF "
+        "Trainer's `bitsandbytes.optim.AdamW` with the named class's bits and paging is that class). "
+        "*Precisions*: those it trains in. *Under offload*: runs (steps on the CPU as "
         "itself), required (DeepSpeed builds it only under offload), replaced (DeepSpeed would swap it for "
         "DeepSpeedCPUAdam: a rule stops it), no-cpu-step (cannot run under offload). *State bytes* per "
         "trainable parameter: the fp32 master copy and the moments, the ZeRO paper's K.\n\n" + _table(head, rows) + "\n"
@@ -146,8 +149,9 @@ def _optimizers_section() -> str:
 
 def _rules_section() -> str:
     holes = {"opt": "*optimizer*", "ds": "*version*", "lora": "*settings*", "qlora": "*settings*", "nodes": "*N*"}
-    holes["hosts"] = "*M*"
-    rows = [[f"`{r.name}`", r.reason.format(**holes), r.fix, r.source] for r in rules.RULES]
+    holes |= {"hosts": "*M*", "ranks": "*R*", "stage": "*S*", "elements": "*E*", "trainable": "*T*"}
+    holes["min_ranks"] = "*T / (2^31 - 1)*"
+    rows = [[f"`{r.name}`", r.reason.format(**holes), r.fix.format(**holes), r.source] for r in rules.RULES]
     rows.append(
         [
             f"`{rules.PRUNED}`",

@@ -10,7 +10,8 @@ interval reaches the leader's; the leader again on the full schedule, and whiche
 has fewer measurements (up to MAX_MEASUREMENTS); a cell not dominated on memory (the frontier); a pair
 partner for a knob effect (--pairs per value). A cell is left unmeasured only when its throughput interval
 lies below its group leader's AND a measured cell needs no more memory (within the tolerance) and is surely
-faster; or when the budget (--budget) is spent, which its record says.
+faster; when it is expected to repeat an error that two attempts of cells sharing its settings ended in
+(bench.execute.failures); or when the budget (--budget) is spent. Its record says which.
 
 Successive halving over measured steps: a cell's first measurement runs the short schedule (rung 0: half
 the measured steps and time cap, twice the tolerance); only the cells still in contention run again on the
@@ -37,6 +38,7 @@ from ..estimate.online import Online
 from ..estimate.steptime import STEP_BAND, predict_step, predict_wall
 from ..record import Record
 from ..status import Status
+from .failures import Lessons, shared
 from .plan import Planned
 
 __all__ = ["Settings", "Candidate", "Request", "Search", "rung_cell"]
@@ -76,7 +78,7 @@ class Candidate:
     base_tps: float | None  # log tokens/s the step-time model predicts
     base_mem: float | None  # log bytes the memory model predicts (GPU peak; host RSS on a CPU host)
     base_cost: float | None  # log wall seconds the step-time model predicts on the full schedule
-    state: str = "open"  # open, measured, failed, implied
+    state: str = "open"  # open, measured, failed, implied, expected (to repeat an error: bench.execute.failures)
     logs: list[float] = field(default_factory=list)  # measured log tokens/s, one per ok attempt
     mem: float | None = None  # measured log peak (the largest)
     rungs: list[int] = field(default_factory=list)  # the rung of each attempt that ended
@@ -159,6 +161,8 @@ class Search:
         self._turn = 0  # whose turn: who leads, the frontier, the effects (next())
         self._pair_failures: collections.Counter = collections.Counter()  # (axis, value) -> attempts that failed
         self._effect_of: dict[str, tuple] = {}  # cell hash -> the (axis, value) its attempt in flight is for
+        # Errors teach the search: cells that share a repeated error's failing settings are not measured.
+        self.lessons = Lessons(shared(c.features for c in self.candidates))
 
     def _candidate(self, p: Planned) -> Candidate:
         cell, hw = p.cell, self.hw
@@ -258,6 +262,15 @@ class Search:
         effect = self._effect_of.pop(rec.cell_hash, None)
         if effect and rec.status is not Status.OK:
             self._pair_failures[effect] += 1
+        if self.lessons.observe(rec, c.cell.name, c.features):
+            self._expect()
+
+    def _expect(self) -> None:
+        """Errors teach the search (bench.execute.failures): a cell not yet measured is left while it is expected
+        to repeat an error, and open again once a cell that ran says otherwise."""
+        for c in self.candidates:
+            if c.state in ("open", "expected") and c.cell.hash not in self.in_flight:
+                c.state = "expected" if self.lessons.expected(c.features) else "open"
 
     def _measured(self, c: Candidate, rec: Record, rung: int | None) -> None:
         c.state = "measured"
@@ -273,7 +286,7 @@ class Search:
 
     def implied(self, cell_hash: str) -> None:
         c = self.by_hash.get(cell_hash)
-        if c is not None and c.state == "open":
+        if c is not None and c.state in ("open", "expected"):
             c.state = "implied"
             self._memo.clear()
 
@@ -329,6 +342,10 @@ class Search:
 
     def open(self) -> list[Candidate]:
         return [c for c in self.candidates if c.state == "open" and c.cell.hash not in self.in_flight]
+
+    def waiting(self) -> list[Candidate]:
+        """The cells not measured yet: open, or expected to repeat an error (an out-of-memory end implies both)."""
+        return [c for c in self.candidates if c.state in ("open", "expected") and c.cell.hash not in self.in_flight]
 
     # -- what to measure next -----------------------------------------------------------------------------
 
@@ -541,6 +558,9 @@ class Search:
                 if self.spent_at_start:  # this call measured nothing: it settled nothing either
                     why = f"not measured: the budget ({budget}) was spent before this call measured anything; {why}"
             out.append((c, self.note(c, needed=self.needed(c), why=why, **({"stopped": True} if stopped else {}))))
+        for c in (c for c in self.candidates if c.state == "expected"):
+            sig = self.lessons.expected(c.features)
+            out.append((c, self.note(c, needed=False, why=self.lessons.why(sig), expected_error=sig)))
         return out
 
     def group_of(self, c: Candidate) -> str:
@@ -594,8 +614,12 @@ class Search:
             lines.append(
                 f"  effect {short}={value} vs {short}={ref}: tokens/s x{e.ratio:.2f}{ci}, {e.verdict} ({e.n} pair(s))"
             )
+        expected = collections.Counter(
+            self.lessons.expected(c.features) for c in self.candidates if c.state == "expected"
+        )
+        lines.extend(self.lessons.summary(expected))
         measured = [c for c in self.candidates if c.tries]
-        rest = [c for c in self.candidates if c.state == "open"]
+        rest = [c for c in self.candidates if c.state in ("open", "expected")]
         lines.append(
             f"  cost: {self.spent_s:.0f} s of cell time for {len(measured)} of {len(self.candidates)} runnable cells; "
             f"measuring the other {len(rest)} once would add about {_hms(self.full_run_s(rest))} (predicted)"

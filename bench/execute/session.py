@@ -261,7 +261,7 @@ class Session:
         # answer mode the cells the search has not measured yet.
         waiting = {it.cell.hash: it for it, _ in self.queue[self.k :]} | self.pending
         if self.search is not None:
-            waiting |= {c.cell.hash: c.planned for c in self.search.open()}
+            waiting |= {c.cell.hash: c.planned for c in self.search.waiting()}
         candidates = [
             it.cell
             for it in waiting.values()

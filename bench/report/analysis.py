@@ -886,9 +886,9 @@ def _answer(cells: pd.DataFrame, attempts: pd.DataFrame) -> dict | None:
     per group its fastest ok cell with a 95% interval (tokens_log_se, at least the repeat noise answer mode
     assumed: effects.REPEAT_NOISE over the square root of its runs) and the cells whose intervals reach it
     (no significant difference); the cells measured and what each role cost (wall seconds of every attempt);
-    the cells left unmeasured, those the budget (or a stop) left that could still change the answer, and the
-    predicted time measuring them once would add. "measured" counts the cells with an ok record; "attempts"
-    every attempt answer mode made, failures included."""
+    the cells left unmeasured, those the budget (or a stop) left that could still change the answer, those
+    expected to repeat an error (bench.execute.failures), and the predicted time measuring them once would add.
+    "measured" counts the cells with an ok record; "attempts" every attempt answer mode made, failures included."""
     if "answer_role" not in cells or cells["answer_role"].isna().all():
         return None
     roles = attempts["answer_role"]
@@ -915,6 +915,7 @@ def _answer(cells: pd.DataFrame, attempts: pd.DataFrame) -> dict | None:
         "spent_s": float(measured["wall_s"].sum()),
         "unmeasured": len(left),
         "needed": len(needed),
+        "expected": int(left["answer_expected_error"].notna().sum()) if "answer_expected_error" in left else 0,
         "adds_s": float(pd.to_numeric(left["answer_predicted_wall_s"], errors="coerce").sum()),
     }
 

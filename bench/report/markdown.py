@@ -369,8 +369,13 @@ def _left(ans: dict) -> str:
         if ans["needed"]
         else ", none of which could change the answer"
     )
+    expected = (
+        f" ({ans['expected']} of them expected to repeat an error that cells with their settings ended in)"
+        if ans.get("expected")
+        else ""
+    )
     return (
-        f"Left unmeasured: {ans['unmeasured']} cells{still}. Measuring them all once would add about "
+        f"Left unmeasured: {ans['unmeasured']} cells{expected}{still}. Measuring them all once would add about "
         f"{ans['adds_s'] / 60:.0f} min (predicted)."
     )
 
