@@ -393,10 +393,12 @@ def cmd_export(args) -> int:
         from .report.export import to_pytest_benchmark
         from .results import load
 
-        path, n, left = to_pytest_benchmark(load(*args.results), args.pytest_benchmark)
+        df = load(*args.results)
+        path, n, left = to_pytest_benchmark(df, args.pytest_benchmark)
         print(
             f"pytest-benchmark: {n} cells written to {path}" + (f" ({left} without an ok run left out)" if left else "")
         )
+        _say_replayed(df["replay_source"].dropna() if "replay_source" in df else [])
         return 0
     records = (
         [r for p in args.results for r in read(p) if r.get("status") != "started"]
@@ -410,7 +412,18 @@ def cmd_export(args) -> int:
         return 2
     where = f" under {args.dir}" if args.dir else ""
     print(f"W&B: {len(folders)} runs logged to project {args.project!r}{where}")
+    _say_replayed([r["replay"]["source"] for r in records if r.get("replay")])
     return 0
+
+
+def _say_replayed(sources) -> None:
+    """An export of replayed records says so: their measurements were recorded earlier, nothing ran anew."""
+    sources = list(sources)
+    if sources:
+        print(
+            f"  {len(sources)} replayed record(s) among them, marked as such (zerobench run --replay: nothing ran "
+            "anew), from " + ", ".join(sorted(set(map(str, sources))))
+        )
 
 
 def _results_files(path: str) -> list[Path]:
@@ -419,7 +432,8 @@ def _results_files(path: str) -> list[Path]:
 
 
 def cmd_compare(args) -> int:
-    """Exit 0: no regression; 1: a regression; 2: bad input (no such file, no records, bad thresholds)."""
+    """Exit 0: no regression; 1: a regression; 2: bad input (no such file, no records, bad thresholds); 3: it
+    compared too little (compare.Comparison.too_little)."""
     from . import compare
     from .results import load
     from .store import read
@@ -459,11 +473,15 @@ def cmd_compare(args) -> int:
         with write_atomic(args.md) as f:  # a link at the path is replaced, not written through
             f.write(text)
         counts = ", ".join(f"{n} {v}" for v, n in cmp.counts().items())
-        print(f"compare: {counts}; Markdown: {args.md}")
+        print(f"compare: {counts}; {cmp.coverage_line()}; Markdown: {args.md}")
+        for line in cmp.replay_lines():
+            print(f"  {line}")
         for c in cmp.regressions:
             print(f"  regression: {c.cell_name}: {'; '.join(c.reasons)}")
     else:
         sys.stdout.write(text)
+    if cmp.too_little and not cmp.regressions:
+        print(f"zerobench compare: {cmp.coverage_line()}", file=sys.stderr)
     return cmp.exit_code
 
 
@@ -567,6 +585,8 @@ def _estimate_check(args) -> int:
     print()
     print(check.summary_line(check.summarize(rows), "in-sample"))
     print(check.summary_line(check.summarize(cv), "cross-validated (leave one results file out)"))
+    if len({c.file for c in cs}) < 2:
+        print(ONE_FILE.format(file=cs[0].file))
     from .estimate import timecheck
 
     steps: dict[str, list[float]] = {}
@@ -585,6 +605,13 @@ def _estimate_check(args) -> int:
         Path(args.markdown).write_text(check.markdown(args.check, files, rows, cv, FITTED, args.margin, held))
         print(f"report: {args.markdown}")
     return 0
+
+
+ONE_FILE = (
+    "note: these records are all from {file}: leaving it out leaves nothing to fit on, so its cross-validated "
+    "figures are the committed constants' and the step-time model has none; give records of two or more results "
+    "files to cross-validate"
+)
 
 
 def _time_check(files: list[str], gpu: str) -> None:
@@ -712,7 +739,8 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         metavar="RESULTS",
         help="run nothing: serve these results files' recorded ends as if the cells ran (to check --answer against "
-        "a grid measured in full); judged as on the recorded machine; every record and report says it is a replay",
+        "a grid measured in full); judged as on the recorded machine; written to results/<matrix name>.replay.jsonl "
+        "unless --results says where (never into a replayed file); every record and report says it is a replay",
     )
     r.add_argument("--budget", metavar="TIME", help="with --answer: cell time to spend at most, e.g. 20m, 1h, 90s")
     r.add_argument("--group-by", metavar="AXES", help="with --answer: comma-separated axes to group by (default peft)")
@@ -855,7 +883,8 @@ def main(argv: list[str] | None = None) -> int:
     es.set_defaults(func=cmd_estimate)
     cp = sub.add_parser(
         "compare",
-        help="compare results against a baseline, cell by cell, with the noise in mind; exit 1 on a regression",
+        help="compare results against a baseline, cell by cell, with the noise in mind; exit 1 on a regression, "
+        "3 when it compared too little (less than half the baseline's cells that ran: `min_compared`)",
     )
     cp.add_argument("baseline", help="baseline results .jsonl (or a folder of them)")
     cp.add_argument("current", help="current results .jsonl (or a folder of them)")

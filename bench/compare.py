@@ -21,8 +21,13 @@ What each figure is held to (thresholds: bench.matrix.CompareSettings, per matri
 - status: a cell ok in the baseline that fails now (in any repeat) is a regression; one that failed
   and now runs is an improvement;
 - environment: a different GPU, driver, CUDA or library version makes a cell "not comparable", never
-  a regression (its figures are still shown).
-Exit code for CI: 0 no regression, 1 regression, 2 bad input (bench.cli).
+  a regression (its figures are still shown); so does another step schedule (answer mode's short
+  schedule against the matrix's: the built-in data of a run of other length differs from its first
+  batch, so even the first loss moves). A side with records of both schedules is judged on the matrix's;
+- coverage: a comparison counts only when it compared at least `min_compared` of the baseline's cells
+  that ran; a side served by the replay executor (`zerobench run --replay`) is named as a replay.
+Exit code for CI: 0 no regression, 1 regression, 2 bad input (bench.cli), 3 compared too little.
+
 """
 
 from __future__ import annotations
@@ -68,6 +73,16 @@ NOT_RUN = "not run"
 NEW, MISSING = "new", "missing"
 # Worst first: a cell's verdict is the worst of its figures'.
 VERDICT_ORDER = [REGRESSION, NOT_COMPARABLE, NOT_SETTLED, IMPROVEMENT, UNCHANGED, NOT_RUN, NEW, MISSING]
+COMPARED = (REGRESSION, NOT_SETTLED, IMPROVEMENT, UNCHANGED)
+"""Verdicts of cells that were compared: measured (or failing) on both sides, in one schedule and environment."""
+# Statuses that are no measurement of the cell (a rule or the memory model, a lighter cell's out-of-memory
+# end, the orchestrator stopping, answer mode leaving it out): the cell that ran out is compared itself.
+NOT_RUN_STATUSES = (
+    Status.SKIPPED.value, Status.IMPLIED_OOM.value, Status.INTERRUPTED.value, Status.UNMEASURED.value,
+    Status.STARTED.value,
+)  # fmt: skip
+SHORT_SCHEDULE = "answer mode's short schedule (rung 0)"
+EXIT_TOO_LITTLE = 3
 
 
 @dataclass(frozen=True)
@@ -135,6 +150,8 @@ class CellSamples:
     """Each ok repeat's measured step times (the within-run view)."""
     losses: list[list[float]] = field(default_factory=list)
     """Each ok repeat's loss per step, warmup included (adaptive repeats may differ in length)."""
+    schedule: tuple[str, ...] = ()
+    """The step schedules the repeats that ran asked for (`steps_schedule`; answer mode's rung 0 named)."""
 
 
 def common_step(*sides: CellSamples | None) -> int | None:
@@ -167,23 +184,36 @@ def _text(v) -> str:
 
 
 def _ran(r: dict) -> bool:
-    return r["status"] not in (
-        Status.SKIPPED.value,
-        Status.IMPLIED_OOM.value,
-        Status.INTERRUPTED.value,
-        Status.STARTED.value,
-    )
+    return r["status"] not in NOT_RUN_STATUSES
 
 
-def samples(df) -> dict[str, CellSamples]:
+def _schedule(r: dict) -> str:
+    """The steps a record's attempt asked for: the cell's schedule, or answer mode's short one (rung 0), whose
+    record keeps the matrix's cell (a replay's rung 0 served a recorded end: that end's schedule)."""
+    rung, full = r.get("answer_rung"), str(r.get("steps_schedule") or "")
+    short = _present(rung) and int(rung) == 0 and not isinstance(r.get("replay_source"), str)
+    return f"{full}, {SHORT_SCHEDULE}" if short else full
+
+
+def _one_schedule(recs: list[dict]) -> list[dict]:
+    """A cell's repeats on one schedule: where answer mode measured it on both, the matrix's (its rung-0
+    records left out), so a side's samples are of one schedule."""
+    full = [r for r in recs if SHORT_SCHEDULE not in _schedule(r)]
+    return full if full and len(full) < len(recs) and any(_ran(r) for r in full) else recs
+
+
+def samples(df, one_schedule: bool = False) -> dict[str, CellSamples]:
     """A results frame (bench.results.load) -> per cell key, its repeats' figures, in first-seen order.
 
     A repeat's last record stands for it (a re-run after an interruption replaces the attempt); records
-    without a repeat index are repeat 1, so an old results file gives one sample per cell."""
+    without a repeat index are repeat 1, so an old results file gives one sample per cell. one_schedule: of a
+    cell answer mode measured on both its schedules, the matrix's only (what compare judges; answer mode itself
+    counts both as measurements of its tokens/s)."""
+
     if df is None or df.empty:
         return {}
     need = ["cell_hash", "variant", "repeat", "status", "reason", "cell_name", "warmup_steps", "step_times_s", "losses"]
-    need += ["noise_sd", "machine", "block"]
+    need += ["noise_sd", "machine", "block", "steps_schedule", "answer_rung", "replay_source"]
     need += [f.column for f in FIGURES] + [col for col, _ in ENVIRONMENT]
     cols = [c for c in need if c in df]
     # Column lists zipped, not to_dict("records") over the frame: a 10k-row report stays fast.
@@ -196,6 +226,7 @@ def samples(df) -> dict[str, CellSamples]:
     out = {}
     for key, reps in per_cell.items():
         recs = [reps[i] for i in sorted(reps)]
+        recs = _one_schedule(recs) if one_schedule else recs
         failing = [r for r in recs if r["status"] != Status.OK.value]
         ok = [r for r in recs if r["status"] == Status.OK.value]
         first_bad = failing[0] if failing else None
@@ -225,6 +256,7 @@ def samples(df) -> dict[str, CellSamples]:
             },
             step_times=steps,
             losses=losses,
+            schedule=tuple(sorted({_schedule(r) for r in ran})),
         )
     return out
 
@@ -273,14 +305,51 @@ class Comparison:
     settings_source: str
     cells: list[CellComparison]
     machines: Machines = field(default_factory=Machines)
+    replayed: dict[str, list[str]] = field(default_factory=dict)
+    """Per side ("baseline", "current") with replayed records: the files the replay executor served them from."""
 
     @property
     def regressions(self) -> list[CellComparison]:
         return [c for c in self.cells if c.verdict == REGRESSION]
 
     @property
+    def coverage(self) -> tuple[int, int]:
+        """(cells compared, baseline cells that ran): what `min_compared` holds the comparison to."""
+        ran = [c for c in self.cells if c.base is not None and c.base.status not in NOT_RUN_STATUSES]
+        return sum(c.verdict in COMPARED for c in ran), len(ran)
+
+    @property
+    def too_little(self) -> bool:
+        """Fewer than `min_compared` of the baseline's cells that ran were compared (or none at all)."""
+        done, ran = self.coverage
+        return self.settings.min_compared > 0 and (done == 0 or done < self.settings.min_compared * ran)
+
+    @property
     def exit_code(self) -> int:
-        return 1 if self.regressions else 0
+        """1 on a regression; else 3 when it compared too little; else 0."""
+        return 1 if self.regressions else EXIT_TOO_LITTLE if self.too_little else 0
+
+    def coverage_line(self) -> str:
+        """What was compared, against the threshold."""
+        done, ran = self.coverage
+        if not ran:
+            return "compared nothing: no cell of the baseline ran (each was skipped, implied or left unmeasured)"
+        line = f"compared {done} of the baseline's {ran} cells that ran"
+        if not self.too_little:
+            return line
+        return (
+            f"{line}: too little (at least {self.settings.min_compared:.0%} must be; `min_compared`): cells in "
+            "common, measured on both sides in one schedule and environment; check that both sides ran the same "
+            "matrix (or shard) on the same kind of machine"
+        )
+
+    def replay_lines(self) -> list[str]:
+        """Each side that is a replay, said as such."""
+        return [
+            f"{side} ({getattr(self, side)}) is a replay: nothing in it ran anew; its measurements were recorded "
+            f"earlier and served by `zerobench run --replay` from {', '.join(files)}"
+            for side, files in self.replayed.items()
+        ]
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -366,18 +435,18 @@ def _judge(
     return stats.judge_bound(vb, vc, tolerance=getattr(s, f.tolerance), relative=f.relative, both_ways=f.both_ways)
 
 
-# Neither skipped, implied nor interrupted is a measurement of the cell (a rule or the memory model, a lighter
-# cell's out-of-memory end, the orchestrator stopping): the cell that ran out is compared itself.
-_NOT_RUN = (Status.SKIPPED.value, Status.IMPLIED_OOM.value, Status.INTERRUPTED.value)
-
-
 def _verdict(
     b: CellSamples, c: CellSamples, env: list, m: Machines, figures: dict[str, stats.Judgement]
 ) -> tuple[str, list[str]]:
     """A cell's verdict from its statuses, environments, machines and figures, and why."""
     ok = Status.OK.value
-    if b.status in _NOT_RUN or c.status in _NOT_RUN:
+    if b.status in NOT_RUN_STATUSES or c.status in NOT_RUN_STATUSES:
         return NOT_RUN, [f"{b.status} in the baseline, {c.status} now"]
+    if b.schedule and c.schedule and b.schedule != c.schedule:
+        return NOT_COMPARABLE, [
+            f"steps: {'; '.join(b.schedule)} -> {'; '.join(c.schedule)}: another schedule trains on other batches "
+            "(its first loss too); compare runs of one schedule"
+        ]
     if env:
         return NOT_COMPARABLE, [f"{label}: {vb} -> {vc}" for label, vb, vc in env]
     if b.status == ok and c.status != ok:
@@ -445,7 +514,7 @@ def compare(
 ) -> Comparison:
     """Every cell of either side, baseline order first, then cells only the current results have."""
     s = settings or CompareSettings()
-    b, c = samples(base_df), samples(cur_df)
+    b, c = samples(base_df, one_schedule=True), samples(cur_df, one_schedule=True)
     keys = list(b) + [k for k in c if k not in b]
     m = machines(b, c)
     return Comparison(
@@ -455,7 +524,15 @@ def compare(
         settings_source=settings_source,
         cells=[_compare_cell(k, b.get(k), c.get(k), s, m) for k in keys],
         machines=m,
+        replayed={side: files for side, df in (("baseline", base_df), ("current", cur_df)) if (files := _replayed(df))},
     )
+
+
+def _replayed(df) -> list[str]:
+    """The files a side's replayed records were served from (none: nothing in it is a replay)."""
+    if df is None or "replay_source" not in df:
+        return []
+    return sorted(str(x) for x in df["replay_source"].dropna().unique())
 
 
 # -- thresholds -------------------------------------------------------------------------------------
@@ -540,6 +617,26 @@ def _change(j: stats.Judgement, f: Figure) -> str:
     return s
 
 
+def _schedules(cmp: Comparison) -> list[str]:
+    """The cells whose sides ran other step schedules, by pair of schedules: not comparable, and why."""
+    pairs: dict[tuple[str, str], int] = {}
+    for c in cmp.cells:
+        if c.base and c.cur and c.base.schedule and c.cur.schedule and c.base.schedule != c.cur.schedule:
+            key = ("; ".join(c.base.schedule), "; ".join(c.cur.schedule))
+            pairs[key] = pairs.get(key, 0) + 1
+    if not pairs:
+        return []
+    return [
+        "Step schedules differ, so those cells are not comparable (not regressions): another schedule trains on other "
+        "batches (its first loss too); compare runs of one schedule:",
+        "",
+        "| baseline steps | current steps | cells |",
+        "|---|---|---:|",
+        *[f"| {_esc(b)} | {_esc(c)} | {n} |" for (b, c), n in pairs.items()],
+        "",
+    ]
+
+
 _MARK = {
     REGRESSION: "🔴", IMPROVEMENT: "🟢", NOT_COMPARABLE: "⚪", NOT_SETTLED: "🟡", UNCHANGED: "", NOT_RUN: "", NEW: "",
     MISSING: "",
@@ -574,13 +671,22 @@ def markdown(cmp: Comparison) -> str:
     s = cmp.settings
     counts = cmp.counts()
     n_reg = counts.get(REGRESSION, 0)
-    head = f"**{n_reg} regression{'s' if n_reg != 1 else ''}**" if n_reg else "**No regression**"
+    head = (
+        f"**{n_reg} regression{'s' if n_reg != 1 else ''}**"
+        if n_reg
+        else "**Compared too little** (no regression among what was compared)"
+        if cmp.too_little
+        else "**No regression**"
+    )
+
     lines = [
         f"## zerobench compare: `{_esc(cmp.current)}` against `{_esc(cmp.baseline)}`",
         "",
+        *[f"> **Replay**: {_esc(x)}." for x in cmp.replay_lines()],
+        *([""] if cmp.replayed else []),
         f"{head} in {len(cmp.cells)} cells ("
         + ", ".join(f"{n} {v}" for v, n in counts.items())
-        + f"). Exit code {cmp.exit_code}.",
+        + f"); {_esc(cmp.coverage_line())}. Exit code {cmp.exit_code}.",
         "",
         f"Rules (thresholds from {_esc(cmp.settings_source)}): tokens/s and step time change when the whole "
         f"{1 - 2 * s.alpha:.0%} interval of their ratio (over process-level repeats, never narrower than the measured "
@@ -589,7 +695,8 @@ def markdown(cmp: Comparison) -> str:
         f"allocator figures by > {s.memory_tolerance:.0%}, NVML peaks > {s.nvml_tolerance:.0%}, "
         f"host RSS > {s.host_rss_tolerance:.0%}, first loss by > {s.loss_first_tolerance:g} (either way), final "
         f"loss up by > {s.loss_final_tolerance:g} (each bound widened to the spread of the repeats); a cell ok "
-        "before and failing now is a regression; another GPU, driver or library version is not comparable.",
+        "before and failing now is a regression; another GPU, driver, library version or step schedule is not "
+        f"comparable; fewer than {s.min_compared:.0%} of the baseline's cells that ran compared exits 3.",
         "",
     ]
     lines += _machines_text(cmp.machines)
@@ -608,6 +715,7 @@ def markdown(cmp: Comparison) -> str:
         lines += ["| | baseline | current |", "|---|---|---|"]
         lines += [f"| {_esc(a)} | {_esc(b)} | {_esc(c)} |" for a, b, c in sorted(envs)]
         lines.append("")
+    lines += _schedules(cmp)
     flagged = [c for c in cmp.cells if c.verdict in (REGRESSION, NOT_SETTLED, IMPROVEMENT)]
     if flagged:
         lines += ["| | cell | verdict | why |", "|---|---|---|---|"]

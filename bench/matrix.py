@@ -180,6 +180,15 @@ class CompareSettings(_Strict):
         "committed runs (at most; 0.0001-0.0002 typically), so this is 40 times that, and 3.5 times below the "
         "0.07 by which ZeRO-0 ends above ZeRO-1/2 (docs/loss-parity.md). Also the loss-parity tolerance of reports.",
     )
+    min_compared: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="The share of the baseline's cells that ran which must be compared (measured on both sides, "
+        "on one schedule and one environment) for a comparison to count: below it `zerobench compare` exits 3, "
+        "not 0, since a gate that compared too little (shards with no cell in common, a run of 4 of 4,320 cells, "
+        "another GPU) says nothing about the rest. 0 turns the check off.",
+    )
 
 
 def _nonempty(v: list) -> list:

@@ -627,6 +627,11 @@ class ImpliedBy(BaseModel):
 UNMEASURED_NOT_NEEDED = "answer mode: not needed to settle the answer (a run without --answer measures it)"
 UNMEASURED_NEEDED = "answer mode: not measured, the --budget was spent; it could still change the answer"
 UNMEASURED_STOPPED = "answer mode: not measured, the run was stopped first; it could still change the answer"
+UNMEASURED_SPENT = "answer mode: not measured, the --budget was spent before this call could measure anything"
+UNMEASURED_EXPECTED = (
+    "answer mode: not measured, expected to repeat an error of cells with its settings (a run without --answer "
+    "measures it)"
+)
 
 
 class AnswerNote(BaseModel):
@@ -653,6 +658,9 @@ class AnswerNote(BaseModel):
     """[low, mid, high] of its peak memory, the same way."""
     predicted_wall_s: float | None = None
     """What measuring it once on the full schedule would take (the step-time model, corrected by the run)."""
+    expected_error: str | None = None
+    """Unmeasured only: the error signature (bench.execute.failures) it was expected to repeat, as cells that
+    share its failing settings ended twice or more; a run without --answer measures it."""
 
 
 class Replay(BaseModel):
@@ -894,15 +902,21 @@ class Record(BaseModel):
     @classmethod
     def unmeasured(
         cls, cell: _Cell, note: dict, *, run_id: str, attempt: int, matrix_file: str, at: str,
-        predicted: dict | None = None,
+        predicted: dict | None = None, spent: bool = False,
     ) -> "Record":  # fmt: skip
         """Answer mode left it unmeasured: its answer note says why (not needed, or the budget ran out). The
-        reason is one of two sentences, so reports group these; the note has the figures."""
+        reason is one of a few fixed sentences, so reports group these; the note has the figures. spent: a resumed
+        call whose budget afforded no attempt: it measured nothing, so it says no cell is not needed (the note's
+        `needed` and `why` keep the figures' verdict)."""
         note = AnswerNote.model_validate({**note, "role": "unmeasured"})
         return cls(
             **_identity(cell, run_id, attempt, matrix_file),
             status=Status.UNMEASURED,
-            reason=UNMEASURED_NOT_NEEDED
+            reason=UNMEASURED_EXPECTED
+            if note.expected_error
+            else UNMEASURED_SPENT
+            if spent and not note.needed
+            else UNMEASURED_NOT_NEEDED
             if not note.needed
             else UNMEASURED_STOPPED
             if note.stopped
@@ -924,8 +938,12 @@ class Record(BaseModel):
         return started._end(rec.status, rec.reason, ended_at=ended_at, replay=replay, **fields)
 
     @classmethod
-    def interrupted(cls, started: "Record", reason: str, *, ended_at: str, log: str | None = None) -> "Record":
-        """The orchestrator stopped while the cell ran (Ctrl-C), or --resume found an attempt that never ended.
+    def interrupted(
+        cls, started: "Record", reason: str, *, ended_at: str, log: str | None = None, wall_s: float | None = None,
+        warnings: list[str] | None = None,
+    ) -> "Record":  # fmt: skip
+        """The orchestrator stopped while the cell ran (Ctrl-C), or --resume found an attempt that never ended
+        (wall_s: how long it ran, as far as its log and the run's records tell; warnings say how it was told).
         It keeps the provenance of the attempt it ends (that of this process for a v1 start, which had none)."""
         return started._end(
             Status.INTERRUPTED,
@@ -933,6 +951,8 @@ class Record(BaseModel):
             ended_at=ended_at,
             log=log,
             provenance=started.provenance or Provenance.model_validate(env.provenance()),
+            **({"wall_s": wall_s} if wall_s is not None else {}),
+            **({"warnings": warnings} if warnings else {}),
         )
 
     @classmethod

@@ -244,6 +244,8 @@ def _row(rec: Record) -> dict:
         note = rec.answer
         row |= {"answer_role": note.role, "answer_rung": note.rung, "answer_group": note.group}
         row |= {"answer_needed": note.needed, "answer_predicted_wall_s": note.predicted_wall_s}
+        if note.expected_error:
+            row["answer_expected_error"] = note.expected_error
     if rec.replay:
         row["replay_source"] = rec.replay.source
     # Where it ran and how far its measurement can be trusted (bench.quality).

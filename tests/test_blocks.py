@@ -200,7 +200,7 @@ def test_a_new_block_measures_anchors_first_and_is_then_tied():
     s = _search([])
     s.here = "run-on-machine-B@" + parse(_on(next(iter(_smoke().values())), "machine-B")).machine.id
     for r in earlier:
-        s.resumed(parse(r))
+        s.earlier(parse(r))
     asked = []
     for _ in range(len(s._groups()) + answer.EXTRA_ANCHORS):
         req = s.next()

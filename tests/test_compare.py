@@ -147,7 +147,8 @@ def test_environment_mismatch_is_not_comparable_never_a_regression():
     cur = [rec(0, r, tps=15_000 * f, prov=other) for r, f in zip((1, 2, 3), NOISE)]  # half as fast
     cmp = run_cmp(base, cur)
     c = verdict(cmp)
-    assert c.verdict == compare.NOT_COMPARABLE and cmp.exit_code == 0
+    # Never a regression (1); compared nothing, so no pass (0) either: 3, compared too little.
+    assert c.verdict == compare.NOT_COMPARABLE and cmp.exit_code == compare.EXIT_TOO_LITTLE
     assert {d[0] for d in c.environment_diff} == {"GPU", "DeepSpeed"}
     assert "not comparable" in compare.markdown(cmp)
 

@@ -93,5 +93,5 @@ def test_dry_run_of_the_7b_matrix_with_its_time_and_frontier_takes_under_10_seco
     t0 = time.monotonic()
     out = _zerobench("run", "matrices/7b.yaml", "--dry-run", "--assume-gpus", gpus, "--gpu-mem", "143771MiB")
     assert time.monotonic() - t0 < 10
-    assert "predicted GPU time (882 cells" in out and _frontier_block(out)
+    assert "predicted GPU time (734 cells" in out and _frontier_block(out)
     assert (f"on {gpus} GPUs side by side" in out) == (gpus == "8")

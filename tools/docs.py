@@ -36,7 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bench import axes, cells, matrix, record, rules, status
+from bench import axes, cells, matrix, record, rules, status, store
 from bench.estimate import check, timecheck
 from bench.estimate.band import BAND_COVERAGE
 from bench.estimate.fitted import FITTED
@@ -136,8 +136,11 @@ def _optimizers_section() -> str:
     head = ["name", "class that runs", "built by", "under offload", "precisions", "ZeRO stages", "JIT op"]
     head.append("state bytes/param")
     return (
-        "## Optimizers\n\nThe values of the `optimizer` axis (`bench.axes.OPTIMIZERS`). The worker refuses a "
-        "cell whose engine built another class than the one named. *Under offload*: runs (steps on the CPU as "
+        "## Optimizers\n\nThe values of the `optimizer` axis (`bench.axes.OPTIMIZERS`). Before the first step "
+        "the worker refuses a cell whose engine built another optimizer than the one named (`bench/worker/"
+        "optimizer.py`: the class, bitsandbytes' state bits and paging, the learning rate and betas; the HF "
+        "Trainer's `bitsandbytes.optim.AdamW` with the named class's bits and paging is that class). "
+        "*Precisions*: those it trains in. *Under offload*: runs (steps on the CPU as "
         "itself), required (DeepSpeed builds it only under offload), replaced (DeepSpeed would swap it for "
         "DeepSpeedCPUAdam: a rule stops it), no-cpu-step (cannot run under offload). *State bytes* per "
         "trainable parameter: the fp32 master copy and the moments, the ZeRO paper's K.\n\n" + _table(head, rows) + "\n"
@@ -146,8 +149,9 @@ def _optimizers_section() -> str:
 
 def _rules_section() -> str:
     holes = {"opt": "*optimizer*", "ds": "*version*", "lora": "*settings*", "qlora": "*settings*", "nodes": "*N*"}
-    holes["hosts"] = "*M*"
-    rows = [[f"`{r.name}`", r.reason.format(**holes), r.fix, r.source] for r in rules.RULES]
+    holes |= {"hosts": "*M*", "ranks": "*R*", "stage": "*S*", "elements": "*E*", "trainable": "*T*"}
+    holes["min_ranks"] = "*T / (2^31 - 1)*"
+    rows = [[f"`{r.name}`", r.reason.format(**holes), r.fix.format(**holes), r.source] for r in rules.RULES]
     rows.append(
         [
             f"`{rules.PRUNED}`",
@@ -299,7 +303,11 @@ def results_page() -> str:
         "each ends: a `started` line before the launch, then the attempt's outcome. Every line is a "
         f"`bench.record.Record` with `schema_version` {record.SCHEMA_VERSION}; reading upgrades older records "
         "(what each version changed is at the top of `bench/record.py`), and a line that is not a zerobench "
-        "record is skipped with a warning. `zerobench schema` prints the JSON Schema "
+        "record is skipped with a warning that names its line: another tool's line, a field of the wrong type or "
+        "out of range, figures that contradict each other (tokens/s that its step times and tokens per step do "
+        f"not give, a measurement on a cell that never ran), a name over {store.MAX_NAME_CHARS:,} characters or a "
+        f"line over {store.MAX_LINE_CHARS >> 20} MiB, and a last line cut short by a killed run (`bench/store.py`). "
+        "`zerobench schema` prints the JSON Schema "
         f"(`schema/record-v{record.SCHEMA_VERSION}.schema.json` is the committed copy); "
         '`bench.results.load("results/NAME.jsonl")` gives a pandas DataFrame, one row per attempt, with '
         "columns computed on loading: the ZeRO paper's model-state estimate (`bench/estimate/paper.py`, a floor "

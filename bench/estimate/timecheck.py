@@ -293,9 +293,12 @@ def evaluate_time(cs: Sequence[TimeCase], k: TimeConstants = FITTED_TIME) -> lis
 
 
 def cross_validate_time(cs: Sequence[TimeCase]) -> list[TimeRow]:
-    """Each results file's records predicted with the constants fitted on the other files."""
+    """Each results file's records predicted with the constants fitted on the other files (none from a single
+    file: nothing is left to fit on)."""
     out = []
     for f in sorted({c.file for c in cs}):
+        if all(c.file == f for c in cs):
+            break
         k = fit_time([c for c in cs if c.file != f])
         out += evaluate_time([c for c in cs if c.file == f], k)
     return out
@@ -464,6 +467,6 @@ def time_text(
         lines.append(_summary_line("in-sample", time_summary(rows, which)))
         lines.append(_summary_line("cross-validated (leave one results file out)", time_summary(cv, which)))
         lines += ["", text_table(category_rows(rows, cv, which))]
-        if which == "step" and cs:
+        if which == "step" and cs and cv:  # one results file: no held-out rows to draw a band from
             lines += _band_lines(cs, cv)
     return "\n".join(lines)

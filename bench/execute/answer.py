@@ -18,7 +18,8 @@ interval reaches the leader's; the leader again on the full schedule, and whiche
 has fewer measurements (up to MAX_MEASUREMENTS); a cell not dominated on memory (the frontier); a pair
 partner for a knob effect (--pairs per value). A cell is left unmeasured only when its throughput interval
 lies below its group leader's AND a measured cell needs no more memory (within the tolerance) and is surely
-faster; or when the budget (--budget) is spent, which its record says.
+faster; when it is expected to repeat an error that two attempts of cells sharing its settings ended in
+(bench.execute.failures); or when the budget (--budget) is spent. Its record says which.
 
 Successive halving over measured steps: a cell's first measurement runs the short schedule (rung 0: half
 the measured steps and time cap, twice the tolerance); only the cells still in contention run again on the
@@ -48,6 +49,7 @@ from ..estimate.online import Online
 from ..estimate.steptime import STEP_BAND, predict_step, predict_wall
 from ..record import Record
 from ..status import Status
+from .failures import Lessons, shared
 from .plan import Planned
 
 __all__ = ["Settings", "Candidate", "Request", "Search", "rung_cell"]
@@ -88,7 +90,7 @@ class Candidate:
     base_tps: float | None  # log tokens/s the step-time model predicts
     base_mem: float | None  # log bytes the memory model predicts (GPU peak; host RSS on a CPU host)
     base_cost: float | None  # log wall seconds the step-time model predicts on the full schedule
-    state: str = "open"  # open, measured, failed, implied
+    state: str = "open"  # open, measured, failed, implied, expected (to repeat an error: bench.execute.failures)
     obs: dict[str, list[Obs]] = field(default_factory=dict)  # block -> measured log tokens/s and its noise
     flags: list[str] = field(default_factory=list)  # bench.quality's flags of its measurements
     mem: float | None = None  # measured log peak (the largest)
@@ -181,6 +183,8 @@ class Search:
         self.in_flight: dict[str, int] = {}  # cell hash -> the rung running
         self.spent_s = 0.0
         self.over_budget = False
+        self.resumed = False  # --resume: the search goes on from an earlier call's records
+        self.started_here = 0  # attempts this call started
         self.order: list[str] = []  # the blocks, in the order their first measurement came
         self._memo: dict = {}  # speeds, offsets and memory intervals, until the next outcome
         self._turn = 0  # whose turn: who leads, the frontier, the effects (next())
@@ -188,6 +192,8 @@ class Search:
         self._effect_of: dict[str, tuple] = {}  # cell hash -> the (axis, value) its attempt in flight is for
         self._role_of: dict[str, str] = {}  # cell hash -> the role of its attempt in flight
         self.where: dict[str, str] = {}  # block -> the machine, in words
+        # Errors teach the search: cells that share a repeated error's failing settings are not measured.
+        self.lessons = Lessons(shared(c.features for c in self.candidates))
 
     def _candidate(self, p: Planned) -> Candidate:
         cell, hw = p.cell, self.hw
@@ -305,8 +311,14 @@ class Search:
 
     # -- the run's outcomes -------------------------------------------------------------------------------
 
+    @property
+    def spent_at_start(self) -> bool:
+        """A resumed call whose budget afforded no attempt: it measured nothing, so it settled nothing either."""
+        return self.resumed and self.over_budget and not self.started_here
+
     def started(self, c: Candidate, rung: int, request: Request | None = None) -> None:
         c.tries += 1
+        self.started_here += 1
         c.tries_in[self.here] += 1
         if request is not None and request.effect:
             self._effect_of[c.cell.hash] = request.effect
@@ -315,7 +327,7 @@ class Search:
         self.in_flight[c.cell.hash] = rung
         self._memo.clear()
 
-    def resumed(self, rec: Record) -> None:
+    def earlier(self, rec: Record) -> None:
         """An attempt an earlier part of the run made (--resume): its outcome, and a try in its block."""
         self.observe(rec, rec.answer.rung if rec.answer else None)
         c = self.by_hash.get(rec.cell_hash)
@@ -347,6 +359,15 @@ class Search:
         effect = self._effect_of.pop(rec.cell_hash, None)
         if effect and rec.status is not Status.OK:
             self._pair_failures[effect] += 1
+        if self.lessons.observe(rec, c.cell.name, c.features):
+            self._expect()
+
+    def _expect(self) -> None:
+        """Errors teach the search (bench.execute.failures): a cell not yet measured is left while it is expected
+        to repeat an error, and open again once a cell that ran says otherwise."""
+        for c in self.candidates:
+            if c.state in ("open", "expected") and c.cell.hash not in self.in_flight:
+                c.state = "expected" if self.lessons.expected(c.features) else "open"
 
     def _measured(self, c: Candidate, rec: Record, rung: int | None) -> None:
         c.state = "measured"
@@ -368,7 +389,7 @@ class Search:
 
     def implied(self, cell_hash: str) -> None:
         c = self.by_hash.get(cell_hash)
-        if c is not None and c.state == "open":
+        if c is not None and c.state in ("open", "expected"):
             c.state = "implied"
             self._memo.clear()
 
@@ -464,6 +485,10 @@ class Search:
 
     def open(self) -> list[Candidate]:
         return [c for c in self.candidates if c.state == "open" and c.cell.hash not in self.in_flight]
+
+    def waiting(self) -> list[Candidate]:
+        """The cells not measured yet: open, or expected to repeat an error (an out-of-memory end implies both)."""
+        return [c for c in self.candidates if c.state in ("open", "expected") and c.cell.hash not in self.in_flight]
 
     def measurable(self, c: Candidate) -> bool:
         """Whether an attempt of c could start now: open, or measured only in other blocks than this one's."""
@@ -683,10 +708,10 @@ class Search:
         (the budget ran out, or the run was stopped first) and why it was not measured, with its predicted
         speed and memory."""
         out = []
+        budget = f"{self.s.budget_s:.0f} s" if self.s.budget_s is not None else "none"
         for c in self.open():
             if self.needed(c):
                 what = f"lead {_group(self.s, c.group)}" if self.could_lead(c) else "be on the frontier"
-                budget = f"{self.s.budget_s:.0f} s" if self.s.budget_s is not None else "none"
                 cut = "the run was stopped first" if stopped else f"the budget ({budget}) was spent"
                 why = f"not measured: {cut}; it could still {what} ({_tps(self, c)})"
             else:
@@ -696,8 +721,17 @@ class Search:
                     f"({_tps(self, lead)}); and {lighter.cell.name} needs no more memory ({_mem(self, lighter)} "
                     f"against {_mem(self, c)}) and is surely faster"
                 )
+                if self.spent_at_start:  # this call measured nothing: it settled nothing either
+                    why = f"not measured: the budget ({budget}) was spent before this call measured anything; {why}"
             out.append((c, self.note(c, needed=self.needed(c), why=why, **({"stopped": True} if stopped else {}))))
+        for c in (c for c in self.candidates if c.state == "expected"):
+            sig = self.lessons.expected(c.features)
+            out.append((c, self.note(c, needed=False, why=self.lessons.why(sig), expected_error=sig)))
         return out
+
+    def group_of(self, c: Candidate) -> str:
+        """Its group as its records' answer notes name it (`--group-by` values as key=value)."""
+        return _group(self.s, c.group)
 
     def note(self, c: Candidate, **fields) -> dict:
         """The record's answer note for a cell left unmeasured: its group and predicted figures."""

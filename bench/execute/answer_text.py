@@ -2,11 +2,12 @@
 and how anchors tie them, per group the fastest cell and the cells not told apart from it (the 95% interval
 of their ratio to it reaches within the minimum effect) or not compared with it (no block or anchor ties them),
 the frontier, each knob's effect (pairs measured in one block), the measurements flagged as weaker evidence,
-and the cost. Every interval says its confidence (95%); every verdict follows from its interval
-(bench.effects). Pure: the text of a Search."""
+the errors that teach it (bench.execute.failures) and the cost. Every interval says its confidence (95%);
+every verdict follows from its interval (bench.effects). Pure: the text of a Search."""
 
 from __future__ import annotations
 
+import collections
 import math
 
 from ..axes import AXIS
@@ -34,12 +35,16 @@ def summary(s: Search) -> list[str]:
     )
     lines += _effects(s)
     lines += _flagged(s)
+    expected = collections.Counter(s.lessons.expected(c.features) for c in s.candidates if c.state == "expected")
+    lines += s.lessons.summary(expected)
     measured = [c for c in s.candidates if c.tries]
-    rest = [c for c in s.candidates if c.state == "open"]
+    rest = [c for c in s.candidates if c.state in ("open", "expected")]
     lines.append(
         f"  cost: {s.spent_s:.0f} s of cell time for {len(measured)} of {len(s.candidates)} runnable cells; "
         f"measuring the other {len(rest)} once would add about {_hms(s.full_run_s(rest))} (predicted)"
     )
+    if s.spent_at_start:
+        lines.append("  the budget left afforded no attempt: this call measured nothing (a larger --budget goes on)")
     return lines
 
 

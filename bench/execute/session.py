@@ -9,8 +9,10 @@ The executor (bench.execute.registry) decides where and when each attempt's job 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import dsconfig, env, quality, schedule, telemetry
-from ..axes import AUTO
+from ..axes import AUTO, AXES
 from ..cells import Cell
 from ..estimate import Hardware
 from ..estimate.search import SearchResult, seed_micro_batch
+from ..problems import InputError
 from ..record import Record, Search, machine_of, parse
 from ..status import Status
 from ..store import Store, StoreWriteError
@@ -37,6 +40,13 @@ from .settings import stall_s
 from .signals import Stopped, stop_on_signals
 
 __all__ = ["Options", "Session"]
+
+_TIMES = ("started_at", "ended_at")
+
+
+def _epoch(iso: str | None) -> float | None:
+    """A record's ISO 8601 time as seconds since the epoch (None for none)."""
+    return dt.datetime.fromisoformat(iso).timestamp() if iso else None
 
 
 @dataclass(eq=False)
@@ -106,6 +116,7 @@ class Session:
             answer.Search(runnable, self.hw, o.answer, o.platform.cuda, ends, self.here()) if o.answer else None
         )
         self.index_of: dict[str, int] = {}  # answer mode: a cell's progress index, kept across its rungs
+        self.cut_off: list[Record] = []  # --resume: the attempts a killed run left started, now recorded interrupted
         self.width = o.slots.max_cells  # how many cells run side by side (the executor's slots, once it is up)
 
     def here(self) -> str | None:
@@ -154,8 +165,10 @@ class Session:
     # -- what is left to do ---------------------------------------------------------------------------
 
     def load(self) -> None:
-        """The attempts so far, and on --resume the stale starts (recorded interrupted) and what is done;
-        then the queue of cell repeats to run."""
+        """The attempts so far, and on --resume the stale starts (recorded interrupted, with the time they ran)
+        and what is done; then the queue of cell repeats to run."""
+        if self.search is not None and self.o.resume:
+            self._check_same_groups()  # before anything is written
         for rec in self.existing:
             if rec.get("status") != Status.STARTED.value:
                 self.attempts[rec["cell_hash"]] = max(self.attempts.get(rec["cell_hash"], 0), rec.get("attempt", 1))
@@ -164,7 +177,9 @@ class Session:
             for s in stale:
                 why = f"run {s['run_id']} stopped while this cell ran (found by --resume)"
                 with launch.holding_signals():
-                    self.save(Record.interrupted(parse(s), why, ended_at=now()))
+                    self.cut_off.append(
+                        self.save(Record.interrupted(parse(s), why, ended_at=now(), **self._ran_for(s)))
+                    )
                 self.attempts[s["cell_hash"]] = max(self.attempts.get(s["cell_hash"], 0), s.get("attempt", 1))
         self.queue = self._todo()
         self.begun = {h for h, _ in self.stored}
@@ -174,19 +189,59 @@ class Session:
             self._resume_search()
 
     def _resume_search(self) -> None:
-        """Answer mode on --resume: what the earlier part measured counts, and its cells keep their outcome."""
-        for rec in self.existing:
-            if rec.get("status") not in (Status.STARTED.value, Status.UNMEASURED.value):
-                r = parse(rec)
-                self.search.resumed(r)
-                self.begun.add(r.cell_hash)
-                if self.o.replay is not None and r.replay is not None:  # its next attempt gets the next end
-                    self.o.replay.served[r.cell_hash] = self.o.replay.served.get(r.cell_hash, 0) + 1
+        """Answer mode on --resume: what the earlier part measured counts (attempts a kill cut off too), and its
+        cells keep their outcome. The budget is the whole search's: said, with what is left."""
+        ended = [
+            parse(r) for r in self.existing if r.get("status") not in (Status.STARTED.value, Status.UNMEASURED.value)
+        ]
+        for r in ended + self.cut_off:
+            self.search.earlier(r)
+            self.begun.add(r.cell_hash)
+            if self.o.replay is not None and r.replay is not None:  # its next attempt gets the next end
+                self.o.replay.served[r.cell_hash] = self.o.replay.served.get(r.cell_hash, 0) + 1
         done = [c for c in self.search.candidates if c.state != "open"]
+        budget, spent = self.o.answer.budget_s, self.search.spent_s
+        self.search.resumed = True
+        if budget is None:
+            left = "no --budget: it measures until the answer is settled"
+        elif spent < budget:
+            left = f"--budget {budget:.0f} s is the whole search's, {budget - spent:.0f} s of it left"
+        else:
+            left = f"the --budget ({budget:.0f} s, the whole search's) is already spent: nothing more is measured"
         self.o.printer(
             f"resume: answer mode goes on from {len(done)} cell(s) already measured or failed in {self.store.path} "
-            f"({self.search.spent_s:.0f} s of cell time spent)"
+            f"({spent:.0f} s of cell time spent); {left}"
         )
+
+    def _check_same_groups(self) -> None:
+        """InputError when --group-by groups the cells otherwise than the answer being resumed did (its records'
+        answer notes): the earlier measurements were chosen to settle its groups, not these."""
+        for rec in self.existing:
+            group, c = (rec.get("answer") or {}).get("group"), self.search.by_hash.get(rec.get("cell_hash"))
+            if group is None or c is None or group == self.search.group_of(c):
+                continue
+            short = {a.short: a.name for a in AXES}
+            was = ",".join(short.get(k, k) for k in re.findall(r"(?:^|,)(\w+)=", group)) or "nothing (one group)"
+            raise InputError(
+                f"--group-by {','.join(self.o.answer.group_by) or 'nothing'}: the answer in {self.store.path} was "
+                f"grouped by {was} ({rec['cell_name']} in {group!r}, now {self.search.group_of(c)!r}); resume with "
+                f"--group-by {was}, or give a new --results to start another answer"
+            )
+
+    def _ran_for(self, start: dict) -> dict:
+        """An attempt cut off by a kill: how long it ran, as far as the evidence tells (its log's last write, the
+        last record its run wrote), with a warning saying so; {} when nothing tells."""
+        t0 = _epoch(start.get("started_at"))
+        log = self.o.logs / f"{start['cell_hash']}.{start.get('attempt', 1)}.log"
+        seen = [(log.stat().st_mtime, f"its log's last write ({log})")] if log.is_file() else []
+        same = [_epoch(r.get(k)) for r in self.existing if r.get("run_id") == start.get("run_id") for k in _TIMES]
+        if any(t is not None for t in same):
+            seen.append((max(t for t in same if t is not None), f"the last record of run {start.get('run_id')}"))
+        t, how = max(seen, default=(None, ""))
+        if t0 is None or t is None or t <= t0:
+            return {}
+        note = f"cut off by a kill: wall_s runs from its start to {how}, and counts against an answer's --budget"
+        return {"wall_s": t - t0, "warnings": [note]}
 
     def _todo(self) -> list[tuple[Planned, int]]:
         o, n = self.o, self.o.repeats
@@ -216,7 +271,7 @@ class Session:
         # answer mode the cells the search has not measured yet.
         waiting = {it.cell.hash: it for it, _ in self.queue[self.k :]} | self.pending
         if self.search is not None:
-            waiting |= {c.cell.hash: c.planned for c in self.search.open()}
+            waiting |= {c.cell.hash: c.planned for c in self.search.waiting()}
         candidates = [
             it.cell
             for it in waiting.values()
@@ -312,7 +367,10 @@ class Session:
             self.attempts[c.cell.hash] = ident["attempt"]
             pred = self.preds[id(c.planned)]
             with launch.holding_signals():
-                rec = self.save(Record.unmeasured(c.cell, note, at=now(), predicted=pred, **ident))
+                rec = Record.unmeasured(
+                    c.cell, note, at=now(), predicted=pred, spent=self.search.spent_at_start, **ident
+                )
+                rec = self.save(rec)
             self.recorded(self.i, rec)
         for text in answer_text.summary(self.search) + (self.against_recording() if self.o.replay else []):
             self.o.printer(text)

@@ -28,6 +28,7 @@ __all__ = [
     "Analysis",
     "Ablation",
     "analyse",
+    "replay_note",
     "AXES",
     "MEMORY_VIEW",
     "MEMORY_PHASES",
@@ -140,6 +141,18 @@ REPLAY_NOTE = (
 )
 
 
+def replay_note(a: "Analysis") -> str:
+    """What the report says of its replayed records: REPLAY_NOTE when every attempt that ran is one, else how
+    many are (a replay's records beside real ones: files given together, or a run resumed on either)."""
+    if not a.measured_anew:
+        return REPLAY_NOTE
+    return (
+        f"{a.replayed_attempts} of the {a.replayed_attempts + a.measured_anew} attempts that ran here are replays, "
+        "which ran nothing anew: their measurements were recorded earlier and served by the replay executor "
+        f"(`zerobench run --replay`); the other {a.measured_anew} ran. The replays came from these files"
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class Section:
     """The cells of one model at one sequence length: the only cells the report ranks against each other."""
@@ -206,7 +219,11 @@ class Analysis:
     block: `ratio` with its 95% interval `low`-`high` (None where untied or the reference)."""
     baseline: pd.DataFrame | None = None
     replayed: list[str] = field(default_factory=list)
-    """The results files a replay (`zerobench run --replay`) served these records from: nothing here ran anew."""
+    """The results files a replay (`zerobench run --replay`) served these records from: nothing in them ran anew."""
+    replayed_attempts: int = 0
+    """Attempts that ran (every status a worker reaches) served by a replay."""
+    measured_anew: int = 0
+    """Attempts that ran and are not replays: with replayed ones beside them, the report says how many of each."""
     baseline_only: list[str] = field(default_factory=list)
     """Cell names that the baseline has and these results do not."""
     zero_scaling: list[dict] = field(default_factory=list)
@@ -925,11 +942,11 @@ def _pick(ok: pd.DataFrame, col: str, largest: bool) -> dict | None:
 def _answer(cells: pd.DataFrame, attempts: pd.DataFrame) -> dict | None:
     """What answer mode (`zerobench run --answer`) settled among these cells, from the records, judged as its
     console judges them (bench.blocks, bench.effects): per group its fastest ok cell with a 95% interval, the
-    cells with no significant difference from it and those no block or anchor ties to it; each knob's effect
-    over pairs measured in one block; the cells measured and what each role cost (wall seconds of every
-    attempt); the cells left unmeasured, those the budget (or a stop) left that could still change the answer,
-    and the predicted time measuring them once would add. "measured" counts the cells with an ok record;
-    "attempts" every attempt answer mode made, failures included."""
+    cells not told apart from it and those no block or anchor ties to it; each knob's effect over pairs measured
+    in one block; the cells measured and what each role cost (wall seconds of every attempt); the cells left
+    unmeasured, those the budget (or a stop) left that could still change the answer, those expected to repeat
+    an error (bench.execute.failures), and the predicted time measuring them once would add. "measured" counts
+    the cells with an ok record; "attempts" every attempt answer mode made, failures included."""
     if "answer_role" not in cells or cells["answer_role"].isna().all():
         return None
     roles = attempts["answer_role"]
@@ -944,6 +961,7 @@ def _answer(cells: pd.DataFrame, attempts: pd.DataFrame) -> dict | None:
         "spent_s": float(measured["wall_s"].sum()),
         "unmeasured": len(left),
         "needed": len(needed),
+        "expected": int(left["answer_expected_error"].notna().sum()) if "answer_expected_error" in left else 0,
         "adds_s": float(pd.to_numeric(left["answer_predicted_wall_s"], errors="coerce").sum()),
     }
 
@@ -996,6 +1014,8 @@ def _level(s: blocks.Sample, offs: blocks.Offsets, cross: float) -> tuple[float,
 def _answer_effects(measured: pd.DataFrame, left: pd.DataFrame, obs: dict, cross: float) -> list[dict]:
     """Each knob value's effect over the pairs measured in one block, among the cells answer mode measured or
     left unmeasured (bench.effects.knob_pairs, knob_effect)."""
+    if "answer_expected_error" in left:  # a cell expected to repeat an error is out of the search, as in answer mode
+        left = left[left["answer_expected_error"].isna()]
     live = pd.concat([measured[measured["cell_hash"].isin(obs)], left]).drop_duplicates("cell_hash", keep="first")
     hashes = live["cell_hash"].tolist()
     feats = [effects.features(r) for r in records(live, [a for a in AXIS_NAMES if a in live])]
@@ -1071,6 +1091,7 @@ def analyse(df: pd.DataFrame, *, title: str = "zerobench report", baseline: pd.D
         cells=cells,
         sections=_sections(cells, samples, df),
         replayed=sorted(df["replay_source"].dropna().unique()) if "replay_source" in df else [],
+        **_replay_counts(df),
         counts={s: int(counts[s]) for s in STATUS_ORDER + sorted(set(counts.index) - set(STATUS_ORDER)) if s in counts},
         pruned=int((cells["status"].eq(Status.SKIPPED.value) & cells["skip_rule"].eq(rules.PRUNED)).sum()),
         peak_label=_peak_label(cells["peak_memory_source"]),
@@ -1091,6 +1112,15 @@ def analyse(df: pd.DataFrame, *, title: str = "zerobench report", baseline: pd.D
         baseline_only=only,
         notes=_notes(cells),
     )
+
+
+def _replay_counts(df: pd.DataFrame) -> dict[str, int]:
+    """Of the attempts that ran, how many a replay served and how many ran anew (none replayed: both 0)."""
+    if "replay_source" not in df or df["replay_source"].isna().all():
+        return {}
+    ran = ~df["status"].isin(NOT_RUN)
+    replayed = df["replay_source"].notna()
+    return {"replayed_attempts": int((ran & replayed).sum()), "measured_anew": int((ran & ~replayed).sum())}
 
 
 def _notes(cells: pd.DataFrame) -> list[tuple[str, str]]:

@@ -25,13 +25,13 @@ from .analysis import (
     COMPARE_RULE,
     LOSS_PARITY_NOTE,
     NOT_RUN,
-    REPLAY_NOTE,
     SECTION_NOTE,
     ZERO_SCALING_NOTE,
     Analysis,
     Section,
     analyse,
     records,
+    replay_note,
 )
 from .charts import Chart, tradeoff_name
 
@@ -39,6 +39,9 @@ __all__ = ["render", "render_analysis", "MAX_COMPUTE_ROWS"]
 
 MAX_COMPUTE_ROWS = 50
 MAX_REASONS = 50  # distinct failure reasons grouped at the top; errors with log tails are often all distinct
+MAX_NOT_RUN_ROWS = 1000
+"""Cells that did not run (skipped, implied_oom, unmeasured) listed one row each at most: past this they are
+counted by status and rule instead (50,000 skipped rows made a 62 MB page)."""
 
 
 def _asset(name: str) -> str:
@@ -160,8 +163,26 @@ def _widths(values, top: float) -> list[str]:
 # -- one function per section: Analysis -> the template variables of that section ---------------------
 
 
+def _listed(cells, a: Analysis):
+    """The rows a table lists, and a note on the cells left out: every cell, unless more than MAX_NOT_RUN_ROWS
+    did not run; then those are counted (by status, and the skipped by rule), not listed."""
+    not_run = cells["status"].isin(NOT_RUN)
+    n = int(not_run.sum())
+    if n <= MAX_NOT_RUN_ROWS:
+        return cells, ""
+    by_status = ", ".join(f"{k:,} {s}" for s, k in cells.loc[not_run, "status"].value_counts().items())
+    rules = a.cells.loc[a.cells["status"] == "skipped", "skip_rule"].value_counts() if "skip_rule" in a.cells else []
+    by_rule = "; skipped by rule: " + ", ".join(f"{r} {k:,}" for r, k in rules.items()) if len(rules) else ""
+    note = (
+        f"{n:,} cells that did not run ({by_status}) are counted here, not listed: more than {MAX_NOT_RUN_ROWS:,}"
+        f"{by_rule}. Failed and skipped groups them by reason; the results file has each one's record."
+    )
+    return cells[~not_run], note
+
+
 def _cells_table(a: Analysis) -> dict:
     cells, compute = a.cells, a.compute_metric
+    cells, left_out = _listed(cells, a)
     extra = [(c, h) for c, h in _EXTRA if c in cells and cells[c].nunique(dropna=False) > 1]
     cols = [
         "cell_name",
@@ -181,6 +202,7 @@ def _cells_table(a: Analysis) -> dict:
         "tokens_per_s_ci_high",
     ] + [c for c, _ in extra]
     cols += [compute] if compute else []
+    cols += ["replay_source"] if "replay_source" in cells else []
     compute_fmt = fmt.pct if compute == "mfu" else fmt.tflops
     mixed = cells["peak_memory_source"].nunique() > 1
     return {
@@ -189,6 +211,7 @@ def _cells_table(a: Analysis) -> dict:
         "compute": compute,
         "compute_header": {"mfu": "MFU", "tflops_per_gpu": "TFLOP/s per GPU"}.get(compute, "MFU"),
         "mixed_sources": mixed,
+        "cells_left_out": left_out,
     }
 
 
@@ -210,6 +233,8 @@ def _cells_rows(rows: list[dict], extra, compute, compute_fmt, mixed: bool) -> M
     for r in rows:
         status = escape(r["status"])
         tag = '<span class="tag">frontier</span>' if r["pareto"] else ""
+        if isinstance(r.get("replay_source"), str):  # served by the replay executor: nothing ran anew
+            tag += f'<span class="tag" title="replayed from {escape(r["replay_source"])}">replay</span>'
         parts = [
             f'\n<tr data-status="{status}"><td class="cell">{_name(r["cell_name"])} '
             f'<span class="hash">#{escape(r["cell_hash"])}</span>{tag}</td>\n'
@@ -352,9 +377,11 @@ def _compute(s: Section) -> dict:
 
 def _failures(a: Analysis) -> dict:
     cols = ["cell_name", "cell_hash", "status", "reason", "phase_at_end", "exit_code"]
+    listed, left_out = _listed(a.failures, a) if len(a.failures) else (a.failures, "")
     return {
-        "failures": _failure_rows(records(a.failures, cols)) if len(a.failures) else "",
+        "failures": _failure_rows(records(listed, cols)) if len(a.failures) else "",
         "failure_statuses": [s for s in a.counts if s != "ok"],
+        "failures_left_out": left_out,
     }
 
 
@@ -434,7 +461,7 @@ def render_analysis(a: Analysis, charts: dict[str, Chart] | None = None) -> str:
         "models": [_model(a, s, charts) for s in a.sections],
         "several": len(a.sections) > 1,
         "section_note": SECTION_NOTE,
-        "replay_note": REPLAY_NOTE,
+        "replay_note": replay_note(a),
         "effects_note": effects_note(),
         "blocks_note": BLOCKS_NOTE,
         "answer_note": ANSWER_NOTE,

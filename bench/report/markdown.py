@@ -19,12 +19,12 @@ from .analysis import (
     COMPARE_RULE,
     LOSS_PARITY_NOTE,
     NOT_RUN,
-    REPLAY_NOTE,
     SECTION_NOTE,
     ZERO_SCALING_NOTE,
     Analysis,
     Section,
     analyse,
+    replay_note,
 )
 from .charts import tradeoff_name
 
@@ -378,8 +378,13 @@ def _left(ans: dict) -> str:
         if ans["needed"]
         else ", none of which could change the answer"
     )
+    expected = (
+        f" ({ans['expected']} of them expected to repeat an error that cells with their settings ended in)"
+        if ans.get("expected")
+        else ""
+    )
     return (
-        f"Left unmeasured: {ans['unmeasured']} cells{still}. Measuring them all once would add about "
+        f"Left unmeasured: {ans['unmeasured']} cells{expected}{still}. Measuring them all once would add about "
         f"{ans['adds_s'] / 60:.0f} min (predicted)."
     )
 
@@ -471,7 +476,7 @@ def render_analysis(a: Analysis, charts: dict[str, str] | None = None) -> str:
     )
     lines += [f"{n} cells: {counts} ({a.attempts} attempts).{pruned}", ""]
     if a.replayed:
-        lines += [f"**Replay**: {REPLAY_NOTE} ({escape(', '.join(a.replayed))}).", ""]
+        lines += [f"**Replay**: {replay_note(a)} ({escape(', '.join(a.replayed))}).", ""]
     lines += _blocks(a) + _sections(a, charts)
     lines += _zero_scaling(a) + _loss_parity(a)
     lines += _failures(a) + _notes(a) + _baseline(a)
