@@ -60,7 +60,7 @@ def test_online_carries_an_offset_per_block_and_a_joint_posterior():
     for blk, speed in (("A", 0.0), ("B", math.log(FAST))):
         for a in (0, 1, 2):
             for b in (0, 1):
-                on.observe({"a": a, "b": b}, 0.0, speed + b * math.log(0.7), block=blk, cell=(a, b))
+                on.observe({"a": a, "b": b}, 0.0, speed + b * math.log(0.7), block=blk)
     on.anchor({"A": (0.0, 0.0), "B": (math.log(FAST), 0.01**2)})
     assert on.ref == "A" and on.offsets()["B"][0] == pytest.approx(math.log(FAST), abs=0.01)
     mean, sd = on.predict({"a": 1, "b": 1}, 0.0)  # on A's scale

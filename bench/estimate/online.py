@@ -10,8 +10,7 @@ is faster or slower as a whole. Each block but the reference has an offset whose
 say of it (cells measured in that block and another: bench.blocks.offsets, given through `anchor`): tied
 blocks start from the anchors' estimate and its uncertainty, an untied one from a wide prior, so its cells
 still teach the knobs' effects (their differences within the block) without setting the level. A prediction
-is on the reference block's scale unless a block is asked for. Repeated measurements of a cell in one block
-enter as their mean.
+is on the reference block's scale unless a block is asked for.
 
 Why additive on the log scale: a knob multiplies throughput (and, roughly, memory) by a factor that holds
 across the rest of the settings to first order; what does not (interactions) is the misfit term, which the
@@ -36,8 +35,8 @@ __all__ = ["Online"]
 class _Row:
     features: Mapping[str, object]
     base: float
-    logs: list[float]
-    noise_var: float  # the sum of each measurement's variance (the mean's variance: over n^2)
+    log: float
+    noise_var: float  # the measurement's variance (a mean of n: over n)
     block: Hashable
 
 
@@ -54,7 +53,7 @@ class Online:
     misfit_sd: float = 0.0
     _names: list[tuple[str, object]] = field(default_factory=list)
     _fit: tuple | None = None
-    _rows: dict[Hashable, _Row] = field(default_factory=dict)
+    _rows: list[_Row] = field(default_factory=list)
     _anchored: dict[Hashable, tuple[float, float]] = field(default_factory=dict)  # block -> anchors' (mean, var)
     _blocks: list[Hashable] = field(default_factory=list)  # in the order first seen
 
@@ -66,19 +65,12 @@ class Online:
         n: int = 1,
         *,
         block: Hashable = None,
-        cell: Hashable = None,
         noise_sd: float | None = None,
     ) -> None:
-        """One measurement (the mean of n) of a cell against its base, in a block. Measurements of one `cell` in
-        one block are pooled into their mean; without a cell key each is its own row."""
-        key = (cell, block) if cell is not None else len(self._rows)
+        """One measurement (the mean of n) of a cell against its base, in a block, with its noise (default
+        noise_sd). Each measurement is a row of its own: a cell measured again counts again."""
         sd = self.noise_sd if noise_sd is None else noise_sd
-        row = self._rows.get(key)
-        if row is None:
-            self._rows[key] = _Row(features, base_log, [measured_log], sd**2 / n, block)
-        else:
-            row.logs.append(measured_log)
-            row.noise_var += sd**2 / n
+        self._rows.append(_Row(features, base_log, measured_log, sd**2 / n, block))
         for k, v in features.items():
             if (k, v) not in self._names:
                 self._names.append((k, v))
@@ -123,10 +115,10 @@ class Online:
             if not self._rows:
                 self._fit = (np.zeros(len(prior)), np.diag(1 / prior), self.misfit_sd)
                 return self._fit
-            rows = list(self._rows.values())
+            rows = self._rows
             X = np.array([self._x(r.features, r.block) for r in rows])
-            y = np.array([sum(r.logs) / len(r.logs) - r.base - self._shift(r.block) for r in rows])
-            noise = np.array([r.noise_var / len(r.logs) ** 2 for r in rows])
+            y = np.array([r.log - r.base - self._shift(r.block) for r in rows])
+            noise = np.array([r.noise_var for r in rows])
             mean, _ = self._gls(X, y, noise + self.misfit_sd**2, prior)
             misfit = self._misfit(X, y, mean, noise)
             mean, cov = self._gls(X, y, noise + misfit**2, prior)

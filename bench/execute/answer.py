@@ -380,7 +380,7 @@ class Search:
         c.flags += [f for f in quality.flags(rec) if f.split(":")[0] not in {x.split(":")[0] for x in c.flags}]
         c.rungs.append(1 if rung is None else rung)
         if c.base_tps is not None:
-            self.tps.observe(c.features, c.base_tps, log, block=block, cell=c.cell.hash, noise_sd=sd)
+            self.tps.observe(c.features, c.base_tps, log, block=block, noise_sd=sd)
         peak, _ = results.peak_memory(rec)
         if peak:
             c.mem = max(c.mem or -math.inf, math.log(peak))
