@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench.report.tracking import _config
+from bench.status import Status
 
 from ..conftest import ROOT, zerobench
 
@@ -121,8 +122,11 @@ def test_a_replay_is_named_in_compare_reports_and_exports(tmp_path, ledger):
     r = zerobench("report", "both.jsonl", "-o", "rep/both", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     md, html = (tmp_path / "rep/both.md").read_text(), (tmp_path / "rep/both.html").read_text()
-    assert "**Replay**: 9 of the 33 attempts that ran here are replays" in md and "the other 24 ran" in md
-    assert "nothing here ran anew" not in md and "9 of the 33 attempts" in html
+    ran = [x for x in _lines(tmp_path / "both.jsonl") if Status(x["status"]).ran]
+    n, replays = len(ran), sum(1 for x in ran if x.get("replay"))  # the answer measures what it needs: counted
+    assert f"**Replay**: {replays} of the {n} attempts that ran here are replays" in md
+    assert f"the other {n - replays} ran" in md and 0 < replays < n
+    assert "nothing here ran anew" not in md and f"{replays} of the {n} attempts" in html
     r = zerobench("export", "replay.jsonl", "--pytest-benchmark", "pb.json", cwd=tmp_path)
     assert r.returncode == 0 and "replayed record(s) among them" in r.stdout, r.stderr[-2000:]
     benches = json.loads((tmp_path / "pb.json").read_text())["benchmarks"]
@@ -179,9 +183,11 @@ def test_compare_short_schedules_against_full_ones_is_not_a_regression(tmp_path,
 def test_compare_of_an_answer_against_a_full_run(tmp_path, ledger):
     ledger.fault("compare-unmeasured", "an answer's unmeasured cells against a full run's ok ones")
     _replay(tmp_path, "answer.jsonl")
-    assert any(r["status"] == "unmeasured" for r in _lines(tmp_path / "answer.jsonl"))
+    left = sum(r["status"] == "unmeasured" for r in _lines(tmp_path / "answer.jsonl"))
+    assert left
     r = zerobench("compare", str(A2), "answer.jsonl", cwd=tmp_path)
-    assert r.returncode == 0 and "**No regression** in 8 cells (7 unchanged, 1 not run)" in r.stdout, r.stdout
+    said = f"**No regression** in 8 cells ({8 - left} unchanged, {left} not run)"
+    assert r.returncode == 0 and said in r.stdout, r.stdout
 
 
 # -- answer mode, resumed ------------------------------------------------------------------------------------
