@@ -566,11 +566,15 @@ def _estimate_check(args) -> int:
     print(check.text_table(check.category_table(rows, cv)))
     print()
     print(check.summary_line(check.summarize(rows), "in-sample"))
-    print(check.summary_line(check.summarize(cv), "cross-validated (leave one results file out)"))
+    print(check.summary_line(check.summarize(cv), "held out (leave one results file out)"))
+    unfit = [c for c in check.cases(files, gpu=args.gpu_name, unfitted=True) if not check.fitted_on(c.file)]
+    unfit_rows = check.evaluate(unfit, margin=args.margin)
+    if unfit_rows:
+        print(check.unfitted_line(unfit_rows))
     from .estimate import timecheck
 
     steps: dict[str, list[float]] = {}
-    for t in timecheck.time_cases(files, gpu=args.gpu_name, unfitted=True) if args.held_out else ():
+    for t in timecheck.time_cases(files, gpu=args.gpu_name) if args.held_out else ():
         steps.setdefault(t.cell.hash, []).append(t.step_s)
     every = check.cases(files, gpu=args.gpu_name, unfitted=True) if args.held_out else cs
     held = [(p, check.held_out(p, every, steps)) for p in args.held_out or ()]
@@ -582,7 +586,8 @@ def _estimate_check(args) -> int:
         from .estimate.fitted import FITTED
 
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.markdown).write_text(check.markdown(args.check, files, rows, cv, FITTED, args.margin, held))
+        text = check.markdown(args.check, files, rows, cv, FITTED, args.margin, held, unfit_rows)
+        Path(args.markdown).write_text(text)
         print(f"report: {args.markdown}")
     return 0
 
@@ -591,10 +596,9 @@ def _time_check(files: list[str], gpu: str) -> None:
     """The step-time model's check beside the memory model's (ok records on one or two GPUs)."""
     from .estimate import timecheck
 
-    excluded: list[tuple[str, str]] = []
-    tc = timecheck.time_cases(files, gpu=gpu, excluded=excluded)
-    if tc:
-        print(timecheck.time_text(timecheck.evaluate_time(tc), timecheck.cross_validate_time(tc), tc, excluded))
+    check = timecheck.time_check(files, gpu=gpu)
+    if check.held_out:
+        print(timecheck.time_text(check))
 
 
 def cmd_schema(args) -> int:

@@ -35,6 +35,7 @@ __all__ = [
     "HeldOut",
     "held_out",
     "held_out_table",
+    "unfitted_line",
 ]
 
 GiB = 2**30
@@ -314,6 +315,12 @@ def summary_line(s: dict, label: str) -> str:
     )
 
 
+def unfitted_line(rows: Sequence[Row]) -> str:
+    """The summary of the rows of files no constant was fitted on (UNFITTED_FILES), labelled so."""
+    names = ", ".join(sorted({r.case.file for r in rows}))
+    return summary_line(summarize(rows), f"held out (files no constant was fitted on: {names})")
+
+
 def _gib(x: float | None) -> str:
     return "-" if x is None else f"{x / GiB:.2f}"
 
@@ -532,9 +539,10 @@ def markdown(
     k: Constants,
     margin: float,
     held: Sequence[tuple[str, HeldOut]] = (),
+    unfitted: Sequence[Row] = (),
 ) -> str:
     """The check as Markdown: `paths` as given on the command line, `files` the results files read, `held` the
-    predictions files (as given, scored)."""
+    predictions files (as given, scored), `unfitted` the rows of the files no constant was fitted on."""
     s_in, s_cv = summarize(rows), summarize(cv)
     listed = ", ".join(f"`{os.path.basename(p)}`" for p in files if fitted_on(p))
     held_only = ", ".join(f"`{os.path.basename(p)}`" for p in files if not fitted_on(p))
@@ -564,7 +572,8 @@ def markdown(
             "## Summary",
             "",
             f"- {summary_line(s_in, 'in-sample (the constants in bench/estimate/fitted.py)')}",
-            f"- {summary_line(s_cv, 'cross-validated (leave one results file out)')}",
+            f"- {summary_line(s_cv, 'held out (leave one results file out)')}",
+            *([f"- {unfitted_line(unfitted)}"] if unfitted else []),
             "",
             *(held_part if held else []),
             "## Errors per category",
