@@ -544,15 +544,17 @@ def _estimate_check(args) -> int:
         return 2
     # A folder stands for its *.jsonl files.
     files = [str(f) for p in args.check for f in (sorted(Path(p).glob("*.jsonl")) if Path(p).is_dir() else [p])]
-    cs = check.cases(files, gpu=args.gpu_name)
-    if not cs:
+    every = check.cases(files, gpu=args.gpu_name, unfitted=True)
+    cs = [c for c in every if check.fitted_on(c.run)]
+    if not every:
         print(f"zerobench estimate: no ok or out-of-memory {args.gpu_name} records in these files", file=sys.stderr)
         return 2
-    if args.refit:
-        k = check.fit(cs)
+    if args.refit:  # on every record given: a refit takes in what the constants were not fitted on
+        k = check.fit(every)
         for f in dataclasses.fields(k):
             v = getattr(k, f.name)
             print(f"{f.name} = {v / 2**30:.3f} GiB" if v > 1e6 else f"{f.name} = {v:.3f}")
+        print(check.runs_literal(every), end="")
         from .estimate import timecheck
 
         tc = timecheck.time_cases(files, gpu=args.gpu_name)
@@ -561,14 +563,14 @@ def _estimate_check(args) -> int:
         return 0
     rows = check.evaluate(cs, margin=args.margin)
     cv = check.cross_validate(cs, margin=args.margin)
-    print(check.text_table(check.table(rows, cv)))
-    print()
-    print(check.text_table(check.category_table(rows, cv)))
-    print()
-    print(check.summary_line(check.summarize(rows), "in-sample"))
-    print(check.summary_line(check.summarize(cv), "held out (leave one results file out)"))
-    unfit = [c for c in check.cases(files, gpu=args.gpu_name, unfitted=True) if not check.fitted_on(c.file)]
-    unfit_rows = check.evaluate(unfit, margin=args.margin)
+    if rows:
+        print(check.text_table(check.table(rows, cv)))
+        print()
+        print(check.text_table(check.category_table(rows, cv)))
+        print()
+        print(check.summary_line(check.summarize(rows), "in-sample"))
+        print(check.summary_line(check.summarize(cv), "held out (leave one results file out)"))
+    unfit_rows = check.evaluate([c for c in every if not check.fitted_on(c.run)], margin=args.margin)
     if unfit_rows:
         print(check.unfitted_line(unfit_rows))
     from .estimate import timecheck
@@ -576,7 +578,6 @@ def _estimate_check(args) -> int:
     steps: dict[str, list[float]] = {}
     for t in timecheck.time_cases(files, gpu=args.gpu_name) if args.held_out else ():
         steps.setdefault(t.cell.hash, []).append(t.step_s)
-    every = check.cases(files, gpu=args.gpu_name, unfitted=True) if args.held_out else cs
     held = [(p, check.held_out(p, every, steps)) for p in args.held_out or ()]
     if held:
         print()

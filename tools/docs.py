@@ -327,7 +327,7 @@ def _model_check() -> dict[str, Any]:
         "files": [str(Path(f).relative_to(ROOT)) for f in files],
         "rows": check.evaluate(cs),
         "cv": check.cross_validate(cs),
-        "unfit": check.evaluate([c for c in every if not check.fitted_on(c.file)]),
+        "unfit": check.evaluate([c for c in every if not check.fitted_on(c.run)]),
         "held": [(str(Path(p).relative_to(ROOT)), check.held_out(p, every, steps)) for p in predictions],
         "time": timecheck.time_check(files),
     }

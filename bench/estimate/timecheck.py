@@ -340,11 +340,12 @@ def evaluate_time(cs: Sequence[TimeCase], k: TimeConstants = FITTED_TIME) -> lis
 
 
 def cross_validate_time(cs: Sequence[TimeCase]) -> list[TimeRow]:
-    """Each results file's records predicted with the constants fitted on the other files."""
+    """Each results file's records predicted with the constants fitted on the other files (none where there
+    are no others)."""
     out = []
     for f in sorted({c.file for c in cs}):
-        k = fit_time([c for c in cs if c.file != f])
-        out += evaluate_time([c for c in cs if c.file == f], k)
+        train = [c for c in cs if c.file != f]
+        out += evaluate_time([c for c in cs if c.file == f], fit_time(train)) if train else []
     return out
 
 
@@ -537,11 +538,11 @@ def time_summary(rows: Sequence[TimeRow], which: str = "step") -> dict:
 
 
 def category_rows(check: TimeCheck, which: str) -> list[list[str]]:
-    """Per category value: the held-out records, their in-sample and held-out errors."""
+    """Per category value: the held-out records, the in-sample and held-out errors."""
     head = ["category", "value", "records", "in-sample median", "in-sample p95", "held-out median", "held-out p95"]
     out, held = [head], check.held_out
     for cat in _categories(held[0].case):
-        for val in sorted({_categories(r.case)[cat] for r in held}):
+        for val in sorted({_categories(r.case)[cat] for r in (*held, *check.rows)}):
             a = time_summary([r for r in check.rows if _categories(r.case)[cat] == val], which)
             b = time_summary([r for r in held if _categories(r.case)[cat] == val], which)
             pct = [f"{s[q]:.1%}" if s["n"] else "-" for s in (a, b) for q in ("median", "p95")]
@@ -551,16 +552,15 @@ def category_rows(check: TimeCheck, which: str) -> list[list[str]]:
 
 def file_rows(check: TimeCheck) -> list[list[str]]:
     """Per results file: its held-out step-time errors and how many fall inside the band derived and
-    calibrated without it (runs no constant was fitted on: the shipped band)."""
+    calibrated without it (records of runs no constant was fitted on: inside the shipped band)."""
     inside: dict[str, list[int]] = {}
     ms = misses(check.cases, check.cv)
     for f in sorted({m.file for m in ms}):
         others = [m for m in ms if m.file != f]
         band = _bands(others, calibrated_levels(others))
         inside[f] = [band[m.group]["low"] <= m.log <= band[m.group]["high"] for m in ms if m.file == f and band]
-    band, _ = error_band(check.cases, check.cv) if check.cases else (STEP_BAND, None)
     for r in check.unfitted:
-        inside.setdefault(r.case.file, []).append(_in_band(r, band))
+        inside.setdefault(r.case.file, []).append(_in_band(r))
     out = [["results file", "records", "held-out median", "held-out p95", "max", "inside the band"]]
     for f in sorted({r.case.file for r in check.held_out}):
         s = time_summary([r for r in check.held_out if r.case.file == f])
@@ -585,6 +585,8 @@ TITLES = {
 def _band_lines(check: TimeCheck) -> list[str]:
     band, _ = error_band(check.cases, check.cv)
     cover = band_coverage(check.cases, check.cv)
+    if not cover:
+        return []  # one results file: no held-out errors to derive a band from
     lines = [
         "",
         "Step-time band (bench/estimate/band.py; each band's edges are the percentiles of its held-out errors "
@@ -601,13 +603,14 @@ def _band_lines(check: TimeCheck) -> list[str]:
     inside, n = cover["all"]
     lines.append(f"  all: {inside}/{n} ({inside / n:.1%}) inside the band derived and calibrated without their file")
     if check.unfitted:
-        hits = [_in_band(r, band) for r in check.unfitted]
-        lines.append(f"  records of runs no constant was fitted on: {sum(hits)}/{len(hits)} inside the band")
+        hits = [_in_band(r) for r in check.unfitted]
+        lines.append(f"  records of runs no constant was fitted on: {sum(hits)}/{len(hits)} inside the shipped band")
     return lines
 
 
-def _in_band(r: TimeRow, band: dict[str, dict[str, float]]) -> bool:
-    b = band[band_group(r.case.cell, r.case.ds_config, hw=r.case.hw)]
+def _in_band(r: TimeRow) -> bool:
+    """A record of a run no constant was fitted on inside the band the module ships (STEP_BAND)."""
+    b = STEP_BAND[band_group(r.case.cell, r.case.ds_config, hw=r.case.hw)]
     return b["low"] <= math.log(r.case.step_s / r.step) <= b["high"]
 
 
@@ -626,9 +629,11 @@ def time_text(check: TimeCheck) -> str:
     lines = ["", f"Time records left out: {len(check.excluded)} ({EXCLUDED})"] if check.excluded else []
     files = ", ".join(sorted({r.case.file for r in check.unfitted}))
     for which, title in TITLES.items():
+        if not time_summary(check.held_out, which)["n"]:
+            continue  # records without the figure (a worker's setup_s)
         lines += ["", title]
         for key, label in LABELS.items():
-            if getattr(check, key):
+            if time_summary(getattr(check, key), which)["n"]:
                 lines.append(_summary_line(label.format(files=files), time_summary(getattr(check, key), which)))
         lines += ["", text_table(category_rows(check, which))]
         if which == "step" and check.cases:
