@@ -416,6 +416,23 @@ def _time_held_out(m: dict[str, Any]) -> str:
     return check.md_table([[r[i] for i in keep] for r in [head, *rows]])
 
 
+def _time_machines(m: dict[str, Any]) -> str:
+    """Each machine's host offset in the fit, with the files and records it ran."""
+    t: timecheck.TimeCheck = m["time"]
+    offsets = timecheck.machine_offsets(t.cases)
+    rows = []
+    for machine, off in sorted(offsets.items(), key=lambda kv: kv[1]):
+        mine = [c for c in t.cases if c.machine == machine]
+        files = ", ".join(sorted({c.file for c in mine}))
+        rows.append([f"`{machine[:12]}`", files, str(len(mine)), f"{off:+.3f}", f"{math.exp(off):.2f}"])
+    head = ["machine (GPU uuid)", "results files", "records", "host offset (log)", "host time x typical"]
+    return _table(head, rows)
+
+
+def _time_files(m: dict[str, Any]) -> str:
+    return check.md_table(timecheck.file_rows(m["time"]))
+
+
 def time_blocks(m: dict[str, Any]) -> dict[str, str]:
     cats = {
         f"time-{which}-categories": check.md_table(timecheck.category_rows(m["time"], which))
@@ -425,6 +442,8 @@ def time_blocks(m: dict[str, Any]) -> dict[str, str]:
         "time-summary": _time_summary(m),
         "time-band": _time_band(m),
         "time-held-out": _time_held_out(m),
+        "time-machines": _time_machines(m),
+        "time-files": _time_files(m),
         **cats,
     }
 

@@ -336,7 +336,7 @@ def _gib(x: float | None) -> str:
 
 
 def table(rows: Sequence[Row], cv: Sequence[Row] | None = None) -> list[list[str]]:
-    head = ["file", "cell", "status", "measured GiB", "predicted GiB", "error", "CV error", "phase", "verdict"]
+    head = ["file", "cell", "status", "measured GiB", "predicted GiB", "error", "held-out error", "phase", "verdict"]
     out = [head]
     for i, r in enumerate(rows):
         c = r.case
@@ -376,7 +376,7 @@ def _largest(rows: Sequence[Row], n: int = 6) -> list[list[str]]:
 
 
 def category_table(rows: Sequence[Row], cv: Sequence[Row]) -> list[list[str]]:
-    out = [["category", "value", "records", "median |error|", "p95 |error|", "CV median", "CV p95"]]
+    out = [["category", "value", "records", "median |error|", "p95 |error|", "held-out median", "held-out p95"]]
     for cat in CATEGORIES:
         values: dict[str, list[int]] = {}
         for i, r in enumerate(rows):
@@ -567,8 +567,8 @@ def markdown(
             "Made by `zerobench estimate --check` (the command below); every figure is a pure function of the "
             "results files and the model (`bench/estimate/`). Each cell is predicted from the cell and the GPU's "
             "memory alone: never from the record's own measurements. *measured* is NVML's per-process peak on the "
-            "cell's GPU (the largest rank's), *predicted* the model's; *CV error* is the prediction with the fitted "
-            "constants refitted without the cell's results file (leave one file out).",
+            "cell's GPU (the largest rank's), *predicted* the model's; *held-out error* is the prediction with the "
+            "fitted constants refitted without the cell's results file (leave one file out).",
             "",
             f"    python -m bench estimate --check {' '.join(paths)}{held_arg} --markdown reports/memory-model.md",
             "",

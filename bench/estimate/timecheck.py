@@ -51,6 +51,7 @@ __all__ = [
     "file_rows",
     "fit_time",
     "literals",
+    "machine_offsets",
     "time_cases",
     "time_summary",
     "time_text",
@@ -263,12 +264,12 @@ def _levenberg_marquardt(bases, xs, y, th, prior, reg, p: float, iters: int = 10
     return th
 
 
-def _fit_parts(cs: Sequence[TimeCase]) -> dict[str, float]:
-    """The step's constants: Levenberg-Marquardt in log space (a sum of exponentials is not linear there),
-    first with the parts summed, then from there with the overlap (the smooth maximum has flat directions
-    a fit from the priors can stall in). Each machine's host gets an offset of its own (MACHINE_RIDGE pulls
-    it toward 0, the typical host), fitted beside the constants and then dropped: a prediction does not
-    know its machine."""
+def _fit_parts(cs: Sequence[TimeCase]) -> tuple[dict[str, float], dict[str, float]]:
+    """The step's constants and each machine's host offset: Levenberg-Marquardt in log space (a sum of
+    exponentials is not linear there), first with the parts summed, then from there with the overlap (the
+    smooth maximum has flat directions a fit from the priors can stall in). The offsets (MACHINE_RIDGE pulls
+    them toward 0, the typical host) are fitted beside the constants, and a prediction leaves them out: it
+    does not know its machine."""
     import numpy as np
 
     machines = sorted({c.machine for c in cs})
@@ -285,13 +286,20 @@ def _fit_parts(cs: Sequence[TimeCase]) -> dict[str, float]:
     th = prior.copy()
     for p in (1.0, OVERLAP):
         th = _levenberg_marquardt(bases, xs, y, th, prior, reg, p)
-    return {n: round(float(v), 3) for n, v in zip(STEP_NAMES, th)}
+    offsets = {m: round(float(v), 3) for m, v in zip(machines, th[len(STEP_NAMES) :])}
+    return {n: round(float(v), 3) for n, v in zip(STEP_NAMES, th)}, offsets
+
+
+def machine_offsets(cs: Sequence[TimeCase]) -> dict[str, float]:
+    """Each machine's host offset as the fit on `cs` found it: log of its host parts' time over the typical
+    host's (HOST_PARTS)."""
+    return _fit_parts(cs)[1]
 
 
 def fit_time(cs: Sequence[TimeCase], base: TimeConstants = FITTED_TIME) -> TimeConstants:
     """The step's parts fitted on the records' median step times, the fixed cost by least squares of its
     log on the setup factors."""
-    k = _fit_parts(cs)
+    k = _fit_parts(cs)[0]
     setup = [c for c in cs if c.setup_s]
     if setup:
         feats = [setup_features(c.cell) for c in setup]
