@@ -551,6 +551,7 @@ def _estimate_check(args) -> int:
         return 2
     if args.refit:  # on every record given: a refit takes in what the constants were not fitted on
         k = check.fit(every)
+        print("# bench/estimate/fitted.py")
         for f in dataclasses.fields(k):
             v = getattr(k, f.name)
             print(f"{f.name} = {v / 2**30:.3f} GiB" if v > 1e6 else f"{f.name} = {v:.3f}")
@@ -559,6 +560,7 @@ def _estimate_check(args) -> int:
 
         tc = timecheck.time_cases(files, gpu=args.gpu_name)
         if tc:  # the step-time model's literals, as bench/estimate/steptime.py holds them
+            print("# bench/estimate/steptime.py")
             print(timecheck.literals(tc), end="")
         return 0
     rows = check.evaluate(cs, margin=args.margin)
