@@ -562,37 +562,44 @@ def _estimate_check(args) -> int:
         return 2
     # A folder stands for its *.jsonl files.
     files = [str(f) for p in args.check for f in (sorted(Path(p).glob("*.jsonl")) if Path(p).is_dir() else [p])]
-    cs = check.cases(files, gpu=args.gpu_name)
-    if not cs:
+    every = check.cases(files, gpu=args.gpu_name, unfitted=True)
+    cs = [c for c in every if check.fitted_on(c.run)]
+    if not every:
         print(f"zerobench estimate: no ok or out-of-memory {args.gpu_name} records in these files", file=sys.stderr)
         return 2
-    if args.refit:
-        k = check.fit(cs)
+    if args.refit:  # on every record given: a refit takes in what the constants were not fitted on
+        k = check.fit(every)
+        print("# bench/estimate/fitted.py")
         for f in dataclasses.fields(k):
             v = getattr(k, f.name)
             print(f"{f.name} = {v / 2**30:.3f} GiB" if v > 1e6 else f"{f.name} = {v:.3f}")
+        print(check.runs_literal(every), end="")
         from .estimate import timecheck
 
         tc = timecheck.time_cases(files, gpu=args.gpu_name)
         if tc:  # the step-time model's literals, as bench/estimate/steptime.py holds them
+            print("# bench/estimate/steptime.py")
             print(timecheck.literals(tc), end="")
         return 0
     rows = check.evaluate(cs, margin=args.margin)
     cv = check.cross_validate(cs, margin=args.margin)
-    print(check.text_table(check.table(rows, cv)))
-    print()
-    print(check.text_table(check.category_table(rows, cv)))
-    print()
-    print(check.summary_line(check.summarize(rows), "in-sample"))
-    print(check.summary_line(check.summarize(cv), "cross-validated (leave one results file out)"))
-    if len({c.file for c in cs}) < 2:
-        print(ONE_FILE.format(file=cs[0].file))
+    if rows:
+        print(check.text_table(check.table(rows, cv)))
+        print()
+        print(check.text_table(check.category_table(rows, cv)))
+        print()
+        print(check.summary_line(check.summarize(rows), "in-sample"))
+        print(check.summary_line(check.summarize(cv), "held out (leave one results file out)"))
+    unfit_rows = check.evaluate([c for c in every if not check.fitted_on(c.run)], margin=args.margin)
+    if unfit_rows:
+        print(check.unfitted_line(unfit_rows))
+    if len({c.file for c in every}) == 1:
+        print(ONE_FILE.format(file=every[0].file))
     from .estimate import timecheck
 
     steps: dict[str, list[float]] = {}
-    for t in timecheck.time_cases(files, gpu=args.gpu_name, unfitted=True) if args.held_out else ():
+    for t in timecheck.time_cases(files, gpu=args.gpu_name) if args.held_out else ():
         steps.setdefault(t.cell.hash, []).append(t.step_s)
-    every = check.cases(files, gpu=args.gpu_name, unfitted=True) if args.held_out else cs
     held = [(p, check.held_out(p, every, steps)) for p in args.held_out or ()]
     if held:
         print()
@@ -602,15 +609,15 @@ def _estimate_check(args) -> int:
         from .estimate.fitted import FITTED
 
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.markdown).write_text(check.markdown(args.check, files, rows, cv, FITTED, args.margin, held))
+        text = check.markdown(args.check, files, rows, cv, FITTED, args.margin, held, unfit_rows)
+        Path(args.markdown).write_text(text)
         print(f"report: {args.markdown}")
     return 0
 
 
 ONE_FILE = (
-    "note: these records are all from {file}: leaving it out leaves nothing to fit on, so its cross-validated "
-    "figures are the committed constants' and the step-time model has none; give records of two or more results "
-    "files to cross-validate"
+    "note: these records are all from {file}: leaving it out leaves nothing to fit on, so neither model has "
+    "leave-one-file-out figures here; give records of two or more results files to cross-validate"
 )
 
 
@@ -618,10 +625,9 @@ def _time_check(files: list[str], gpu: str) -> None:
     """The step-time model's check beside the memory model's (ok records on one or two GPUs)."""
     from .estimate import timecheck
 
-    excluded: list[tuple[str, str]] = []
-    tc = timecheck.time_cases(files, gpu=gpu, excluded=excluded)
-    if tc:
-        print(timecheck.time_text(timecheck.evaluate_time(tc), timecheck.cross_validate_time(tc), tc, excluded))
+    check = timecheck.time_check(files, gpu=gpu)
+    if check.held_out or check.rows:
+        print(timecheck.time_text(check))
 
 
 def cmd_schema(args) -> int:

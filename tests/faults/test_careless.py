@@ -211,7 +211,8 @@ def test_resume_with_the_budget_spent_says_so(tmp_path, ledger):
     r = zerobench("run", MATRIX, "--answer", "--resume", "--budget", "30s", "--replay", str(A1), "--results", "r.jsonl",
                   "--no-report", cwd=tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "--budget 30 s is the whole search's, 3 s of it left" in r.stdout
+    spent = sum(x.get("wall_s") or 0 for x in _lines(tmp_path / "r.jsonl")[:n] if x["status"] != "started")
+    assert f"--budget 30 s is the whole search's, {30 - spent:.0f} s of it left" in r.stdout, r.stdout
     assert "the budget left afforded no attempt: this call measured nothing" in r.stdout
     again = [x for x in _lines(tmp_path / "r.jsonl")[n:] if x["status"] == "unmeasured"]
     assert again and not [x for x in again if "not needed" in x["reason"]], [x["reason"] for x in again]
@@ -253,4 +254,5 @@ def test_estimate_check_of_one_results_file(tmp_path, ledger):
     r = zerobench("estimate", "--check", str(ANSWER_7B), cwd=tmp_path)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert "note: these records are all from" in r.stdout and "give records of two or more results files" in r.stdout
-    assert "Step-time model" in r.stdout and "cross-validated (leave one results file out): 0 records" in r.stdout
+    step = r.stdout.split("Step-time model", 1)
+    assert len(step) == 2 and "held out (leave one results file out)" not in step[1]  # no fold to hold out
