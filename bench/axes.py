@@ -101,7 +101,7 @@ class OptimizerSpec:
     under_offload: str = UnderOffload.NO_CPU_STEP
     """Where its step runs when the cell offloads the optimizer (UnderOffload)."""
     precisions: tuple[str, ...] = ("fp32", "fp16", "bf16")
-    """Training precisions it has kernels for."""
+    """Training precisions it trains in: it has kernels for them, and its loss falls in them."""
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     """ZeRO stages it runs at."""
     onebit: bool = False
@@ -110,15 +110,27 @@ class OptimizerSpec:
     """The DeepSpeed release that no longer has it."""
     jit_op: str | None = None
     """The DeepSpeed JIT op builder it needs (compiled once before the cells, ~30-60 s)."""
-    moment_bytes: int = 8
-    """The optimizer's own state per trainable parameter, the fp32 master copy left out (Adam's two fp32
-    moments: 8; bitsandbytes' 8-bit moments: 2)."""
+    moments: int = 2
+    """State tensors it keeps per parameter beside the master copy (Adam's and LAMB's first and second moments)."""
+    state_bits: int = 32
+    """Bits per element of each moment: 32, or bitsandbytes' 8 (blockwise-quantized, bitsandbytes.optim's
+    `optim_bits`)."""
     extra_state_bytes: int = 0
     """Further fp32 buffers as large as the parameters that the optimizer keeps beside its moments (the
     1-bit optimizers' error feedback and accumulators, read off deepspeed/runtime/fp16/onebit/)."""
     paged: bool = False
     """Its state lives in CUDA managed memory (bitsandbytes' paged optimizers): outside PyTorch's
     allocator and NVML's per-process figure, paged out to the host when the GPU runs short."""
+    built_as: tuple[str, ...] = ()
+    """Other classes of `module` that are this optimizer when built with its state bits and paging: the HF
+    Trainer builds bitsandbytes.optim.AdamW(optim_bits=8, is_paged=True) for PagedAdamW8bit, the same
+    Optimizer2State("adam", ...) (transformers trainer_optimizer.py _get_bitsandbytes_optimizer)."""
+
+    @property
+    def moment_bytes(self) -> int:
+        """The optimizer's own state per trainable parameter, the fp32 master copy left out (Adam's two fp32
+        moments: 8; bitsandbytes' 8-bit moments: 2)."""
+        return self.moments * self.state_bits // 8
 
     @property
     def state_bytes(self) -> int:
@@ -140,9 +152,12 @@ def _section(kind: str, **params: Any) -> Mapping[str, Any]:
     return MappingProxyType({"type": kind, "params": MappingProxyType(params)})
 
 
+# bitsandbytes' AdamW, which the HF Trainer builds for each of its AdamW variants (optim_bits, is_paged).
+_BNB = ("AdamW",)
 # 1-bit: run uncompressed for freeze_step steps, then compress; keep that inside warmup.
 _ONEBIT_COMM = {"cuda_aware": False, "comm_backend_name": "nccl"}
-_ONEBIT = dict(onebit=True, zero_stages=(0,), removed_in_deepspeed=(0, 19, 7))
+# bf16: DeepSpeed verified their convergence in fp16 only, and in bf16 they diverge (bench.rules onebit-no-bf16).
+_ONEBIT = dict(onebit=True, zero_stages=(0,), precisions=("fp32", "fp16"), removed_in_deepspeed=(0, 19, 7))
 
 OPTIMIZERS: Mapping[str, OptimizerSpec] = MappingProxyType(
     {
@@ -167,8 +182,13 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = MappingProxyType(
             jit_op="CPUAdamBuilder",
         ),
         # No bf16 path: "lamb_cuda_kernel" not implemented for 'BFloat16' (H200, deepspeed 0.19.6).
+        # Not among the optimizers DeepSpeed's ZeRO takes (runtime/zero/utils.py ZERO_SUPPORTED_OPTIMIZERS).
         "fusedlamb": OptimizerSpec(
-            cls="FusedLamb", ds_section=_section("Lamb"), precisions=("fp32", "fp16"), jit_op="FusedLambBuilder"
+            cls="FusedLamb",
+            ds_section=_section("Lamb"),
+            precisions=("fp32", "fp16"),
+            zero_stages=(0,),
+            jit_op="FusedLambBuilder",
         ),
         # worker_error (fp32, whole model) beside exp_avg and exp_avg_sq (onebit/adam.py).
         "onebitadam": OptimizerSpec(
@@ -198,17 +218,18 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = MappingProxyType(
             **_ONEBIT,
         ),
         "paged_adamw": OptimizerSpec(
-            cls="PagedAdamW", module="bitsandbytes.optim", hf_optim="paged_adamw_32bit", paged=True
+            cls="PagedAdamW", module="bitsandbytes.optim", hf_optim="paged_adamw_32bit", paged=True, built_as=_BNB
         ),
         "paged_adamw_8bit": OptimizerSpec(
             cls="PagedAdamW8bit",
             module="bitsandbytes.optim",
             hf_optim="paged_adamw_8bit",
-            moment_bytes=2,
+            state_bits=8,
             paged=True,
+            built_as=_BNB,
         ),
         "adamw_8bit": OptimizerSpec(
-            cls="AdamW8bit", module="bitsandbytes.optim", hf_optim="adamw_bnb_8bit", moment_bytes=2
+            cls="AdamW8bit", module="bitsandbytes.optim", hf_optim="adamw_bnb_8bit", state_bits=8, built_as=_BNB
         ),
     }
 )

@@ -431,10 +431,12 @@ def cmd_export(args) -> int:
         from .report.export import to_pytest_benchmark
         from .results import load
 
-        path, n, left = to_pytest_benchmark(load(*args.results), args.pytest_benchmark)
+        df = load(*args.results)
+        path, n, left = to_pytest_benchmark(df, args.pytest_benchmark)
         print(
             f"pytest-benchmark: {n} cells written to {path}" + (f" ({left} without an ok run left out)" if left else "")
         )
+        _say_replayed(df["replay_source"].dropna() if "replay_source" in df else [])
         return 0
     records = (
         [r for p in args.results for r in read(p) if r.get("status") != "started"]
@@ -448,7 +450,18 @@ def cmd_export(args) -> int:
         return 2
     where = f" under {args.dir}" if args.dir else ""
     print(f"W&B: {len(folders)} runs logged to project {args.project!r}{where}")
+    _say_replayed([r["replay"]["source"] for r in records if r.get("replay")])
     return 0
+
+
+def _say_replayed(sources) -> None:
+    """An export of replayed records says so: their measurements were recorded earlier, nothing ran anew."""
+    sources = list(sources)
+    if sources:
+        print(
+            f"  {len(sources)} replayed record(s) among them, marked as such (zerobench run --replay: nothing ran "
+            "anew), from " + ", ".join(sorted(set(map(str, sources))))
+        )
 
 
 def _results_files(path: str) -> list[Path]:
@@ -457,7 +470,8 @@ def _results_files(path: str) -> list[Path]:
 
 
 def cmd_compare(args) -> int:
-    """Exit 0: no regression; 1: a regression; 2: bad input (no such file, no records, bad thresholds)."""
+    """Exit 0: no regression; 1: a regression; 2: bad input (no such file, no records, bad thresholds); 3: it
+    compared too little (compare.Comparison.too_little)."""
     from . import compare
     from .results import load
     from .store import read
@@ -497,11 +511,15 @@ def cmd_compare(args) -> int:
         with write_atomic(args.md) as f:  # a link at the path is replaced, not written through
             f.write(text)
         counts = ", ".join(f"{n} {v}" for v, n in cmp.counts().items())
-        print(f"compare: {counts}; Markdown: {args.md}")
+        print(f"compare: {counts}; {cmp.coverage_line()}; Markdown: {args.md}")
+        for line in cmp.replay_lines():
+            print(f"  {line}")
         for c in cmp.regressions:
             print(f"  regression: {c.cell_name}: {'; '.join(c.reasons)}")
     else:
         sys.stdout.write(text)
+    if cmp.too_little and not cmp.regressions:
+        print(f"zerobench compare: {cmp.coverage_line()}", file=sys.stderr)
     return cmp.exit_code
 
 
@@ -582,35 +600,44 @@ def _estimate_check(args) -> int:
         return 2
     # A folder stands for its *.jsonl files.
     files = [str(f) for p in args.check for f in (sorted(Path(p).glob("*.jsonl")) if Path(p).is_dir() else [p])]
-    cs = check.cases(files, gpu=args.gpu_name)
-    if not cs:
+    every = check.cases(files, gpu=args.gpu_name, unfitted=True)
+    cs = [c for c in every if check.fitted_on(c.run)]
+    if not every:
         print(f"zerobench estimate: no ok or out-of-memory {args.gpu_name} records in these files", file=sys.stderr)
         return 2
-    if args.refit:
-        k = check.fit(cs)
+    if args.refit:  # on every record given: a refit takes in what the constants were not fitted on
+        k = check.fit(every)
+        print("# bench/estimate/fitted.py")
         for f in dataclasses.fields(k):
             v = getattr(k, f.name)
             print(f"{f.name} = {v / 2**30:.3f} GiB" if v > 1e6 else f"{f.name} = {v:.3f}")
+        print(check.runs_literal(every), end="")
         from .estimate import timecheck
 
         tc = timecheck.time_cases(files, gpu=args.gpu_name)
         if tc:  # the step-time model's literals, as bench/estimate/steptime.py holds them
+            print("# bench/estimate/steptime.py")
             print(timecheck.literals(tc), end="")
         return 0
     rows = check.evaluate(cs, margin=args.margin)
     cv = check.cross_validate(cs, margin=args.margin)
-    print(check.text_table(check.table(rows, cv)))
-    print()
-    print(check.text_table(check.category_table(rows, cv)))
-    print()
-    print(check.summary_line(check.summarize(rows), "in-sample"))
-    print(check.summary_line(check.summarize(cv), "cross-validated (leave one results file out)"))
+    if rows:
+        print(check.text_table(check.table(rows, cv)))
+        print()
+        print(check.text_table(check.category_table(rows, cv)))
+        print()
+        print(check.summary_line(check.summarize(rows), "in-sample"))
+        print(check.summary_line(check.summarize(cv), "held out (leave one results file out)"))
+    unfit_rows = check.evaluate([c for c in every if not check.fitted_on(c.run)], margin=args.margin)
+    if unfit_rows:
+        print(check.unfitted_line(unfit_rows))
+    if len({c.file for c in every}) == 1:
+        print(ONE_FILE.format(file=every[0].file))
     from .estimate import timecheck
 
     steps: dict[str, list[float]] = {}
-    for t in timecheck.time_cases(files, gpu=args.gpu_name, unfitted=True) if args.held_out else ():
+    for t in timecheck.time_cases(files, gpu=args.gpu_name) if args.held_out else ():
         steps.setdefault(t.cell.hash, []).append(t.step_s)
-    every = check.cases(files, gpu=args.gpu_name, unfitted=True) if args.held_out else cs
     held = [(p, check.held_out(p, every, steps)) for p in args.held_out or ()]
     if held:
         print()
@@ -620,19 +647,25 @@ def _estimate_check(args) -> int:
         from .estimate.fitted import FITTED
 
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.markdown).write_text(check.markdown(args.check, files, rows, cv, FITTED, args.margin, held))
+        text = check.markdown(args.check, files, rows, cv, FITTED, args.margin, held, unfit_rows)
+        Path(args.markdown).write_text(text)
         print(f"report: {args.markdown}")
     return 0
+
+
+ONE_FILE = (
+    "note: these records are all from {file}: leaving it out leaves nothing to fit on, so neither model has "
+    "leave-one-file-out figures here; give records of two or more results files to cross-validate"
+)
 
 
 def _time_check(files: list[str], gpu: str) -> None:
     """The step-time model's check beside the memory model's (ok records on one or two GPUs)."""
     from .estimate import timecheck
 
-    excluded: list[tuple[str, str]] = []
-    tc = timecheck.time_cases(files, gpu=gpu, excluded=excluded)
-    if tc:
-        print(timecheck.time_text(timecheck.evaluate_time(tc), timecheck.cross_validate_time(tc), tc, excluded))
+    check = timecheck.time_check(files, gpu=gpu)
+    if check.held_out or check.rows:
+        print(timecheck.time_text(check))
 
 
 def cmd_schema(args) -> int:
@@ -761,7 +794,8 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         metavar="RESULTS",
         help="run nothing: serve these results files' recorded ends as if the cells ran (to check --answer against "
-        "a grid measured in full); judged as on the recorded machine; every record and report says it is a replay",
+        "a grid measured in full); judged as on the recorded machine; written to results/<matrix name>.replay.jsonl "
+        "unless --results says where (never into a replayed file); every record and report says it is a replay",
     )
     r.add_argument("--budget", metavar="TIME", help="with --answer: cell time to spend at most, e.g. 20m, 1h, 90s")
     r.add_argument("--group-by", metavar="AXES", help="with --answer: comma-separated axes to group by (default peft)")
@@ -920,7 +954,8 @@ def main(argv: list[str] | None = None) -> int:
     es.set_defaults(func=cmd_estimate)
     cp = sub.add_parser(
         "compare",
-        help="compare results against a baseline, cell by cell, with the noise in mind; exit 1 on a regression",
+        help="compare results against a baseline, cell by cell, with the noise in mind; exit 1 on a regression, "
+        "3 when it compared too little (less than half the baseline's cells that ran: `min_compared`)",
     )
     cp.add_argument("baseline", help="baseline results .jsonl (or a folder of them)")
     cp.add_argument("current", help="current results .jsonl (or a folder of them)")

@@ -3,9 +3,16 @@
 results (store) -> results.load() -> samples() per side -> compare() -> Comparison -> markdown() / exit code
 
 What each figure is held to (thresholds: bench.matrix.CompareSettings, per matrix, `--thresholds`):
-- noisy figures (tokens/s, median step time): bench.stats.judge_noisy, process-level repeats as the
-  samples: a one-sided Mann-Whitney test AND a minimum effect; one repeat on a side: the minimum
-  effect alone, with a wider default, and the report says the noise could not be estimated;
+- noisy figures (tokens/s, median step time): bench.stats.judge_noisy, the one rule of the reports and answer
+  mode: the ratio of the two sides' geometric means over their process-level repeats, with an interval at
+  1 - 2 alpha (90%: one-sided 95% either way) whose variance is the larger of what the measurements' noise
+  allows (bench.quality, measured on the committed runs; one repeat a side is judged by that noise) and what
+  the repeats' spread shows; changed only when the whole interval lies beyond the minimum effect;
+- machines (bench.record.Machine): the sides ran on one machine (or a record does not say): compared directly.
+  On different machines a machine is faster or slower as a whole: the difference is estimated from the cells
+  measured ok on both sides (anchors; their median log ratio, at least MIN_ANCHORS of them), taken out of
+  each cell's ratio and added to its uncertainty with each cell's own deviation from it (bench.quality.CROSS).
+  A change common to every cell cannot be told from the machines' difference, and the Markdown says so;
 - figures that repeat exactly or nearly (allocator peaks and the memory between steps, NVML peaks,
   host RSS, first and final loss): bench.stats.judge_bound, a tight bound widened to the spread the
   repeats themselves show; the final loss is each side's loss at the last step every repeat of both
@@ -14,8 +21,13 @@ What each figure is held to (thresholds: bench.matrix.CompareSettings, per matri
 - status: a cell ok in the baseline that fails now (in any repeat) is a regression; one that failed
   and now runs is an improvement;
 - environment: a different GPU, driver, CUDA or library version makes a cell "not comparable", never
-  a regression (its figures are still shown).
-Exit code for CI: 0 no regression, 1 regression, 2 bad input (bench.cli).
+  a regression (its figures are still shown); so does another step schedule (answer mode's short
+  schedule against the matrix's: the built-in data of a run of other length differs from its first
+  batch, so even the first loss moves). A side with records of both schedules is judged on the matrix's;
+- coverage: a comparison counts only when it compared at least `min_compared` of the baseline's cells
+  that ran; a side served by the replay executor (`zerobench run --replay`) is named as a replay.
+Exit code for CI: 0 no regression, 1 regression, 2 bad input (bench.cli), 3 compared too little.
+
 """
 
 from __future__ import annotations
@@ -29,7 +41,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from . import stats
+from . import quality, stats
 from .matrix import CompareSettings
 from .problems import ConfigError, Problem
 from .status import Status
@@ -51,14 +63,26 @@ __all__ = [
     "NOT_COMPARABLE",
 ]
 
+MIN_ANCHORS = 3  # cells measured on both machines, to tell a machine's difference from one cell's change
 REGRESSION = stats.REGRESSION
 IMPROVEMENT = stats.IMPROVEMENT
 UNCHANGED = "unchanged"
+NOT_SETTLED = stats.NOT_SETTLED
 NOT_COMPARABLE = "not comparable"
 NOT_RUN = "not run"
 NEW, MISSING = "new", "missing"
 # Worst first: a cell's verdict is the worst of its figures'.
-VERDICT_ORDER = [REGRESSION, NOT_COMPARABLE, IMPROVEMENT, UNCHANGED, NOT_RUN, NEW, MISSING]
+VERDICT_ORDER = [REGRESSION, NOT_COMPARABLE, NOT_SETTLED, IMPROVEMENT, UNCHANGED, NOT_RUN, NEW, MISSING]
+COMPARED = (REGRESSION, NOT_SETTLED, IMPROVEMENT, UNCHANGED)
+"""Verdicts of cells that were compared: measured (or failing) on both sides, in one schedule and environment."""
+# Statuses that are no measurement of the cell (a rule or the memory model, a lighter cell's out-of-memory
+# end, the orchestrator stopping, answer mode leaving it out): the cell that ran out is compared itself.
+NOT_RUN_STATUSES = (
+    Status.SKIPPED.value, Status.IMPLIED_OOM.value, Status.INTERRUPTED.value, Status.UNMEASURED.value,
+    Status.STARTED.value,
+)  # fmt: skip
+SHORT_SCHEDULE = "answer mode's short schedule (rung 0)"
+EXIT_TOO_LITTLE = 3
 
 
 @dataclass(frozen=True)
@@ -116,10 +140,18 @@ class CellSamples:
     """Per figure column, the ok repeats' values (finite ones)."""
     environment: dict[str, tuple]
     """Per ENVIRONMENT column, the distinct values the repeats ran with (sorted, as strings)."""
+    noise: list[float] = field(default_factory=list)
+    """Each ok repeat's noise on the log scale (bench.quality.noise_sd), in the order of `values`' tokens/s."""
+    machines: tuple = ()
+    """The machines its repeats that ran were measured on (bench.record.Machine ids; None: unknown)."""
+    blocks: tuple = ()
+    """The blocks (run part x machine) of those repeats."""
     step_times: list[list[float]] = field(default_factory=list)
     """Each ok repeat's measured step times (the within-run view)."""
     losses: list[list[float]] = field(default_factory=list)
     """Each ok repeat's loss per step, warmup included (adaptive repeats may differ in length)."""
+    schedule: tuple[str, ...] = ()
+    """The step schedules the repeats that ran asked for (`steps_schedule`; answer mode's rung 0 named)."""
 
 
 def common_step(*sides: CellSamples | None) -> int | None:
@@ -152,22 +184,36 @@ def _text(v) -> str:
 
 
 def _ran(r: dict) -> bool:
-    return r["status"] not in (
-        Status.SKIPPED.value,
-        Status.IMPLIED_OOM.value,
-        Status.INTERRUPTED.value,
-        Status.STARTED.value,
-    )
+    return r["status"] not in NOT_RUN_STATUSES
 
 
-def samples(df) -> dict[str, CellSamples]:
+def _schedule(r: dict) -> str:
+    """The steps a record's attempt asked for: the cell's schedule, or answer mode's short one (rung 0), whose
+    record keeps the matrix's cell (a replay's rung 0 served a recorded end: that end's schedule)."""
+    rung, full = r.get("answer_rung"), str(r.get("steps_schedule") or "")
+    short = _present(rung) and int(rung) == 0 and not isinstance(r.get("replay_source"), str)
+    return f"{full}, {SHORT_SCHEDULE}" if short else full
+
+
+def _one_schedule(recs: list[dict]) -> list[dict]:
+    """A cell's repeats on one schedule: where answer mode measured it on both, the matrix's (its rung-0
+    records left out), so a side's samples are of one schedule."""
+    full = [r for r in recs if SHORT_SCHEDULE not in _schedule(r)]
+    return full if full and len(full) < len(recs) and any(_ran(r) for r in full) else recs
+
+
+def samples(df, one_schedule: bool = False) -> dict[str, CellSamples]:
     """A results frame (bench.results.load) -> per cell key, its repeats' figures, in first-seen order.
 
     A repeat's last record stands for it (a re-run after an interruption replaces the attempt); records
-    without a repeat index are repeat 1, so an old results file gives one sample per cell."""
+    without a repeat index are repeat 1, so an old results file gives one sample per cell. one_schedule: of a
+    cell answer mode measured on both its schedules, the matrix's only (what compare judges; answer mode itself
+    counts both as measurements of its tokens/s)."""
+
     if df is None or df.empty:
         return {}
     need = ["cell_hash", "variant", "repeat", "status", "reason", "cell_name", "warmup_steps", "step_times_s", "losses"]
+    need += ["noise_sd", "machine", "block", "steps_schedule", "answer_rung", "replay_source"]
     need += [f.column for f in FIGURES] + [col for col, _ in ENVIRONMENT]
     cols = [c for c in need if c in df]
     # Column lists zipped, not to_dict("records") over the frame: a 10k-row report stays fast.
@@ -180,6 +226,7 @@ def samples(df) -> dict[str, CellSamples]:
     out = {}
     for key, reps in per_cell.items():
         recs = [reps[i] for i in sorted(reps)]
+        recs = _one_schedule(recs) if one_schedule else recs
         failing = [r for r in recs if r["status"] != Status.OK.value]
         ok = [r for r in recs if r["status"] == Status.OK.value]
         first_bad = failing[0] if failing else None
@@ -200,17 +247,41 @@ def samples(df) -> dict[str, CellSamples]:
             reason=str(first_bad.get("reason") or "") if first_bad is not None else "",
             repeats=len(recs),
             values={f.column: stats.finite(r.get(f.column) for r in ok) for f in FIGURES},
+            noise=[float(r["noise_sd"]) for r in ok if _present(r.get("noise_sd")) and _present(r.get("tokens_per_s"))],
+            machines=tuple(dict.fromkeys(r.get("machine") if _present(r.get("machine")) else None for r in ran)),
+            blocks=tuple(dict.fromkeys(r.get("block") for r in ran if _present(r.get("block")))),
             # From the repeats that ran: a skipped or interrupted record says nothing about the software that measures.
             environment={
                 col: tuple(sorted({_text(r[col]) for r in ran if _present(r.get(col))})) for col, _ in ENVIRONMENT
             },
             step_times=steps,
             losses=losses,
+            schedule=tuple(sorted({_schedule(r) for r in ran})),
         )
     return out
 
 
 # -- the comparison ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Machines:
+    """Where the two sides ran, and what that does to the comparison."""
+
+    baseline: tuple = ()
+    """The machine ids of the baseline's attempts (None: a record that does not say)."""
+    current: tuple = ()
+    blocks: tuple[int, int] = (0, 0)
+    """How many blocks (run parts on one machine) each side's attempts come from."""
+    same: bool = True
+    """One machine on both sides, or one side does not say: compared directly."""
+    anchors: int = 0
+    """Across machines: the cells measured ok on both sides, whose median log ratio is the machines' difference."""
+    offset: float | None = None
+    """ln(current machine's speed / baseline machine's), from the anchors (None: one machine, or too few)."""
+    offset_var: float = 0.0
+    cross: float = 0.0
+    """Each cell's own deviation from the machines' difference (bench.quality.CROSS), on each side."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -233,14 +304,52 @@ class Comparison:
     settings: CompareSettings
     settings_source: str
     cells: list[CellComparison]
+    machines: Machines = field(default_factory=Machines)
+    replayed: dict[str, list[str]] = field(default_factory=dict)
+    """Per side ("baseline", "current") with replayed records: the files the replay executor served them from."""
 
     @property
     def regressions(self) -> list[CellComparison]:
         return [c for c in self.cells if c.verdict == REGRESSION]
 
     @property
+    def coverage(self) -> tuple[int, int]:
+        """(cells compared, baseline cells that ran): what `min_compared` holds the comparison to."""
+        ran = [c for c in self.cells if c.base is not None and c.base.status not in NOT_RUN_STATUSES]
+        return sum(c.verdict in COMPARED for c in ran), len(ran)
+
+    @property
+    def too_little(self) -> bool:
+        """Fewer than `min_compared` of the baseline's cells that ran were compared (or none at all)."""
+        done, ran = self.coverage
+        return self.settings.min_compared > 0 and (done == 0 or done < self.settings.min_compared * ran)
+
+    @property
     def exit_code(self) -> int:
-        return 1 if self.regressions else 0
+        """1 on a regression; else 3 when it compared too little; else 0."""
+        return 1 if self.regressions else EXIT_TOO_LITTLE if self.too_little else 0
+
+    def coverage_line(self) -> str:
+        """What was compared, against the threshold."""
+        done, ran = self.coverage
+        if not ran:
+            return "compared nothing: no cell of the baseline ran (each was skipped, implied or left unmeasured)"
+        line = f"compared {done} of the baseline's {ran} cells that ran"
+        if not self.too_little:
+            return line
+        return (
+            f"{line}: too little (at least {self.settings.min_compared:.0%} must be; `min_compared`): cells in "
+            "common, measured on both sides in one schedule and environment; check that both sides ran the same "
+            "matrix (or shard) on the same kind of machine"
+        )
+
+    def replay_lines(self) -> list[str]:
+        """Each side that is a replay, said as such."""
+        return [
+            f"{side} ({getattr(self, side)}) is a replay: nothing in it ran anew; its measurements were recorded "
+            f"earlier and served by `zerobench run --replay` from {', '.join(files)}"
+            for side, files in self.replayed.items()
+        ]
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -265,20 +374,102 @@ def _env_diff(b: CellSamples, c: CellSamples) -> list[tuple[str, str, str]]:
     return out
 
 
-def _judge(f: Figure, b: list[float], c: list[float], s: CompareSettings) -> stats.Judgement:
+def machines(b: dict[str, CellSamples], c: dict[str, CellSamples]) -> Machines:
+    """The sides' machines, and across machines their difference in speed from the anchors."""
+    mb = tuple(dict.fromkeys(m for x in b.values() for m in x.machines))
+    mc = tuple(dict.fromkeys(m for x in c.values() for m in x.machines))
+    n = (len({k for x in b.values() for k in x.blocks}), len({k for x in c.values() for k in x.blocks}))
+    known_b, known_c = {m for m in mb if m}, {m for m in mc if m}
+    if None in mb + mc or not known_b or not known_c or (known_b == known_c and len(known_b) == 1):
+        return Machines(baseline=mb, current=mc, blocks=n)
+    gpu = any(x.environment.get("gpu_name") for x in [*b.values(), *c.values()])
+    cross = quality.CROSS["gpu" if gpu else "cpu"]
+    diffs = [_log_ratio(b[k], c[k]) for k in b if k in c and b[k].status == c[k].status == Status.OK.value]
+    diffs = [d for d in diffs if d is not None]
+    if len(diffs) < MIN_ANCHORS:
+        return Machines(baseline=mb, current=mc, blocks=n, same=False, anchors=len(diffs), cross=cross)
+    offset = stats.median([d for d, _ in diffs])
+    # The median's variance: pi/2 times a mean's, for normal errors.
+    var = math.pi / 2 * (sum(v for _, v in diffs) / len(diffs) + 2 * cross**2) / len(diffs)
+    return Machines(
+        baseline=mb, current=mc, blocks=n, same=False, anchors=len(diffs), offset=offset, offset_var=var, cross=cross
+    )
+
+
+def _log_ratio(b: CellSamples, c: CellSamples) -> tuple[float, float] | None:
+    """ln(current tokens/s over baseline's), the means of the repeats' logs, and its variance (the one rule)."""
+    vb, vc = b.values["tokens_per_s"], c.values["tokens_per_s"]
+    if not vb or not vc or min(vb + vc) <= 0:
+        return None
+    return stats.log_diff([math.log(x) for x in vb], _sd(b, vb), [math.log(x) for x in vc], _sd(c, vc))
+
+
+def _sd(side: CellSamples, values: list[float]) -> list[float]:
+    """Each value's noise: the repeats' own where the record had it, else the noisiest kind's (a clean GPU
+    measurement's where the side ran on a GPU)."""
+    if len(side.noise) == len(values):
+        return side.noise
+    fallback = quality.NOISE["gpu" if side.environment.get("gpu_name") else "cpu"]
+    return [max(side.noise, default=fallback)] * len(values)
+
+
+def _judge(
+    f: Figure, b: CellSamples, c: CellSamples, s: CompareSettings, m: Machines, vb=None, vc=None
+) -> stats.Judgement:
+    vb = b.values[f.column] if vb is None else vb
+    vc = c.values[f.column] if vc is None else vc
+    if f.kind == "noisy" and not m.same and m.offset is None:
+        base, cur = stats.median(vb), stats.median(vc)
+        return stats.Judgement(
+            verdict=stats.NO_DATA, base=base, cur=cur, ratio=cur / base if base and cur else None, n=(len(vb), len(vc)),
+            why=f"not compared: different machines, fewer than {MIN_ANCHORS} cells measured on both",
+        )  # fmt: skip
     if f.kind == "noisy":
+        # Across machines, the machines' difference out of each cell's ratio (step time moves the other way).
+        offset = 0.0 if m.offset is None else m.offset if f.higher_is_better else -m.offset
         return stats.judge_noisy(
-            b,
-            c,
-            higher_is_better=f.higher_is_better,
-            alpha=s.alpha,
-            min_effect=s.min_effect,
-            single_min_effect=s.single_run_min_effect,
-        )
-    return stats.judge_bound(b, c, tolerance=getattr(s, f.tolerance), relative=f.relative, both_ways=f.both_ways)
+            vb, vc, higher_is_better=f.higher_is_better, conf=1 - 2 * s.alpha, min_effect=s.min_effect,
+            base_sd=_sd(b, vb), cur_sd=_sd(c, vc), offset=offset,
+            offset_var=0.0 if m.offset is None else m.offset_var + 2 * m.cross**2,
+        )  # fmt: skip
+    return stats.judge_bound(vb, vc, tolerance=getattr(s, f.tolerance), relative=f.relative, both_ways=f.both_ways)
 
 
-def _compare_cell(key: str, b: CellSamples | None, c: CellSamples | None, s: CompareSettings) -> CellComparison:
+def _verdict(
+    b: CellSamples, c: CellSamples, env: list, m: Machines, figures: dict[str, stats.Judgement]
+) -> tuple[str, list[str]]:
+    """A cell's verdict from its statuses, environments, machines and figures, and why."""
+    ok = Status.OK.value
+    if b.status in NOT_RUN_STATUSES or c.status in NOT_RUN_STATUSES:
+        return NOT_RUN, [f"{b.status} in the baseline, {c.status} now"]
+    if b.schedule and c.schedule and b.schedule != c.schedule:
+        return NOT_COMPARABLE, [
+            f"steps: {'; '.join(b.schedule)} -> {'; '.join(c.schedule)}: another schedule trains on other batches "
+            "(its first loss too); compare runs of one schedule"
+        ]
+    if env:
+        return NOT_COMPARABLE, [f"{label}: {vb} -> {vc}" for label, vb, vc in env]
+    if b.status == ok and c.status != ok:
+        return REGRESSION, [f"ok in the baseline, {c.status} now: {c.reason[:200]}"]
+    if b.status != ok and c.status == ok:
+        return IMPROVEMENT, [f"{b.status} in the baseline, ok now"]
+    if b.status != ok:
+        return UNCHANGED, [f"failing on both sides ({b.status} -> {c.status})"]
+    untied = not m.same and m.offset is None  # across machines with too few anchors: the noisy figures wait
+    judged = [f for f in FIGURES if not (untied and f.kind == "noisy")]
+    worst = [f for f in judged if figures[f.column].verdict == REGRESSION]
+    better = [f for f in judged if figures[f.column].verdict == IMPROVEMENT]
+    unsure = [f for f in judged if figures[f.column].verdict == NOT_SETTLED]
+    reasons = [f"{f.label}: {figures[f.column].why}" for f in worst or unsure or better]
+    if untied and not worst:
+        why = f"different machines, and {m.anchors} cell(s) measured on both: at least {MIN_ANCHORS} are needed "
+        return NOT_COMPARABLE, [why + "to tell the machines' difference from a change of this cell", *reasons]
+    return (REGRESSION if worst else NOT_SETTLED if unsure else IMPROVEMENT if better else UNCHANGED), reasons
+
+
+def _compare_cell(
+    key: str, b: CellSamples | None, c: CellSamples | None, s: CompareSettings, m: Machines
+) -> CellComparison:
     if b is None or c is None:
         one = b or c
         return CellComparison(
@@ -290,39 +481,16 @@ def _compare_cell(key: str, b: CellSamples | None, c: CellSamples | None, s: Com
             reasons=["not in the baseline" if b is None else "in the baseline, not in the current results"],
         )
     ok = Status.OK.value
-    # Neither skipped, implied nor interrupted is a measurement of the cell (a rule or the memory model, a
-    # lighter cell's out-of-memory end, the orchestrator stopping): the cell that ran out is compared itself.
-    not_run = (Status.SKIPPED.value, Status.IMPLIED_OOM.value, Status.INTERRUPTED.value)
     env = _env_diff(b, c)
     figures = {}
     if b.status == ok and c.status == ok:
-        figures = {f.column: _judge(f, b.values[f.column], c.values[f.column], s) for f in FIGURES}
+        figures = {f.column: _judge(f, b, c, s, m) for f in FIGURES}
         step = common_step(b, c)
         if step is not None:  # not each side's own last step: the same point of training on both
             f = next(f for f in FIGURES if f.column == "loss_final")
-            j = _judge(f, loss_at(b, step), loss_at(c, step), s)
+            j = _judge(f, b, c, s, m, loss_at(b, step), loss_at(c, step))
             figures[f.column] = dataclasses.replace(j, why=f"at step {step}, the last both sides ran: {j.why}")
-    reasons: list[str] = []
-    if b.status in not_run or c.status in not_run:
-        verdict = NOT_RUN
-        reasons.append(f"{b.status} in the baseline, {c.status} now")
-    elif env:
-        verdict = NOT_COMPARABLE
-        reasons += [f"{label}: {vb} -> {vc}" for label, vb, vc in env]
-    elif b.status == ok and c.status != ok:
-        verdict = REGRESSION
-        reasons.append(f"ok in the baseline, {c.status} now: {c.reason[:200]}")
-    elif b.status != ok and c.status == ok:
-        verdict = IMPROVEMENT
-        reasons.append(f"{b.status} in the baseline, ok now")
-    elif b.status != ok:
-        verdict = UNCHANGED
-        reasons.append(f"failing on both sides ({b.status} -> {c.status})")
-    else:
-        worst = [f for f in FIGURES if figures[f.column].verdict == REGRESSION]
-        better = [f for f in FIGURES if figures[f.column].verdict == IMPROVEMENT]
-        verdict = REGRESSION if worst else IMPROVEMENT if better else UNCHANGED
-        reasons += [f"{f.label}: {figures[f.column].why}" for f in worst or better]
+    verdict, reasons = _verdict(b, c, env, m, figures)
     return CellComparison(
         key=key,
         cell_name=c.cell_name,
@@ -346,15 +514,25 @@ def compare(
 ) -> Comparison:
     """Every cell of either side, baseline order first, then cells only the current results have."""
     s = settings or CompareSettings()
-    b, c = samples(base_df), samples(cur_df)
+    b, c = samples(base_df, one_schedule=True), samples(cur_df, one_schedule=True)
     keys = list(b) + [k for k in c if k not in b]
+    m = machines(b, c)
     return Comparison(
         baseline=baseline,
         current=current,
         settings=s,
         settings_source=settings_source,
-        cells=[_compare_cell(k, b.get(k), c.get(k), s) for k in keys],
+        cells=[_compare_cell(k, b.get(k), c.get(k), s, m) for k in keys],
+        machines=m,
+        replayed={side: files for side, df in (("baseline", base_df), ("current", cur_df)) if (files := _replayed(df))},
     )
+
+
+def _replayed(df) -> list[str]:
+    """The files a side's replayed records were served from (none: nothing in it is a replay)."""
+    if df is None or "replay_source" not in df:
+        return []
+    return sorted(str(x) for x in df["replay_source"].dropna().unique())
 
 
 # -- thresholds -------------------------------------------------------------------------------------
@@ -439,37 +617,96 @@ def _change(j: stats.Judgement, f: Figure) -> str:
     return s
 
 
-_MARK = {REGRESSION: "🔴", IMPROVEMENT: "🟢", NOT_COMPARABLE: "⚪", UNCHANGED: "", NOT_RUN: "", NEW: "", MISSING: ""}
+def _schedules(cmp: Comparison) -> list[str]:
+    """The cells whose sides ran other step schedules, by pair of schedules: not comparable, and why."""
+    pairs: dict[tuple[str, str], int] = {}
+    for c in cmp.cells:
+        if c.base and c.cur and c.base.schedule and c.cur.schedule and c.base.schedule != c.cur.schedule:
+            key = ("; ".join(c.base.schedule), "; ".join(c.cur.schedule))
+            pairs[key] = pairs.get(key, 0) + 1
+    if not pairs:
+        return []
+    return [
+        "Step schedules differ, so those cells are not comparable (not regressions): another schedule trains on other "
+        "batches (its first loss too); compare runs of one schedule:",
+        "",
+        "| baseline steps | current steps | cells |",
+        "|---|---|---:|",
+        *[f"| {_esc(b)} | {_esc(c)} | {n} |" for (b, c), n in pairs.items()],
+        "",
+    ]
+
+
+_MARK = {
+    REGRESSION: "🔴", IMPROVEMENT: "🟢", NOT_COMPARABLE: "⚪", NOT_SETTLED: "🟡", UNCHANGED: "", NOT_RUN: "", NEW: "",
+    MISSING: "",
+}  # fmt: skip
 MAX_ROWS = 60
+
+
+def _machines_text(m: Machines) -> list[str]:
+    """Where the sides ran, in a sentence; across machines, the difference taken out and what it hides."""
+
+    def ids(xs: tuple, blocks: int) -> str:
+        return f"{', '.join(x or 'unknown' for x in xs) or 'none'} ({blocks} run part(s) there)"
+
+    sides = f"baseline {ids(m.baseline, m.blocks[0])}, current {ids(m.current, m.blocks[1])}"
+    if m.same:
+        return [f"Machines: {sides}; compared directly.", ""]
+    head = f"**The sides ran on different machines** ({sides}). "
+    if m.offset is None:
+        few = f"Only {m.anchors} cell(s) ran ok on both, fewer than the {MIN_ANCHORS} needed to tell the machines' "
+        return [head + few + "difference from a change of one cell: tokens/s and step time are not compared.", ""]
+    z = stats.normal_quantile(0.95) * math.sqrt(m.offset_var)
+    return [
+        head + f"The current machine runs ×{math.exp(m.offset):.2f} [{math.exp(m.offset - z):.2f}, "
+        f"{math.exp(m.offset + z):.2f}] (95%) the baseline's speed, the median over the {m.anchors} cells measured "
+        "on both (anchors); each cell's tokens/s and step time are judged against that, so a change common to every "
+        "cell cannot be told from the machines' difference.",
+        "",
+    ]
 
 
 def markdown(cmp: Comparison) -> str:
     s = cmp.settings
     counts = cmp.counts()
     n_reg = counts.get(REGRESSION, 0)
-    head = f"**{n_reg} regression{'s' if n_reg != 1 else ''}**" if n_reg else "**No regression**"
+    head = (
+        f"**{n_reg} regression{'s' if n_reg != 1 else ''}**"
+        if n_reg
+        else "**Compared too little** (no regression among what was compared)"
+        if cmp.too_little
+        else "**No regression**"
+    )
+
     lines = [
         f"## zerobench compare: `{_esc(cmp.current)}` against `{_esc(cmp.baseline)}`",
         "",
+        *[f"> **Replay**: {_esc(x)}." for x in cmp.replay_lines()],
+        *([""] if cmp.replayed else []),
         f"{head} in {len(cmp.cells)} cells ("
         + ", ".join(f"{n} {v}" for v, n in counts.items())
-        + f"). Exit code {cmp.exit_code}.",
+        + f"); {_esc(cmp.coverage_line())}. Exit code {cmp.exit_code}.",
         "",
-        f"Rules (thresholds from {_esc(cmp.settings_source)}): tokens/s and step time change when the one-sided "
-        f"Mann-Whitney test over process-level repeats gives p ≤ {s.alpha:g} **and** the medians differ by "
-        f"≥ {s.min_effect:.0%}; allocator figures by > {s.memory_tolerance:.0%}, NVML peaks > {s.nvml_tolerance:.0%}, "
+        f"Rules (thresholds from {_esc(cmp.settings_source)}): tokens/s and step time change when the whole "
+        f"{1 - 2 * s.alpha:.0%} interval of their ratio (over process-level repeats, never narrower than the measured "
+        f"noise allows) lies beyond ±{s.min_effect:.0%} (one that excludes no change but reaches inside it is *not "
+        "settled*: shown, not a regression); "
+        f"allocator figures by > {s.memory_tolerance:.0%}, NVML peaks > {s.nvml_tolerance:.0%}, "
         f"host RSS > {s.host_rss_tolerance:.0%}, first loss by > {s.loss_first_tolerance:g} (either way), final "
         f"loss up by > {s.loss_final_tolerance:g} (each bound widened to the spread of the repeats); a cell ok "
-        "before and failing now is a regression; another GPU, driver or library version is not comparable.",
+        "before and failing now is a regression; another GPU, driver, library version or step schedule is not "
+        f"comparable; fewer than {s.min_compared:.0%} of the baseline's cells that ran compared exits 3.",
         "",
     ]
+    lines += _machines_text(cmp.machines)
     single = cmp.single_repeat
     if single:
         lines += [
-            f"> **{len(single)} cell(s) have one repeat on a side: the run-to-run noise cannot be estimated.** "
-            f"Their tokens/s and step time are judged by the minimum effect alone (±{s.single_run_min_effect:.0%}), "
-            "so smaller real changes go unflagged. Run with `--repeats 3` (or `repeats: 3` in the matrix) on both "
-            "sides to test them.",
+            f"> **{len(single)} cell(s) have one repeat on a side: their own run-to-run noise cannot be estimated.** "
+            "Their tokens/s and step time are judged against the noise measured on the committed runs (wider for a "
+            "host-bound or unstable measurement), so smaller real changes go unflagged. Run with `--repeats 3` (or "
+            "`repeats: 3` in the matrix) on both sides to test them.",
             "",
         ]
     envs = {(label, vb, vc) for c in cmp.cells for label, vb, vc in c.environment_diff}
@@ -478,7 +715,8 @@ def markdown(cmp: Comparison) -> str:
         lines += ["| | baseline | current |", "|---|---|---|"]
         lines += [f"| {_esc(a)} | {_esc(b)} | {_esc(c)} |" for a, b, c in sorted(envs)]
         lines.append("")
-    flagged = [c for c in cmp.cells if c.verdict in (REGRESSION, IMPROVEMENT)]
+    lines += _schedules(cmp)
+    flagged = [c for c in cmp.cells if c.verdict in (REGRESSION, NOT_SETTLED, IMPROVEMENT)]
     if flagged:
         lines += ["| | cell | verdict | why |", "|---|---|---|---|"]
         for c in flagged[:MAX_ROWS]:

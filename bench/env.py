@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["Platform", "probe", "provenance", "source_sha", "file_sha", "version", "version_tuple", "LIBS"]
+__all__ = ["Platform", "probe", "provenance", "boot_id", "source_sha", "file_sha", "version", "version_tuple", "LIBS"]
 
 LIBS = (
     "torch",
@@ -218,6 +218,16 @@ def file_sha(path: str | os.PathLike) -> str | None:
         return None
 
 
+def boot_id() -> str | None:
+    """This host's boot id (Linux: a new random one at every boot), None where the system has none. Two lent
+    machines may share a host name (every one of them "vm"); their boot ids differ, and so does one machine's
+    after a reboot."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
 def _zerobench_version() -> str:
     from . import __version__
 
@@ -241,6 +251,7 @@ def provenance() -> dict:
         pass
     return {
         "host": socket.gethostname(),
+        "boot_id": boot_id(),
         "os": _platform.platform(),
         "python": _platform.python_version(),
         "cpu": cpu,

@@ -135,22 +135,23 @@ class CompareSettings(_Strict):
         0.05,
         gt=0,
         lt=1,
-        description="One-sided Mann-Whitney U p-value at or below which a noisy figure (tokens/s, step time) "
-        "has changed, repeats as samples. 3 repeats a side reach at best p = 0.05 (every current repeat worse "
-        "than every baseline one); fewer repeats a side cannot reach it, more can go lower.",
+        description="A noisy figure's (tokens/s, step time) interval is at 1 - 2 alpha (90%: one-sided 95% either "
+        "way); it has changed when the whole interval lies beyond min_effect (bench/stats.py, the one rule of "
+        "compare, the reports and answer mode; docs/comparing.md).",
     )
     min_effect: float = Field(
         0.05,
         ge=0,
-        description="Relative change of a noisy figure's median that counts, with the test: a significant "
-        "change smaller than this is reported, not flagged (TorchBench gates at 7%, Megatron at 5%).",
+        description="The relative change of a noisy figure that counts: changed when its whole interval lies beyond "
+        "it; an interval that excludes no change but reaches inside it is 'not settled', shown and not flagged "
+        "(TorchBench gates at 7%, Megatron at 5%).",
     )
     single_run_min_effect: float = Field(
         0.15,
         ge=0,
-        description="With one repeat on either side the noise cannot be estimated and only the change "
-        "decides: this much or more. Two committed H200 runs of one cell differ by 12% in tokens/s "
-        "(results/1b.jsonl vs 1b-rerun.jsonl), so a bound inside that band would raise false alarms.",
+        description="Read so that older matrices load; it decides nothing: with one repeat on a side the interval "
+        "is the noise measured on the committed runs for two measurements (bench.quality), and min_effect "
+        "decides as for repeats.",
     )
     memory_tolerance: float = Field(
         0.01,
@@ -178,6 +179,15 @@ class CompareSettings(_Strict):
         description="Absolute: the last step's loss. The same cell ends within 0.0005 of itself across the "
         "committed runs (at most; 0.0001-0.0002 typically), so this is 40 times that, and 3.5 times below the "
         "0.07 by which ZeRO-0 ends above ZeRO-1/2 (docs/loss-parity.md). Also the loss-parity tolerance of reports.",
+    )
+    min_compared: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="The share of the baseline's cells that ran which must be compared (measured on both sides, "
+        "on one schedule and one environment) for a comparison to count: below it `zerobench compare` exits 3, "
+        "not 0, since a gate that compared too little (shards with no cell in common, a run of 4 of 4,320 cells, "
+        "another GPU) says nothing about the rest. 0 turns the check off.",
     )
 
 

@@ -17,18 +17,24 @@ Versions (`schema_version` in every line):
      `reason` on every record ("" where there is nothing to say; v1 started records had none).
      A v1 record that had no provenance reads as `provenance: null`: the only place a null appears,
      since every record written at v2 carries one.
-  3  a record of a cell that did not run (skipped, implied_oom, unmeasured) is compact: it names the cell
+  3  `machine` on every attempt (started records and their ends): where it ran, by GPU UUIDs, the host's
+     boot id and name, CPU model and count (`provenance.boot_id` is new). A v2 record reads with the
+     machine its provenance names: its GPUs' UUIDs, the boot id unknown; `machine: null` (unknown) where
+     it names no GPU UUID (a CPU run: host names repeat, "vm" on every lent machine).
+  4  a record of a cell that did not run (skipped, implied_oom, unmeasured) is compact: it names the cell
      (`cell_id`, `matrix`, `matrix_file`) and says why it did not run (`status`, `reason`, `skip`'s rule,
      `implied_by`, `answer`), nothing the matrix says (the cell's settings: bench.results fills them from
      the matrix file), no provenance (nothing ran), no fixed costs; a pruned cell keeps the prediction's
      figures, not its terms. `cell_name` and `cell_hash` are read from `cell_id` where a record leaves them
-     out. A v2 record is a valid v3 record.
+     out. A v3 record is a valid v4 record.
 Reading goes through `upgrade`, one function per version step, so every results file ever written
 loads as the current version; the store writes only the current version.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, Protocol
 
@@ -48,6 +54,8 @@ __all__ = [
     "AllocatorPeaks",
     "Provenance",
     "Gpu",
+    "Machine",
+    "machine_of",
     "Skip",
     "RankEnd",
     "NodeRun",
@@ -67,7 +75,7 @@ __all__ = [
     "NOT_RUN",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # The parts of a measured step whose allocator peaks the worker records (torch_max_allocated_<part>_bytes).
 STEP_PARTS = ("forward", "backward", "step")
@@ -354,6 +362,8 @@ class Provenance(BaseModel):
     model_config = _OPEN
     host: str | None = None
     """Host name."""
+    boot_id: str | None = None
+    """The host's boot id (bench.env.boot_id): new at every boot; absent from records before schema v3."""
     os: str | None = None
     """platform.platform()."""
     python: str | None = None
@@ -384,6 +394,44 @@ class Provenance(BaseModel):
     """Only when zerobench ran from its own git checkout (never an enclosing repository's commit)."""
     git_dirty: bool | None = None
     """The checkout had uncommitted changes."""
+
+
+class Machine(BaseModel):
+    """Where an attempt ran, as a stable identity: measurements from one machine in one run part (a block,
+    `Record.block`) compare directly; across blocks only through cells measured in both (bench.blocks)."""
+
+    model_config = _CLOSED
+    id: str
+    """A short hash of the host's identity: boot id, host name, CPU model and count, the UUIDs of the GPUs it
+    shows. Two records with one id ran on one machine (one boot of one host)."""
+    gpus: list[str] = []
+    """The UUIDs of the GPUs the attempt's ranks held (its placement's), else every GPU the host showed."""
+    host: str | None = None
+    boot_id: str | None = None
+    """None where it is unknown (records before schema v3, a system without one)."""
+    cpu: str | None = None
+    cpu_count: int | None = None
+
+
+def machine_of(provenance: Any, held: list[int] | None = None) -> Machine | None:
+    """The machine a provenance (Provenance or its dict) names, with the GPUs of `held` (NVML indexes, the
+    placement's) as the attempt's; None where it names neither a boot id nor a GPU UUID (unknown)."""
+    if provenance is None:
+        return None
+    p = provenance if isinstance(provenance, Provenance) else Provenance.model_validate(provenance)
+    uuids = {g.index: g.uuid for g in p.gpus if g.uuid}
+    if not p.boot_id and not uuids:
+        return None
+    key = [p.boot_id, p.host, p.cpu, p.cpu_count, sorted(uuids.values())]
+    mine = [uuids[i] for i in held or () if i in uuids] or sorted(uuids.values())
+    return Machine(
+        id=hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12],
+        gpus=mine,
+        host=p.host,
+        boot_id=p.boot_id,
+        cpu=p.cpu,
+        cpu_count=p.cpu_count,
+    )
 
 
 class Inputs(BaseModel):
@@ -587,15 +635,22 @@ class ImpliedBy(BaseModel):
 UNMEASURED_NOT_NEEDED = "answer mode: not needed to settle the answer (a run without --answer measures it)"
 UNMEASURED_NEEDED = "answer mode: not measured, the --budget was spent; it could still change the answer"
 UNMEASURED_STOPPED = "answer mode: not measured, the run was stopped first; it could still change the answer"
+UNMEASURED_SPENT = "answer mode: not measured, the --budget was spent before this call could measure anything"
+UNMEASURED_EXPECTED = (
+    "answer mode: not measured, expected to repeat an error of cells with its settings (a run without --answer "
+    "measures it)"
+)
 
 
 class AnswerNote(BaseModel):
     """Answer mode (`zerobench run --answer`, bench.execute.answer): why the cell was measured, or why not."""
 
     model_config = _CLOSED
-    role: Literal["leader", "contender", "frontier", "effect", "unmeasured"]
+    role: Literal["leader", "contender", "frontier", "effect", "anchor", "unmeasured"]
     """What the measurement was for: a group's (predicted) fastest cell, a cell that could beat it, a cell
-    that could be on the memory/speed frontier, a pair for a knob's effect; or unmeasured."""
+    that could be on the memory/speed frontier, a pair for a knob's effect, a cell measured before on another
+    machine or in another run part, measured again to tie this block to the others (an anchor); or
+    unmeasured."""
     why: str
     rung: int | None = None
     """0: the short schedule (half the measured steps and time cap, twice the tolerance); 1: the matrix's."""
@@ -611,6 +666,9 @@ class AnswerNote(BaseModel):
     """[low, mid, high] of its peak memory, the same way."""
     predicted_wall_s: float | None = None
     """What measuring it once on the full schedule would take (the step-time model, corrected by the run)."""
+    expected_error: str | None = None
+    """Unmeasured only: the error signature (bench.execute.failures) it was expected to repeat, as cells that
+    share its failing settings ended twice or more; a run without --answer measures it."""
 
 
 class Replay(BaseModel):
@@ -631,7 +689,7 @@ class Replay(BaseModel):
 _REPLAYED = {
     "wall_s", "exit_code", "phase_at_end", "world_size", "ranks", "metrics", "memory", "losses", "step_times_s",
     "steps", "worker", "warnings", "telemetry", "ds_config", "foreign_gpu_processes", "gpu_after", "started_by",
-    "log_tail", "traceback", "provenance",
+    "log_tail", "traceback", "provenance", "machine",
 }  # fmt: skip
 
 
@@ -690,7 +748,7 @@ class Record(BaseModel):
     status: Status
     """How the attempt ended (the statuses below)."""
     reason: str
-    """Why it ended so ("" when it simply ran); for a skip, the rule's reason (before version 3 with its fix and
+    """Why it ended so ("" when it simply ran); for a skip, the rule's reason (before version 4 with its fix and
     source); for a multi-rank cell, the end of the rank that failed first (the others' lost connections are its
     consequence)."""
     warnings: list[str] | None = None
@@ -748,6 +806,10 @@ class Record(BaseModel):
     """The machine that ran the cell: on an outcome from a cluster node, that node's (its first node's; `nodes` has
     each node's), taken there; otherwise the orchestrator's host. Absent from a compact record (nothing ran); null
     only on a record upgraded from v1 that was written without one."""
+    machine: Machine | None = None
+    """Where the attempt ran (started records and their ends; absent from records of cells that did not run):
+    on a cluster, the node that ran it (its first node's). None: unknown (a record from before schema v3 that
+    names no GPU UUID)."""
     orchestrator: Provenance | None = None
     """On an outcome a cluster node ran (`--executor ray` or `slurm`): the provenance of the host that planned the
     run and wrote this record (its started record's). Absent where one host did both."""
@@ -786,12 +848,14 @@ class Record(BaseModel):
         answer: dict | None = None,
     ) -> "Record":
         """Written before launch, so a run killed mid-cell is found by --resume."""
+        prov = env.provenance()
         return cls(
             **_identity(cell, run_id, attempt, matrix_file, repeat),
             status=Status.STARTED,
             reason="",
             started_at=started_at,
-            provenance=env.provenance(),
+            provenance=prov,
+            machine=machine_of(prov, (placement or {}).get("gpus")),
             **({"predicted": predicted} if predicted else {}),
             **({"fixed_costs": fixed_costs} if fixed_costs else {}),
             **({"placement": placement} if placement else {}),
@@ -841,15 +905,22 @@ class Record(BaseModel):
         )
 
     @classmethod
-    def unmeasured(cls, cell: _Cell, note: dict, *, run_id: str, attempt: int, matrix_file: str, at: str) -> "Record":
+    def unmeasured(
+        cls, cell: _Cell, note: dict, *, run_id: str, attempt: int, matrix_file: str, at: str, spent: bool = False,
+    ) -> "Record":  # fmt: skip
         """Answer mode left it unmeasured: its answer note says why (not needed, or the budget ran out) with its
-        predicted figures (4 significant digits). The reason is one of three sentences, so reports group these.
-        Compact."""
+        predicted figures (4 significant digits). The reason is one of a few fixed sentences, so reports group
+        these. spent: a resumed call whose budget afforded no attempt: it measured nothing, so it says no cell is
+        not needed (the note's `needed` and `why` keep the figures' verdict). Compact."""
         note = AnswerNote.model_validate({**_rounded(note), "role": "unmeasured"})
         return cls(
             **_not_run(cell, run_id, attempt, matrix_file, at),
             status=Status.UNMEASURED,
-            reason=UNMEASURED_NOT_NEEDED
+            reason=UNMEASURED_EXPECTED
+            if note.expected_error
+            else UNMEASURED_SPENT
+            if spent and not note.needed
+            else UNMEASURED_NOT_NEEDED
             if not note.needed
             else UNMEASURED_STOPPED
             if note.stopped
@@ -867,8 +938,12 @@ class Record(BaseModel):
         return started._end(rec.status, rec.reason, ended_at=ended_at, replay=replay, **fields)
 
     @classmethod
-    def interrupted(cls, started: "Record", reason: str, *, ended_at: str, log: str | None = None) -> "Record":
-        """The orchestrator stopped while the cell ran (Ctrl-C), or --resume found an attempt that never ended.
+    def interrupted(
+        cls, started: "Record", reason: str, *, ended_at: str, log: str | None = None, wall_s: float | None = None,
+        warnings: list[str] | None = None,
+    ) -> "Record":  # fmt: skip
+        """The orchestrator stopped while the cell ran (Ctrl-C), or --resume found an attempt that never ended
+        (wall_s: how long it ran, as far as its log and the run's records tell; warnings say how it was told).
         It keeps the provenance of the attempt it ends (that of this process for a v1 start, which had none)."""
         return started._end(
             Status.INTERRUPTED,
@@ -876,6 +951,8 @@ class Record(BaseModel):
             ended_at=ended_at,
             log=log,
             provenance=started.provenance or Provenance.model_validate(env.provenance()),
+            **({"wall_s": wall_s} if wall_s is not None else {}),
+            **({"warnings": warnings} if warnings else {}),
         )
 
     @classmethod
@@ -978,9 +1055,20 @@ class Record(BaseModel):
             keep["placement"] = self.placement.model_dump(exclude_unset=True)
         if self.answer is not None:
             keep["answer"] = self.answer.model_dump(exclude_unset=True)
-        return type(self).model_validate(
-            {**keep, "schema_version": SCHEMA_VERSION, "status": status, "reason": reason, **fields}
-        )
+        out = {**keep, "schema_version": SCHEMA_VERSION, "status": status, "reason": reason, **fields}
+        if "machine" not in fields:  # where it ran as its end says: a cluster node's provenance and GPUs
+            place = out.get("placement")
+            held = place.gpus if isinstance(place, Placement) else (place or {}).get("gpus")
+            out["machine"] = machine_of(out.get("provenance"), held)
+        return type(self).model_validate(out)
+
+    @property
+    def block(self) -> str:
+        """The block the measurement belongs to: one run part (one `zerobench run`; a replayed record's, the run it
+        replays) on one machine, "RUN@MACHINE" ("RUN@unknown" where the machine is). Measurements of one block
+        compare directly; blocks differ by the machine's speed and compare only through cells measured in both."""
+        run = self.replay.run_id if self.replay is not None else self.run_id
+        return f"{run}@{self.machine.id if self.machine is not None else 'unknown'}"
 
     # -- serialisation ------------------------------------------------------------------------------
 
@@ -990,7 +1078,7 @@ class Record(BaseModel):
 
     @property
     def compact(self) -> bool:
-        """A record of a cell that did not run (format version 3): it names its cell and says why, nothing more."""
+        """A record of a cell that did not run (format version 4): it names its cell and says why, nothing more."""
         return self.status in NOT_RUN
 
     def stored(self) -> dict:
@@ -1035,7 +1123,7 @@ def _node_provenance(started: "Record", node: dict | None) -> dict:
 
 
 NOT_RUN = (Status.SKIPPED, Status.IMPLIED_OOM, Status.UNMEASURED)
-"""The statuses of cells that did not run, whose records are compact (version 3)."""
+"""The statuses of cells that did not run, whose records are compact (version 4)."""
 
 
 def _not_run(cell: _Cell, run_id: str, attempt: int, matrix_file: str, at: str) -> dict:
@@ -1183,11 +1271,24 @@ def _v1_to_v2(rec: dict) -> dict:
 
 
 def _v2_to_v3(rec: dict) -> dict:
-    return rec  # v3 only leaves fields out of compact records: a v2 record is a v3 one
+    """The machine its provenance names (GPU UUIDs; no boot id then), for an attempt; unknown (null) where it
+    names none."""
+    try:
+        status = Status(rec.get("status"))
+    except ValueError:
+        return rec  # validation says what is wrong with it
+    if status is Status.STARTED or status.ran:
+        m = machine_of(rec.get("provenance"), (rec.get("placement") or {}).get("gpus"))
+        rec["machine"] = m.model_dump(mode="json") if m is not None else None
+    return rec
+
+
+def _v3_to_v4(rec: dict) -> dict:
+    return rec  # v4 only leaves fields out of compact records: a v3 record is a v4 one
 
 
 # UPGRADES[n] turns a version-n record into a version-(n + 1) one.
-UPGRADES: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2, 2: _v2_to_v3}
+UPGRADES: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 assert set(UPGRADES) == set(range(1, SCHEMA_VERSION)), "one upgrade per version step"
 
 

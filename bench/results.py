@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from . import matrix, rules
+from . import matrix, quality, rules
 from .axes import SHOWN, lora_targets_name
 from .cells import Cell
 from .problems import ConfigError, InputError
@@ -29,6 +29,7 @@ __all__ = [
     "peak_memory",
     "fixed_cost_s",
     "AXIS_COLUMNS",
+    "axis_values",
     "METRIC_COLUMNS",
     "MEMORY_COLUMNS",
     "PEAK_MEMORY_SOURCES",
@@ -124,6 +125,18 @@ def steps_schedule(cell: dict) -> str:
     return text + (f" ≤{a['max_seconds']:g}s" if a.get("max_seconds") is not None else "")
 
 
+def axis_values(cell: dict) -> dict:
+    """A record's cell (bench.cells.Cell.to_dict) as its axis values, as the results frame's columns have them:
+    a field the record lacks at its default; the PEFT settings from the cell's blocks, empty where they do not
+    apply (no adapter, no 4-bit weights)."""
+    out = {a.name: cell.get(a.name, _CELL_DEFAULTS.get(a.name)) for a in SHOWN}
+    for a in SHOWN:
+        if a.block:
+            value = (cell.get(a.block) or {}).get(a.block_field)
+            out[a.name] = lora_targets_name(value) if a.name == "lora_targets" and value else value
+    return out
+
+
 def fixed_cost_s(rec: Record | dict) -> float | None:
     """What a cell costs besides its steps and its model build: process start, imports, engine setup,
     teardown. From a result record; None when it has no steps."""
@@ -135,7 +148,7 @@ def fixed_cost_s(rec: Record | dict) -> float | None:
 
 
 class _MatrixCells:
-    """The cells of the matrix files compact records name (bench.record version 3), each file expanded once,
+    """The cells of the matrix files compact records name (bench.record version 4), each file expanded once,
     by hash; where a file is missing, unreadable or no longer has a cell, said once per file."""
 
     def __init__(self) -> None:
@@ -179,7 +192,7 @@ class _MatrixCells:
 
 
 def with_cells(records: Iterable[Record], near: Sequence[Path] = ()) -> Iterator[Record]:
-    """The records, each compact one (a cell that did not run: bench.record version 3) with its cell's settings
+    """The records, each compact one (a cell that did not run: bench.record version 4) with its cell's settings
     from its matrix file, looked for as recorded and then in the folders `near` (those around its results file).
     One whose matrix file is missing, or no longer has the cell, keeps `cell` None (said once per file)."""
     found = _MatrixCells()
@@ -229,7 +242,10 @@ def _row(rec: Record) -> dict:
     }
     # A record written before a field existed ran at that field's default (compile off, hf kernels); a compact
     # record whose matrix file is not here has no settings at all (None, filled from its matrix's other records).
-    row.update({k: cell.get(k, default if rec.cell is not None else None) for k, default in _CELL_COLUMN_DEFAULTS})
+    known = rec.cell is not None
+    row.update({k: cell.get(k, default if known else None) for k, default in _CELL_COLUMN_DEFAULTS})
+    if known:
+        row.update(axis_values(cell))
     # The schedule the cell asked for (what cells must share to be compared), then the steps it took:
     # warmup_steps and measured_steps are what ran, so everything that splits step_times_s splits it right.
     row["steps_schedule"] = steps_schedule(cell)
@@ -238,11 +254,6 @@ def _row(rec: Record) -> dict:
         row["warmup_steps"], row["measured_steps"] = taken.warmup, taken.measured
     for col, field_ in STEPS_COLUMNS.items():
         row[col] = getattr(taken, field_) if taken is not None else None
-    # PEFT settings from the cell's blocks: empty where they do not apply (no adapter, no 4-bit weights).
-    for a in SHOWN:
-        if a.block:
-            value = (cell.get(a.block) or {}).get(a.block_field)
-            row[a.name] = lora_targets_name(value) if a.name == "lora_targets" and value else value
     row["qlora_quant_type"] = row["qlora_quant"]
     if rec.metrics:
         row.update(rec.metrics.model_dump(exclude_unset=True))
@@ -307,8 +318,15 @@ def _row(rec: Record) -> dict:
         note = rec.answer
         row |= {"answer_role": note.role, "answer_rung": note.rung, "answer_group": note.group}
         row |= {"answer_needed": note.needed, "answer_predicted_wall_s": note.predicted_wall_s}
+        if note.expected_error:
+            row["answer_expected_error"] = note.expected_error
     if rec.replay:
         row["replay_source"] = rec.replay.source
+    # Where it ran and how far its measurement can be trusted (bench.quality).
+    row["machine"] = rec.machine.id if rec.machine is not None else None
+    row["block"] = rec.block
+    row["flags"] = quality.flags(rec) or None if rec.status is Status.OK else None
+    row["noise_sd"] = quality.noise_sd(rec) if rec.status is Status.OK else None
     row["losses"] = rec.losses
     row["step_times_s"] = rec.step_times_s
     return row

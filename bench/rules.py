@@ -13,8 +13,9 @@ from typing import Callable
 from .axes import AXES, OPTIMIZERS, Offload, OptimizerSpec, UnderOffload
 from .cells import Cell
 from .env import Platform, version_tuple
+from .estimate.shapes import shape_of, trainable_params
 
-__all__ = ["Rule", "RULES", "check", "Skip", "PRUNED"]
+__all__ = ["Rule", "RULES", "check", "Skip", "PRUNED", "BNB_MAX_ELEMENTS", "flat_partition"]
 
 PRUNED = "predicted-oom"
 """The rule id of a cell the memory model predicts not to fit (bench.execute.plan.prune_skip): pruned, not ruled out."""
@@ -32,6 +33,27 @@ def _set_off_default(c: Cell, block: str) -> list[str]:
 
 def _opt(c: Cell) -> OptimizerSpec:
     return OPTIMIZERS.get(c.optimizer, _PLAIN)
+
+
+BNB_MAX_ELEMENTS = 2**31 - 1
+"""The most elements bitsandbytes' CUDA optimizer kernels step in one call: the count crosses into C as an int32
+(bitsandbytes/backends/cuda/ops.py: ct.c_int32(g.numel())). A larger count wraps around: negative, the kernel's
+launch fails; past 2^32, it would silently step only part of the tensor."""
+
+
+def flat_partition(c: Cell) -> int | None:
+    """Elements of the one flat fp32 tensor each rank's optimizer steps at ZeRO-1/2: the cell's trainable
+    parameters split over its ranks (stage_1_and_2.py steps single_partition_of_fp32_groups, one per parameter
+    group; the HF Trainer's second group, the norms' weights without weight decay, is 0.004% of a 7B Llama).
+    None at ZeRO-0, which steps each weight tensor as it is, and at ZeRO-3, which steps sub-groups of at most
+    sub_group_size (1e9 elements) plus one weight; or where the model's shape is unknown."""
+    shape = shape_of(c.model) if c.zero_stage in (1, 2) else None
+    return None if shape is None else -(-trainable_params(c, shape) // c.ranks)
+
+
+def _bnb_over_int32(c: Cell) -> bool:
+    n = flat_partition(c) if c.optimizer in BNB else None
+    return n is not None and n > BNB_MAX_ELEMENTS
 
 
 @dataclass(frozen=True)
@@ -94,10 +116,11 @@ RULES: tuple[Rule, ...] = (
         "run it on a GPU",
         "deepspeed 0.19.6 engine._configure_basic_optimizer; seen on a CPU run (tests/test_rules_evidence.py)",
     ),
-    # Named for the one optimizer with a precision limit (OptimizerSpec.precisions); the name is in records.
+    # Named for FusedLamb, the one optimizer beside the 1-bit ones with a precision limit (OptimizerSpec.precisions);
+    # the name is in records.
     Rule(
         "fusedlamb-no-bf16",
-        lambda c, p: c.precision not in _opt(c).precisions,
+        lambda c, p: c.optimizer not in ONEBIT and c.precision not in _opt(c).precisions,
         "DeepSpeed's FusedLamb kernel has no bf16 path (\"lamb_cuda_kernel\" not implemented for 'BFloat16')",
         "use precision: fp16 or fp32 with fusedlamb",
         "seen on the H200 with deepspeed 0.19.6 (results/1b-axes.jsonl)",
@@ -212,6 +235,35 @@ RULES: tuple[Rule, ...] = (
         "use optimizer: cpuadam with offload",
         "DeepSpeed ZeRO-Offload docs",
     ),
+    # -- optimizers under ZeRO ---------------------------------------------------------------
+    Rule(
+        "fusedlamb-needs-zero0",
+        lambda c, p: c.optimizer not in ONEBIT and c.zero_stage not in _opt(c).zero_stages,
+        "DeepSpeed's ZeRO refuses FusedLamb ('You are using an untested ZeRO Optimizer'), and allowing untested "
+        "optimizers would not make the cell LAMB: ZeRO hands the optimizer one flat partition, so LAMB's "
+        "per-layer trust ratio would be one ratio over the whole partition",
+        "set zero_stage: 0 with fusedlamb, or use fusedadam with ZeRO",
+        "deepspeed 0.19.6 runtime/zero/utils.py ZERO_SUPPORTED_OPTIMIZERS (no FusedLamb) and "
+        "engine._do_optimizer_sanity_check; on the H200, 3 of 3 fusedlamb cells at ZeRO-1/2 ended so "
+        "(results/7b-answer-h200.jsonl)",
+    ),
+    Rule(
+        "bnb-over-int32",
+        lambda c, p: _bnb_over_int32(c),
+        "bitsandbytes' optimizer kernels take a tensor's element count as a 32-bit int, and ZeRO-{stage} hands "
+        "each rank's optimizer one flat partition of {elements} elements ({trainable} trainable parameters over "
+        "{ranks} rank(s)), above 2^31 - 1: the kernel's launch fails ('Error invalid argument at line 177 in file "
+        "/src/csrc/ops.cu')",
+        "use zero_stage: 0 (each weight stepped on its own) or 3 (sub-groups of 1e9 elements), at least "
+        "{min_ranks} GPUs, or an adapter (peft: lora or qlora)",
+        "bitsandbytes 0.50.1 (tag, 37d2a93) and main at 95f9af3: backends/cuda/ops.py passes "
+        "ct.c_int32(g.numel()) to the 8-bit blockwise and the 32-bit optimizer kernels, and csrc/ops.cu's "
+        "optimizerStatic8bitBlockwise(int n) launches n / 256 blocks, checked at line 177 (optimizer32bit takes "
+        "an int n too: read, not yet run past the limit); deepspeed 0.19.6 stage_1_and_2.py steps one flat fp32 "
+        "partition per rank; on the H200 with bitsandbytes 0.50.2, 5 of 5 adamw_8bit 7B full fine-tunes at "
+        "ZeRO-1/2 (6.74e9 elements) ended so, and ZeRO-0 full fine-tunes and ZeRO-1 QLoRA ran "
+        "(results/7b-answer-h200.jsonl, 7b.jsonl)",
+    ),
     # -- 1-bit optimizers ----------------------------------------------------------------------
     Rule(
         "onebit-removed",
@@ -227,8 +279,20 @@ RULES: tuple[Rule, ...] = (
         lambda c, p: c.optimizer in ONEBIT and c.zero_stage not in _opt(c).zero_stages,
         "the 1-bit optimizers run only at ZeRO stage 0",
         "set zero_stage: 0",
-        "DeepSpeed 1-bit Adam tutorial; fails at ZeRO-1 on the H200, and OneBitAdam in bf16 at ZeRO-0 runs "
+        "DeepSpeed 1-bit Adam tutorial; fails at ZeRO-1 on the H200 "
         "(results/gpu-evidence/2026-11-30_gpu-rules-h200.log)",
+    ),
+    Rule(
+        "onebit-no-bf16",
+        lambda c, p: c.optimizer in ONEBIT and c.precision not in _opt(c).precisions,
+        "the 1-bit optimizers do not train in bf16: on the H200 their loss rose or turned NaN (OneBitLamb with "
+        "LoRA: ZeroDivisionError)",
+        "use precision: fp16, the one precision DeepSpeed verified their convergence in",
+        "DeepSpeed 1-bit Adam and 1-bit LAMB tutorials ('we only verified the convergence under mixed "
+        "precision/FP16 training'); on the H200 in bf16: onebitadam's loss went 7.68 -> 7.55 -> 14.42 in 3 steps "
+        "(results/gpu-evidence/2026-11-30_gpu-rules-h200.log), 7B LoRA cells of onebitadam and zerooneadam "
+        "reached NaN at steps 7 and 9 and onebitlamb raised ZeroDivisionError (results/7b-answer-h200.jsonl), "
+        "while fp16 cells trained (results/1b-axes.jsonl)",
     ),
     Rule(
         "onebit-needs-cuda",
@@ -247,13 +311,25 @@ def check(cell: Cell, platform: Platform) -> Skip | None:
     """The first rule that stops this cell, or None if it can run."""
     for rule in RULES:
         if rule.when(cell, platform):
-            reason = rule.reason.format(
-                nodes=cell.nodes,
-                hosts=platform.hosts,
-                opt=cell.optimizer,
-                ds=platform.versions.get("deepspeed"),
-                lora=", ".join(_set_off_default(cell, "lora")),
-                qlora=", ".join(_set_off_default(cell, "qlora")),
-            )
-            return Skip(rule.name, reason, rule.fix.format(ranks=cell.ranks), rule.source)
+            holes = _holes(cell, platform)
+            return Skip(rule.name, rule.reason.format(**holes), rule.fix.format(**holes), rule.source)
     return None
+
+
+def _holes(cell: Cell, platform: Platform) -> dict:
+    """What a rule's reason and fix may name about the cell it stops."""
+    shape, n = shape_of(cell.model), flat_partition(cell)
+    trainable = trainable_params(cell, shape) if shape else None
+    return {
+        "nodes": cell.nodes,
+        "hosts": platform.hosts,
+        "opt": cell.optimizer,
+        "ds": platform.versions.get("deepspeed"),
+        "lora": ", ".join(_set_off_default(cell, "lora")),
+        "qlora": ", ".join(_set_off_default(cell, "qlora")),
+        "ranks": cell.ranks,
+        "stage": cell.zero_stage,
+        "elements": f"{n:,}" if n else "?",
+        "trainable": f"{trainable:,}" if trainable else "?",
+        "min_ranks": -(-trainable // BNB_MAX_ELEMENTS) if trainable else "?",
+    }

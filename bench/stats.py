@@ -9,12 +9,18 @@ its placement, its allocator state and its clocks; their spread is the within-ru
 smaller than the spread between runs seen on the H200), so steps give each repeat its figure (the
 median step time) and a within-run interval, and only repeats enter the tests.
 
-Decision rule (asv's, scaled to few repeats): a noisy figure has changed when the one-sided
-Mann-Whitney U test in the direction of the change gives p <= alpha AND the ratio of medians passes
-a minimum effect. asv uses p < 0.002 with many samples; with 3 repeats a side the smallest possible
-one-sided p is 1/20 = 0.05, reached only when every current repeat is worse than every baseline one,
-so alpha defaults to 0.05 and the minimum effect carries the rest. With one repeat on a side the noise
-cannot be estimated: only the minimum effect decides, with a wider default.
+The one rule for a noisy figure (tokens/s, step time), wherever two are compared (`zerobench compare`, the
+reports' knob effects and fastest cells, answer mode's console): on the log scale, the difference of the two
+sides' mean logs, with a variance that is the larger of what the measurements' noise allows (each
+measurement's noise, measured on the committed runs: bench.quality) and what their own spread shows (the
+pooled sample variance, from one degree of freedom up); the interval is normal at the confidence it states
+(`interval`). The verdict follows from that interval alone (`beyond`): a change is called only when the whole
+interval lies beyond the minimum effect (above 1 + min_effect, or below 1 / (1 + min_effect)); an interval
+that covers 1 is "no significant difference"; one that excludes 1 but reaches inside the minimum effect is
+"not settled" (a change, perhaps too small to count: more repeats would tell). So no interval is narrower
+than the noise allows for its number of measurements (one measurement a side: the noise of two), and words
+and numbers never disagree. The
+Mann-Whitney p-value is still computed where both sides have repeats, as information; it decides nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +33,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 __all__ = [
+    "log_mean",
+    "log_diff",
+    "interval",
+    "beyond",
     "median",
     "median_ci",
     "mann_whitney",
@@ -42,9 +52,12 @@ __all__ = [
     "IMPROVEMENT",
     "NO_CHANGE",
     "NO_DATA",
+    "NOT_SETTLED",
 ]
 
 REGRESSION, IMPROVEMENT, NO_CHANGE, NO_DATA = "regression", "improvement", "no significant change", "no data"
+NOT_SETTLED = "not settled"
+"""A noisy figure whose interval excludes no change but reaches inside the minimum effect (bench.stats.beyond)."""
 
 # Beyond this many ways to split the pooled values, the exact tie-aware test gives way to the normal
 # approximation (with tie and continuity corrections): 10 against 10 repeats is 184,756 splits.
@@ -70,6 +83,49 @@ def median(xs: Sequence[float]) -> float | None:
     if not n:
         return None
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def log_mean(logs: Sequence[float], sds: Sequence[float]) -> tuple[float, float]:
+    """The mean of one side's logs and its variance: the larger of the noise's (sum of sd^2 over n^2) and the
+    logs' own (sample variance over n, from two values up)."""
+    n = len(logs)
+    mean = math.fsum(logs) / n
+    floor = math.fsum(x * x for x in sds) / n**2
+    spread = math.fsum((x - mean) ** 2 for x in logs) / (n - 1) / n if n > 1 else 0.0
+    return mean, max(floor, spread)
+
+
+def log_diff(
+    ref: Sequence[float], ref_sds: Sequence[float], cur: Sequence[float], cur_sds: Sequence[float]
+) -> tuple[float, float]:
+    """mean(cur) - mean(ref) on the log scale and its variance: the larger of the noise's (each side's sum of
+    sd^2 over n^2) and the two sides' pooled sample variance times (1/n1 + 1/n2), from one degree of freedom."""
+    n1, n2 = len(ref), len(cur)
+    m1, m2 = math.fsum(ref) / n1, math.fsum(cur) / n2
+    floor = math.fsum(x * x for x in ref_sds) / n1**2 + math.fsum(x * x for x in cur_sds) / n2**2
+    dof = n1 + n2 - 2
+    ss = math.fsum((x - m1) ** 2 for x in ref) + math.fsum((x - m2) ** 2 for x in cur)
+    spread = ss / dof * (1 / n1 + 1 / n2) if dof > 0 else 0.0
+    return m2 - m1, max(floor, spread)
+
+
+def interval(d: float, var: float, conf: float) -> tuple[float, float, float]:
+    """A log difference d with variance var as a ratio and its interval at `conf`: (exp d, low, high)."""
+    half = normal_quantile(conf) * math.sqrt(max(var, 0.0))
+    return math.exp(d), math.exp(d - half), math.exp(d + half)
+
+
+def beyond(low: float, high: float, min_effect: float) -> int:
+    """Where the interval [low, high] of a ratio lies: 2 entirely above 1 + min_effect (a change that counts),
+    -2 entirely below 1 / (1 + min_effect); 0 when it covers 1 (no significant difference); 1 or -1 when it
+    excludes 1 but reaches inside the minimum effect (not settled: a change, perhaps one too small to count)."""
+    if low > 1 + min_effect:
+        return 2
+    if high < 1 / (1 + min_effect):
+        return -2
+    if low <= 1 <= high:
+        return 0
+    return 1 if low > 1 else -1
 
 
 def _binom_cdf(k: int, n: int) -> float:
@@ -255,12 +311,12 @@ class Judgement:
     ratio: float | None = None
     """cur / base (for losses: the difference cur - base, see `difference`)."""
     p: float | None = None
-    """One-sided Mann-Whitney p in the direction of the change (None where it was not tested)."""
+    """One-sided Mann-Whitney p in the direction of the change, as information (None with one value on a side)."""
     ci: tuple[float, float] | None = None
     ci_conf: float | None = None
     n: tuple[int, int] = (0, 0)
     rule: str = ""
-    """Which rule decided: "test + min effect", "min effect only", "bound"."""
+    """Which rule decided: "interval" (a noisy figure) or "bound"."""
     why: str = ""
 
 
@@ -269,68 +325,60 @@ def judge_noisy(
     cur: Sequence[float],
     *,
     higher_is_better: bool,
-    alpha: float,
+    conf: float,
     min_effect: float,
-    single_min_effect: float,
+    base_sd: float | Sequence[float],
+    cur_sd: float | Sequence[float],
+    offset: float = 0.0,
+    offset_var: float = 0.0,
 ) -> Judgement:
-    """A noisy figure (tokens/s, step time): significant (Mann-Whitney, repeats as samples) AND large
-    enough (ratio of medians beyond min_effect); with one repeat on a side, large enough only."""
-    b, c = finite(base), finite(cur)
-    n = (len(b), len(c))
-    if not b or not c:
-        return Judgement(
-            verdict=NO_DATA,
-            n=n,
-            why="no figure on "
-            + ("either side" if not b and not c else "the baseline side" if not b else "the current side"),
-        )
-    mb, mc = median(b), median(c)
-    if mb == 0:
-        return Judgement(verdict=NO_DATA, base=mb, cur=mc, n=n, why="the baseline's figure is 0: no ratio")
-    ratio = mc / mb
-    worse = ratio < 1 if higher_is_better else ratio > 1
-    verdict_if = REGRESSION if worse else IMPROVEMENT
-    if min(n) < 2:
-        big = abs(ratio - 1) >= single_min_effect
-        return Judgement(
-            verdict=verdict_if if big else NO_CHANGE,
-            base=mb,
-            cur=mc,
-            ratio=ratio,
-            n=n,
-            rule="min effect only",
-            why=f"one repeat on a side: the noise cannot be estimated, so only a change of "
-            f"{single_min_effect:.0%} or more counts",
-        )
-    # One-sided, in the direction the medians moved: is current really lower (or higher) than baseline?
-    p = mann_whitney(c, b, "less" if ratio < 1 else "greater")
-    est, lo, hi, conf = ratio_ci(b, c, conf=1 - 2 * alpha)
-    big = abs(ratio - 1) >= min_effect
-    sig = p is not None and p <= alpha
-    if sig and big:
-        verdict, why = (
-            verdict_if,
-            f"p = {p:.3g} <= {alpha:g} and the change is {abs(ratio - 1):.1%} >= {min_effect:.0%}",
-        )
-    elif not sig:
-        verdict, why = NO_CHANGE, f"p = {p:.3g} > {alpha:g}: within the noise of {n[0]} and {n[1]} repeats"
+    """A noisy figure (tokens/s, step time) by the one rule (the module's docstring): the ratio of the sides'
+    geometric means with its interval at `conf`, called changed only when the interval lies beyond the minimum
+    effect. base_sd, cur_sd: each value's noise on the log scale (one figure: the same for every value).
+    offset, offset_var: a difference between the sides' machines (ln, and its variance; bench.blocks), taken
+    out of the ratio and added to its uncertainty."""
+    pairs = [(x, s) for x, s in zip(base, _each(base_sd, base)) if _positive(x)]
+    cpairs = [(x, s) for x, s in zip(cur, _each(cur_sd, cur)) if _positive(x)]
+    n = (len(pairs), len(cpairs))
+    if not pairs or not cpairs:
+        if finite(base) and not pairs:
+            return Judgement(verdict=NO_DATA, n=n, why="the baseline's figure is 0: no ratio")
+        none = "either side" if not pairs and not cpairs else "the baseline side" if not pairs else "the current side"
+        return Judgement(verdict=NO_DATA, n=n, why=f"no figure on {none}")
+    b, c = [x for x, _ in pairs], [x for x, _ in cpairs]
+    d, var = log_diff([math.log(x) for x in b], [s for _, s in pairs], [math.log(x) for x in c], [s for _, s in cpairs])
+    ratio, lo, hi = interval(d - offset, var + offset_var, conf)
+    side = beyond(lo, hi, min_effect)
+    worse = side < 0 if higher_is_better else side > 0
+    verdict = {0: NO_CHANGE, 1: NOT_SETTLED, 2: REGRESSION if worse else IMPROVEMENT}[abs(side)]
+    shown = f"the {conf:.0%} interval [{lo:.3f}, {hi:.3f}]"
+    if abs(side) == 2:
+        why = f"{shown} lies beyond the {min_effect:.0%} minimum effect"
+    elif side == 0:
+        why = f"{shown} covers ×1"
     else:
-        verdict, why = (
-            NO_CHANGE,
-            f"significant (p = {p:.3g}) but {abs(ratio - 1):.1%} < the minimum effect {min_effect:.0%}",
-        )
+        why = f"{shown} excludes ×1 but reaches inside the {min_effect:.0%} minimum effect"
+    p = mann_whitney(c, b, "less" if ratio < 1 else "greater") if min(n) >= 2 else None
     return Judgement(
         verdict=verdict,
-        base=mb,
-        cur=mc,
+        base=median(b),
+        cur=median(c),
         ratio=ratio,
         p=p,
-        ci=(lo, hi) if lo is not None else None,
+        ci=(lo, hi),
         ci_conf=conf,
         n=n,
-        rule="test + min effect",
+        rule="interval",
         why=why,
     )
+
+
+def _each(sd: float | Sequence[float], values: Sequence[float]) -> list[float]:
+    return [float(sd)] * len(values) if isinstance(sd, (int, float)) else list(sd)
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
 
 def _spread(xs: list[float]) -> float:

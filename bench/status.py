@@ -57,8 +57,10 @@ MEANINGS = {
     Status.ERROR: "Anything else; the reason carries the exception, the traceback and the log's tail.",
     Status.INTERRUPTED: "The orchestrator was stopped (Ctrl-C, SIGTERM) while the cell ran, or its Slurm job was "
     "preempted or cancelled; --resume runs it again.",
-    Status.UNMEASURED: "Not run: answer mode (run --answer) settled the answer without it, or its --budget ran out "
-    "while it could still change the answer; the record's answer note says which, with its predicted figures. Not "
-    "an outcome: a run without --answer (or --resume) measures it.",
+    Status.UNMEASURED: "Not run: answer mode (run --answer) settled the answer without it, its --budget ran out "
+    "while it could still change the answer, a resumed call found its --budget spent before it could measure "
+    "anything, or it was expected to repeat an error that cells with its settings ended in; the record's answer "
+    "note says which, with its predicted figures. Not an outcome: a run without "
+    "--answer (or --resume) measures it.",
     Status.STARTED: "Not an outcome: written before the launch, so a run killed mid-cell is found by --resume.",
 }

@@ -8,11 +8,13 @@ lock that blocks the next; and it is the file that is locked, not its name, so a
 symlink or a hard link is refused too), and a second run on the file gets `ResultsInUse`. No figure is
 written as NaN or Infinity (JSON has neither): such a value is written as null, with a warning.
 
-Readers tolerate a torn last line (a run killed mid-write); the writer seals such a line first so
+Readers skip a torn last line (a run killed mid-write) and name it; the writer seals such a line first so
 the next record starts clean. Lines that are JSON but not records of zerobench (another tool's, a hand
-edit, a field of the wrong type or out of range) are skipped and named in one warning, never read as a
-cell; lines that are not JSON are counted in one warning. A path that is not a regular file (a device, a
-FIFO) is refused before a byte is read. Reading
+edit, a field of the wrong type or out of range, a record that contradicts itself: tokens/s that its step
+times and tokens per step do not give, a measurement on a cell that never ran, a name of megabytes) are
+skipped and named with their line numbers in one warning, never read as a cell; lines that are not JSON
+are counted in one warning. A path that is not a regular file (a device, a FIFO) is refused before a byte
+is read. Reading
 upgrades every record to the current schema version (bench.record); writing writes that version.
 Resume reads the same file.
 """
@@ -28,6 +30,7 @@ import json
 import math
 import os
 import socket
+import statistics
 import sys
 import threading
 import types
@@ -43,7 +46,16 @@ from .record import SCHEMA_VERSION, Record, RecordVersionError, upgrade
 from .safefile import NotRegularFile, check_regular, open_append, open_regular, safe_open_new
 from .status import Status
 
-__all__ = ["Store", "read", "read_records", "SCHEMA_VERSION", "StoreWriteError", "ResultsInUse", "check_writable"]
+__all__ = [
+    "Store",
+    "read",
+    "read_records",
+    "numbered_records",
+    "SCHEMA_VERSION",
+    "StoreWriteError",
+    "ResultsInUse",
+    "check_writable",
+]
 
 
 def _json_types(cls) -> dict[str, tuple[type, ...]]:
@@ -87,6 +99,69 @@ _CELL_MIN = {"seq_len": 1, "micro_batch": 1, "grad_accum": 1, "gpus": 1, "warmup
 _FINITE_METRICS = ("tokens_per_s", "samples_per_s", "step_time_median_s", "step_time_p90_s", "step_time_mean_s")
 
 
+# How large a record's parts may be. A record is a few KB (the longest committed line is 19 KB: a traceback of
+# 8,000 characters and a log tail of 6,000); a name of megabytes made the report's charts lay out text for
+# minutes. Names (and every value of the cell, paths included) are at most PATH_MAX; other text, 64 KiB.
+MAX_LINE_CHARS = 4 * 2**20
+MAX_NAME_CHARS = 4096
+MAX_TEXT_CHARS = 65536
+_NAMES = frozenset(("run_id", "matrix", "matrix_file", "cell_id", "cell_hash", "cell_name", "cell", "variant", "log"))
+# Statuses whose worker never trained: a record of one carries no measurement.
+_NEVER_RAN = frozenset(s.value for s in Status if not s.ran)
+# tokens/s is tokens per step over the median measured step time (bench.worker.metrics.summarize); a record
+# whose figures disagree by more than this was not written by a worker.
+METRIC_TOLERANCE = 0.01
+_PER_STEP = ("micro_batch", "grad_accum", "seq_len", "gpus", "nodes")  # their product: tokens per step
+
+
+def _size_problem(rec: dict) -> str | None:
+    """A string of the record longer than its part allows (names and cell values MAX_NAME_CHARS, the rest
+    MAX_TEXT_CHARS), as `key: N characters; ...`."""
+    stack = [(k, v, k in _NAMES) for k, v in rec.items()]
+    while stack:
+        at, v, name = stack.pop()
+        limit = MAX_NAME_CHARS if name else MAX_TEXT_CHARS
+        if isinstance(v, str) and len(v) > limit:
+            return f"{at}: {len(v):,} characters; {'a name' if name else 'text'} here is at most {limit:,}"
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if len(k) > MAX_NAME_CHARS:
+                    return f"{at}: a key of {len(k):,} characters"
+                stack.append((f"{at}.{k}", x, name))
+        elif isinstance(v, list):
+            stack += [(f"{at}[{i}]", x, name) for i, x in enumerate(v)]
+    return None
+
+
+def _metrics_problem(rec: Record) -> str | None:
+    """Figures that contradict each other or the status: tokens/s that the recorded step times and the cell's
+    tokens per step do not give (either way), or a measurement on a cell whose worker never trained."""
+    m = rec.metrics
+    if m is None or not m.tokens_per_s:
+        return None
+    if rec.status.value in _NEVER_RAN:
+        return f"metrics.tokens_per_s: {m.tokens_per_s:g} on a {rec.status.value} record, whose cell never ran"
+    cell = rec.cell
+    # A worker's record names its micro-batch and sequence length; grad_accum, gpus and nodes default to 1.
+    per_step = [cell.get(k, None if k in ("micro_batch", "seq_len") else 1) for k in _PER_STEP]
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in per_step):
+        return None  # not a worker's (micro_batch: auto's template: its probes' records carry their own)
+    tokens = math.prod(per_step)
+    n = rec.steps.measured if rec.steps is not None else cell.get("measured_steps")
+    times = rec.step_times_s or []
+    measured = times[-n:] if isinstance(n, int) and 0 < n <= len(times) else []
+    median = statistics.median(measured) if measured and all(t is not None for t in measured) else None
+    step = m.step_time_median_s or median
+    if median and m.step_time_median_s and abs(m.step_time_median_s / median - 1) > METRIC_TOLERANCE:
+        return f"metrics.step_time_median_s: {m.step_time_median_s:g} s is not its step_times_s' median ({median:g} s)"
+    if step and abs(m.tokens_per_s * step / tokens - 1) > METRIC_TOLERANCE:
+        return (
+            f"metrics.tokens_per_s: {m.tokens_per_s:,.6g} is not its {tokens:,} tokens per step over its median step "
+            f"time {step:.4g} s ({tokens / step:,.6g})"
+        )
+    return None
+
+
 def _range_problem(rec: Record) -> str | None:
     cell = rec.cell or {}
     if cell.get("zero_stage", 0) not in (0, 1, 2, 3):
@@ -106,7 +181,7 @@ def _range_problem(rec: Record) -> str | None:
             return f"metrics.{k}: {v} is not a finite figure of 0 or more"
     if rec.wall_s is not None and not (math.isfinite(rec.wall_s) and rec.wall_s >= 0):
         return f"wall_s: {rec.wall_s} is not a finite time"
-    return None
+    return _metrics_problem(rec)
 
 
 class StoreWriteError(OSError):
@@ -128,6 +203,12 @@ def read_records(path: str | os.PathLike, *, warn=True) -> Iterator[Record]:
     """As read(), as bench.record.Record values one at a time (each line is validated once, here; a
     report of 10k records keeps only its rows, not 10k models, alive). A path that is not a regular
     file (a device, a FIFO) is an InputError before a byte is read."""
+    for _, rec in numbered_records(path, warn=warn):
+        yield rec
+
+
+def numbered_records(path: str | os.PathLike, *, warn=True) -> Iterator[tuple[int, Record]]:
+    """As read_records(), each record with its line number in the file (for messages that point at it)."""
     data = _read_results_bytes(path)
     if data is None:
         return
@@ -136,20 +217,28 @@ def read_records(path: str | os.PathLike, *, warn=True) -> Iterator[Record]:
     last = max((i for i, x in enumerate(lines) if x.strip("\0 \t\r")), default=-1)
     foreign: list[str] = []
     not_json: list[int] = []
+    torn = None
     for i, line in enumerate(lines):
         if not line.strip("\0 \t\r"):  # a crash can leave a zero-filled tail
+            continue
+        if len(line) > MAX_LINE_CHARS:  # not parsed: a record is a few KB
+            foreign.append(
+                f"line {i + 1} ({len(line) / 2**20:.1f} MiB; a record is at most {MAX_LINE_CHARS >> 20} MiB)"
+            )
             continue
         try:
             rec = json.loads(line)
         except (json.JSONDecodeError, RecursionError):
-            if i < last:  # the last line may be torn by a killed run: readers skip it silently
+            if i < last:
                 not_json.append(i + 1)
+            else:  # the last line, cut short by a run killed while writing it
+                torn = i + 1
             continue
-        parsed = _parse_line(rec, path, i + 1, foreign)
+        parsed = _parse_line(rec, path, i + 1, foreign, checked=len(line) <= MAX_NAME_CHARS)
         if parsed is not None:
-            yield parsed
+            yield i + 1, parsed
     if warn:
-        _warn_skipped(path, not_json, foreign)
+        _warn_skipped(path, not_json, foreign, torn)
 
 
 def _read_results_bytes(path: str | os.PathLike) -> bytes | None:
@@ -168,10 +257,15 @@ def _read_results_bytes(path: str | os.PathLike) -> bytes | None:
         return f.read()
 
 
-def _parse_line(rec, path, line: int, foreign: list[str]) -> Record | None:
-    """One line's record, or None (and why, added to foreign) when it is not a zerobench record."""
+def _parse_line(rec, path, line: int, foreign: list[str], checked: bool = False) -> Record | None:
+    """One line's record, or None (and why, added to foreign) when it is not a zerobench record. checked: the
+    line is too short to hold a string over the size limits (the walk over it is spared)."""
     if not isinstance(rec, dict):
         foreign.append(f"line {line} (a JSON {type(rec).__name__}, not an object)")
+        return None
+    why = None if checked else _size_problem(rec)
+    if why:
+        foreign.append(f"line {line} ({why})")
         return None
     try:
         parsed = Record.model_validate(upgrade(rec))
@@ -192,8 +286,14 @@ def _parse_line(rec, path, line: int, foreign: list[str]) -> Record | None:
     return parsed
 
 
-def _warn_skipped(path, not_json: list[int], foreign: list[str]) -> None:
+def _warn_skipped(path, not_json: list[int], foreign: list[str], torn: int | None = None) -> None:
     """One warning per kind of skipped line, with a count and the first few line numbers."""
+    if torn is not None:
+        print(
+            f"zerobench: {path}: skipping its last line ({torn}): it is cut short, not a whole record (a run killed "
+            "while writing it); a run that appends to the file seals it first",
+            file=sys.stderr,
+        )
     if not_json:
         n, first = len(not_json), ", ".join(map(str, not_json[:5]))
         print(

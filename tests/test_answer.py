@@ -1,18 +1,16 @@
-"""Answer mode (bench.execute.answer) and the replay executor (bench.execute.replay): the noise constants
-against the committed A/A runs, the online correction of the models, the short schedule, the CLI's checks,
+"""Answer mode (bench.execute.answer) and the replay executor (bench.execute.replay): the online correction of
+the models, the short schedule, the CLI's checks,
 and answer mode replayed over committed H200 grids against the answers the full grids give."""
 
 from __future__ import annotations
 
 import collections
-import glob
-import json
 import math
 import random
 
 import pytest
 
-from bench import effects, matrix
+from bench import matrix
 from bench.cells import Cell
 from bench.cli import main as cli
 from bench.estimate.online import Online
@@ -24,29 +22,6 @@ from bench.status import Status
 from bench.store import Store
 
 # -- the constants and pieces -----------------------------------------------------------------------------
-
-
-def _pooled_sd(files: list[str]) -> float:
-    ss, dof = 0.0, 0
-    for f in files:
-        by = collections.defaultdict(list)
-        for line in open(f):
-            r = json.loads(line)
-            if r.get("status") == "ok" and (r.get("metrics") or {}).get("tokens_per_s"):
-                by[(r["run_id"], r["cell_hash"], r.get("variant"))].append(math.log(r["metrics"]["tokens_per_s"]))
-        for v in by.values():
-            if len(v) >= 2:
-                m = sum(v) / len(v)
-                ss += sum((x - m) ** 2 for x in v)
-                dof += len(v) - 1
-    assert dof >= 40, files
-    return math.sqrt(ss / dof)
-
-
-def test_repeat_noise_is_the_committed_aa_runs_spread():
-    gpu = _pooled_sd(sorted(glob.glob("results/compare-h200-a[123].jsonl")))
-    cpu = _pooled_sd(sorted(glob.glob("results/ci-cpu-gate/aa*.jsonl")))
-    assert effects.REPEAT_NOISE == {"gpu": round(gpu, 4), "cpu": round(cpu, 4)}
 
 
 def test_online_learns_the_machine_and_the_knobs_from_a_few_cells():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import compare, stats
+from bench import compare, quality, stats
 from bench.matrix import CompareSettings, MatrixError, loads
 from bench.results import records_to_frame
 from bench.store import read
@@ -88,11 +88,15 @@ def test_aa_pair_is_not_flagged():
 
 
 def test_separated_but_small_change_is_not_flagged():
-    """Every current repeat slower (p = 0.05), but by 2%: under the minimum effect."""
+    """Every current repeat slower by 2% (p = 0.05), repeats that agree to 0.1%: the interval is as wide as the
+    measured noise of an H200 measurement allows (bench.quality), not as the repeats' chance agreement, and
+    covers ×1."""
     base = [rec(0, i + 1, tps=30_000 * f) for i, f in enumerate((1.0, 1.001, 0.999))]
     cur = [rec(0, i + 1, tps=29_400 * f) for i, f in enumerate((1.0, 1.001, 0.999))]
     tok = verdict(run_cmp(base, cur)).figures["tokens_per_s"]
-    assert tok.p == pytest.approx(0.05) and tok.verdict == stats.NO_CHANGE and "minimum effect" in tok.why
+    assert tok.p == pytest.approx(0.05) and tok.verdict == stats.NO_CHANGE and "covers ×1" in tok.why
+    half = math.log(tok.ci[1] / tok.ratio)
+    assert half == pytest.approx(stats.normal_quantile(0.9) * quality.NOISE["gpu"] * math.sqrt(2 / 3), rel=1e-6)
 
 
 def test_noisy_cell_with_large_median_change_is_not_flagged():
@@ -103,14 +107,17 @@ def test_noisy_cell_with_large_median_change_is_not_flagged():
     assert tok.ratio < 0.95 and tok.p > 0.05 and tok.verdict == stats.NO_CHANGE
 
 
-def test_one_repeat_uses_the_min_effect_only_and_says_so():
-    base, cur = [rec(0, 1, tps=30_000)], [rec(0, 1, tps=27_000)]  # 10%: inside the one-run bound of 15%
+def test_one_repeat_a_side_is_judged_by_the_noise_of_two_measurements_and_says_so():
+    base, cur = [rec(0, 1, tps=30_000)], [rec(0, 1, tps=27_000)]  # 10%
     cmp = run_cmp(base, cur)
     tok = verdict(cmp).figures["tokens_per_s"]
-    assert tok.verdict == stats.NO_CHANGE and tok.rule == "min effect only" and tok.p is None
+    # The interval is the measured noise of two single measurements: it excludes x1 and reaches inside 5%.
+    half = stats.normal_quantile(0.9) * quality.NOISE["gpu"] * math.sqrt(2)
+    assert tok.ci == pytest.approx((0.9 * math.exp(-half), 0.9 * math.exp(half))) and tok.p is None
+    assert tok.verdict == stats.NOT_SETTLED and verdict(cmp).verdict == compare.NOT_SETTLED and cmp.exit_code == 0
     assert cmp.single_repeat and "noise cannot be estimated" in compare.markdown(cmp)
-    far = verdict(run_cmp(base, [rec(0, 1, tps=24_000)]))  # 20%
-    assert far.verdict == compare.REGRESSION and far.figures["tokens_per_s"].rule == "min effect only"
+    far = verdict(run_cmp(base, [rec(0, 1, tps=24_000)]))  # 20%: the whole interval beyond 5%
+    assert far.verdict == compare.REGRESSION and far.figures["tokens_per_s"].ci[1] < 1 / 1.05
 
 
 def test_zero_and_missing_baseline_figures_are_no_data_not_a_crash():
@@ -140,7 +147,8 @@ def test_environment_mismatch_is_not_comparable_never_a_regression():
     cur = [rec(0, r, tps=15_000 * f, prov=other) for r, f in zip((1, 2, 3), NOISE)]  # half as fast
     cmp = run_cmp(base, cur)
     c = verdict(cmp)
-    assert c.verdict == compare.NOT_COMPARABLE and cmp.exit_code == 0
+    # Never a regression (1); compared nothing, so no pass (0) either: 3, compared too little.
+    assert c.verdict == compare.NOT_COMPARABLE and cmp.exit_code == compare.EXIT_TOO_LITTLE
     assert {d[0] for d in c.environment_diff} == {"GPU", "DeepSpeed"}
     assert "not comparable" in compare.markdown(cmp)
 
@@ -223,14 +231,19 @@ def test_cli_exit_codes_and_markdown(tmp_path):
     assert r.returncode == 2 and "alpha" in r.stderr
 
 
-def test_committed_runs_compare():
-    """The two committed runs of the 1.1B cells: one repeat each, so only large changes could count."""
+def test_committed_runs_on_two_machines_are_not_compared_raw():
+    """The two committed runs of the 1.1B cells ran on two H200 machines (their GPUs' UUIDs differ) and share two
+    cells: too few to tell the machines' difference from a change of one cell, so tokens/s is not compared;
+    memory, which the machine's speed does not move, still is."""
     root = Path(__file__).resolve().parent.parent / "results"
     cmp = compare.compare(records_to_frame(read(root / "1b.jsonl")), records_to_frame(read(root / "1b-rerun.jsonl")))
+    assert not cmp.machines.same and cmp.machines.anchors == 2 and cmp.machines.offset is None
     z0 = verdict_by_hash(cmp, "0a1eaba46b")
     assert z0.figures["tokens_per_s"].ratio == pytest.approx(30643 / 34910, rel=1e-3)
-    assert z0.verdict == compare.UNCHANGED, "12% slower with one run a side: inside the noise bound"
+    assert z0.verdict == compare.NOT_COMPARABLE and "different machines" in z0.reasons[0]
     assert z0.figures["torch_max_allocated_bytes"].verdict == stats.NO_CHANGE
+    assert "**The sides ran on different machines**" in compare.markdown(cmp)
+    assert cmp.exit_code == compare.EXIT_TOO_LITTLE  # tokens/s compared in none of its cells: too little
 
 
 def verdict_by_hash(cmp, h):
@@ -305,17 +318,20 @@ def test_report_says_no_significant_difference_inside_the_noise():
     recs += [rec(1, r, tps=30_300 * f) for r, f in zip((1, 2, 3), (0.99, 1.0, 1.01))]  # 1% apart
     e, a = _effect(recs)
     t = e["tokens"]
-    assert t.verdict == "no significant difference" and t.why.startswith("compare: p = ")
-    # compare's own interval over the repeats; 3 against 3 reach 90%, and the report says so.
-    assert t.method == "1 pair: Moses' interval over repeats" and t.ci_conf == pytest.approx(0.9)
+    assert t.verdict == "no significant difference" and t.why == "the interval covers ×1"
+    # The one rule: the two cells' noise over their repeats (1% apart is inside it), at 95%, said so.
+    assert t.method == "1 pair: the two cells' noise, with repeats" and t.ci_conf == 0.95
     assert t.ci[0] < 1 < t.ci[1] and e["n"] == 1
     row = a.cells[a.cells["cell_hash"] == f"{0:010x}"].iloc[0]
     assert row["repeats"] == 3 and row["tokens_per_s"] == pytest.approx(30_000)
-    assert (row["tokens_per_s_ci_low"], row["tokens_per_s_ci_high"]) == pytest.approx((29_700, 30_300))
+    # The cell's own interval: three repeats agreeing to 1% are not surer than three H200 measurements' noise.
+    half = 1.959964 * quality.NOISE["gpu"] / math.sqrt(3)
+    low, high = 30_000 * math.exp(-half), 30_000 * math.exp(half)
+    assert (row["tokens_per_s_ci_low"], row["tokens_per_s_ci_high"]) == pytest.approx((low, high))
     from bench.report.markdown import render_analysis
 
     md = render_analysis(a)
-    assert "no significant difference" in md and "30,000 [29,700–30,300, n=3]" in md
+    assert "no significant difference" in md and f"30,000 [{low:,.0f}–{high:,.0f}, 95%, n=3]" in md
 
 
 def test_report_ranks_an_effect_beyond_the_noise():
@@ -325,16 +341,16 @@ def test_report_ranks_an_effect_beyond_the_noise():
     assert e["tokens"].verdict == "slower" and e["tokens"].ci[1] < 1
 
 
-def test_report_single_runs_use_the_wide_bound():
+def test_report_single_runs_are_as_uncertain_as_two_measurements():
     e, a = _effect([rec(0, 1, tps=30_000), rec(1, 1, tps=32_000)])  # x1.07, one run each
-    # Steady steps give each run a zero-width interval, which excludes 1: compare's bound still decides.
+    # Steady steps would give each run a zero-width interval; the noise of two H200 measurements covers x1.
     t = e["tokens"]
-    assert t.ci[0] > 1 and t.verdict == "no significant difference" and "15% bound" in t.why
+    half = 1.959964 * quality.NOISE["gpu"] * math.sqrt(2)
+    assert t.ci == pytest.approx((32 / 30 * math.exp(-half), 32 / 30 * math.exp(half)))
+    assert t.ci[0] < 1 and t.verdict == "no significant difference"
     from bench.report.markdown import render_analysis
 
-    assert "| ZeRO stage | 1 vs 0 | 1 | ×1.07 [1.07–1.07] | no significant difference (one run a side: " in (
-        render_analysis(a)
-    )
+    assert "| ZeRO stage | 1 vs 0 | 1 | ×1.07 [0.99–1.15, 95%] | no significant difference |" in render_analysis(a)
 
 
 # -- the faults the gate is checked with --------------------------------------------------------------

@@ -49,7 +49,10 @@ def test_an_edited_file_is_another_cell(tmp_path, monkeypatch):
 
 def test_dry_run_resume_does_not_list_recorded_cells(tmp_path):
     mx = tmp_path / "two.yaml"
-    mx.write_text("name: two\nseq_len: 64\naxes: {zero_stage: [0, 1]}\n")
+    # The committed record's shape (seq 64, micro-batch 2, 2+6 steps): its tokens/s stays its step times' figure.
+    mx.write_text(
+        "name: two\nseq_len: 64\nbatch: {micro: 2}\nsteps: {warmup: 2, measured: 6}\naxes: {zero_stage: [0, 1]}\n"
+    )
     cells = matrix.expand(matrix.load(mx))
     # A recorded ok outcome for the first cell: a committed record, re-keyed to this cell.
     lines = (ROOT / "tests" / "data" / "smoke_cpu.jsonl").read_text().splitlines()

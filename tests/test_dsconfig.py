@@ -117,7 +117,7 @@ OPTIMIZER_CELLS = {
     "adamw": dict(zero_stage=2),
     "fusedadam": dict(zero_stage=2),
     "cpuadam": dict(zero_stage=2, offload="optimizer"),
-    "fusedlamb": dict(zero_stage=2, precision="fp16"),  # no bf16 kernel (rule fusedlamb-no-bf16)
+    "fusedlamb": dict(zero_stage=0, precision="fp16"),  # no bf16 kernel, no ZeRO (fusedlamb-no-bf16, -needs-zero0)
     "onebitadam": dict(zero_stage=0, precision="fp16"),
     "zerooneadam": dict(zero_stage=0, precision="fp16"),
     "onebitlamb": dict(zero_stage=0, precision="fp16"),

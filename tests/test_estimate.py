@@ -398,14 +398,15 @@ def test_estimate_7b_matrix_under_two_seconds(benchmark):
     assert min(timings) <= BUDGET_S * slowdown, f"{min(timings):.2f} s CPU (slowdown x{slowdown:.1f})"
 
 
-def test_the_unfitted_files_are_read_only_for_their_held_out_check(cases):
-    """UNFITTED_FILES name committed results files (each scored by a predictions file), and no fit or
-    leave-one-file-out table reads them."""
-    from bench.estimate.fitted import UNFITTED_FILES
+def test_the_runs_not_fitted_on_are_the_held_out_checks_and_read_only_for_them(cases):
+    """FITTED_RUNS name every committed H200 run but those of the held-out checks (each file scored by a
+    predictions file), and no fit or leave-one-file-out table reads the others' records."""
+    from bench.estimate.fitted import FITTED_RUNS
 
     every = mcheck.cases(RESULTS, unfitted=True)
-    for name in UNFITTED_FILES:
-        assert f"results/{name}" in RESULTS, name
-        assert any(c.file == name for c in every) and not any(c.file == name for c in cases), name
+    assert {c.run for c in cases} == set(FITTED_RUNS)
+    unfitted = {c.file for c in every if c.run not in FITTED_RUNS}
+    assert unfitted == {"timecheck-h200.jsonl", "timecheck-h200-7b.jsonl", "7b-answer-h200.jsonl"}
+    assert not any(c.file in unfitted for c in cases)
     held = {f for p in PREDICTIONS for f in mcheck.held_out(p, every).results}
-    assert set(UNFITTED_FILES) <= held
+    assert unfitted <= held

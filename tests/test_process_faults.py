@@ -226,7 +226,7 @@ def test_warnings_reach_the_reports_notes(tmp_path):
         "reason": "",
         "losses": [3.0, 2.0],
         "step_times_s": [0.1, 0.1],
-        "metrics": {"tokens_per_s": 100.0, "step_time_median_s": 0.1},
+        "metrics": {"tokens_per_s": 640.0, "step_time_median_s": 0.1},  # 64 tokens per step
         "ops_built": [{"op": "deepspeed_shm_comm", "s": 61.5}],
     }
     out = Outcome(status=Status.OK, reason="", ranks=[doc], exit_code=0, wall_s=70.0, warnings=["port note"])

@@ -16,7 +16,7 @@ import pytest
 from bench import cells, env, record, results
 from bench.cli import main as cli
 from bench.execute.launch import Outcome
-from bench.record import SCHEMA_VERSION, Record, WorkerDoc
+from bench.record import SCHEMA_VERSION, Record, WorkerDoc, parse
 from bench.status import Status
 from bench.store import Store, read
 
@@ -71,10 +71,45 @@ def test_v1_upgrade():
     assert started["schema_version"] == 1 and "provenance" not in started and "reason" not in started
     up = record.upgrade(started)
     assert up["schema_version"] == SCHEMA_VERSION and up["provenance"] is None and up["reason"] == ""
+    assert up["machine"] is None and parse(started).block == f"{started['run_id']}@unknown"
     assert "provenance" not in started, "the argument is left as it is"
     ok = next(r for r in v1 if r["status"] == "ok")
     assert record.upgrade(ok)["provenance"] == ok["provenance"]
     assert record.upgrade(record.upgrade(ok)) == record.upgrade(ok), "upgrading a current record is a no-op"
+
+
+def test_v2_records_read_with_the_machine_their_provenance_names():
+    # The 7b answer's records (schema v2) ran on two H200 machines that both call themselves "vm": the GPUs'
+    # UUIDs tell them apart; the boot id is unknown. A CPU record of v2 names no GPU: its machine is unknown.
+    v2 = [r for r in _lines(ROOT / "results" / "7b-answer-h200.jsonl") if r["status"] == "ok"]
+    assert {r["schema_version"] for r in v2} == {2} and "machine" not in v2[0]
+    parsed = [parse(r) for r in v2]
+    by_gpu = {p.provenance.gpus[0].uuid: p.machine for p in parsed}
+    assert len(by_gpu) == 2 and len({m.id for m in by_gpu.values()}) == 2
+    for uuid, m in by_gpu.items():
+        assert m.gpus == [uuid] and m.boot_id is None and m.host == "vm" and m.cpu_count == 16
+    runs = {p.run_id for p in parsed}
+    assert len({p.block for p in parsed}) == len(runs) == 3  # two runs on one GPU: still two blocks
+    cpu = [r for r in _lines(ROOT / "tests" / "data" / "smoke_cpu.jsonl") if r.get("status") == "ok"][0]
+    assert parse(cpu).machine is None and parse(cpu).block.endswith("@unknown")  # a v1 record, read as v3
+    skipped = next(r for r in _lines(ROOT / "tests" / "data" / "smoke_cpu.jsonl") if r.get("status") == "skipped")
+    assert "machine" not in record.upgrade(skipped)  # a cell that did not run ran nowhere
+
+
+def test_an_attempt_names_its_machine_by_boot_id_host_cpu_and_gpus():
+    started = _started()
+    m = started.machine
+    assert m is not None and m.boot_id == env.boot_id() and m.host == env.provenance()["host"]
+    assert m.id == record.machine_of(env.provenance()).id
+    assert started.block == f"{started.run_id}@{m.id}"
+    # Another boot of the same host is another machine; so is the same boot id on another GPU.
+    other = {**env.provenance(), "boot_id": "another-boot"}
+    assert record.machine_of(other).id != m.id
+    gpu = {**env.provenance(), "boot_id": "b", "gpus": [{"index": 0, "name": "G", "uuid": "GPU-1"}]}
+    gpu2 = {**gpu, "gpus": [{"index": 0, "name": "G", "uuid": "GPU-2"}]}
+    assert record.machine_of(gpu).id != record.machine_of(gpu2).id and record.machine_of(gpu).gpus == ["GPU-1"]
+    ended = Record.from_outcome(started, _outcome(), ds_config=None, log="l", ended_at="t")
+    assert ended.machine == m
 
 
 def test_newer_version_is_refused(tmp_path):

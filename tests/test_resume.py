@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -91,3 +92,31 @@ def test_sigkill_then_resume(tmp_path):
     r2 = zerobench("run", str(m), "--results", str(res), "--resume", "--no-report", cwd=tmp_path)
     assert r2.returncode == 0 and "resume: 5 of 5 cells" in r2.stdout
     assert len(read(res)) == len(recs)
+
+
+def test_answer_mode_killed_mid_attempt_counts_its_time_on_resume(tmp_path):
+    """An answer-mode run SIGKILLed while a cell runs: --resume records that attempt interrupted with the time it
+    ran (to its log's last write), and counts it against the budget."""
+    m = write_matrix(tmp_path / "answer.yaml", TINY + "axes: {zero_stage: [0, 1]}\n")
+    res = tmp_path / "answer.jsonl"
+    # The attempt stops making progress at step 2 (it would run until the watchdog): the kill finds it running.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": "", "ZEROBENCH_NO_GPU": "1"}
+    env["ZEROBENCH_FAULT"] = "hang@2"
+    args = ["run", str(m), "--answer", "--budget", "10m", "--results", str(res), "--no-report"]
+    proc = subprocess.Popen([sys.executable, "-m", "bench", *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    deadline = time.time() + 600
+    while time.time() < deadline and not any(r["status"] == "started" for r in (read(res) if res.exists() else [])):
+        time.sleep(0.2)
+    time.sleep(6)  # the attempt runs a while: time the budget must count
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert [r["status"] for r in read(res)] == ["started"], "killed during the first attempt"
+    r = zerobench("run", *args[1:], "--resume", cwd=tmp_path, env={"ZEROBENCH_FAULT": ""})
+    assert r.returncode == 0, r.stderr[-2000:]
+    cut = next(x for x in read(res) if x["status"] == "interrupted")
+    # The orphaned worker says in its log that the orchestrator is gone (it checks every second): the log's
+    # last write is the attempt's end, some 6 s after its start (its start record is written before it launches).
+    assert 5 <= cut["wall_s"] <= 20 and "cut off by a kill" in cut["warnings"][0], cut
+    spent = re.search(r"\((\d+) s of cell time spent\)", r.stdout)
+    assert spent and int(spent[1]) == round(cut["wall_s"]), r.stdout[:2000]

@@ -115,3 +115,18 @@ def test_param_offload_below_zero3_is_ignored(tmp_path):
     assert rules.check(cell, CPU).rule == "param-offload-needs-zero3"
     probs = dsconfig.check(dsconfig.build(cell))
     assert any("offload_param" in p.where for p in probs), probs
+
+
+def test_zero_takes_no_fusedlamb():
+    # fusedlamb-needs-zero0: DeepSpeed's ZeRO refuses an optimizer outside this list unless told to allow untested
+    # ones (engine._do_optimizer_sanity_check); FusedLamb cannot be built on a CPU, so the list itself is shown.
+    from deepspeed.ops.adam import FusedAdam
+    from deepspeed.ops.lamb import FusedLamb
+    from deepspeed.runtime.zero.utils import ZERO_SUPPORTED_OPTIMIZERS
+
+    assert FusedLamb not in ZERO_SUPPORTED_OPTIMIZERS and FusedAdam in ZERO_SUPPORTED_OPTIMIZERS
+    gpu = env.Platform(gpus=(env.Gpu(0, "GPU", 0, "x"),), versions={"deepspeed": "0.19.6"})
+    for stage in (1, 2, 3):
+        cell = Cell(optimizer="fusedlamb", precision="fp16", zero_stage=stage)
+        assert rules.check(cell, gpu).rule == "fusedlamb-needs-zero0"
+    assert rules.check(Cell(optimizer="fusedlamb", precision="fp16", zero_stage=0), gpu) is None

@@ -37,9 +37,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bench import axes, cells, matrix, record, rules, status
+from bench import axes, cells, matrix, record, rules, status, store
 from bench.estimate import check, timecheck
-from bench.estimate.band import BAND_COVERAGE
 from bench.estimate.fitted import FITTED
 from bench.estimate.steptime import STEP_BAND
 from bench.estimate.verdict import DEFAULT_MARGIN
@@ -153,8 +152,11 @@ def _optimizers_section() -> str:
     head = ["name", "class that runs", "built by", "under offload", "precisions", "ZeRO stages", "JIT op"]
     head.append("state bytes/param")
     return (
-        "## Optimizers\n\nThe values of the `optimizer` axis (`bench.axes.OPTIMIZERS`). The worker refuses a "
-        "cell whose engine built another class than the one named. *Under offload*: runs (steps on the CPU as "
+        "## Optimizers\n\nThe values of the `optimizer` axis (`bench.axes.OPTIMIZERS`). Before the first step "
+        "the worker refuses a cell whose engine built another optimizer than the one named (`bench/worker/"
+        "optimizer.py`: the class, bitsandbytes' state bits and paging, the learning rate and betas; the HF "
+        "Trainer's `bitsandbytes.optim.AdamW` with the named class's bits and paging is that class). "
+        "*Precisions*: those it trains in. *Under offload*: runs (steps on the CPU as "
         "itself), required (DeepSpeed builds it only under offload), replaced (DeepSpeed would swap it for "
         "DeepSpeedCPUAdam: a rule stops it), no-cpu-step (cannot run under offload). *State bytes* per "
         "trainable parameter: the fp32 master copy and the moments, the ZeRO paper's K.\n\n" + _table(head, rows) + "\n"
@@ -163,8 +165,9 @@ def _optimizers_section() -> str:
 
 def _rules_section() -> str:
     holes = {"opt": "*optimizer*", "ds": "*version*", "lora": "*settings*", "qlora": "*settings*", "nodes": "*N*"}
-    holes["hosts"] = "*M*"
-    rows = [[f"`{r.name}`", r.reason.format(**holes), r.fix, r.source] for r in rules.RULES]
+    holes |= {"hosts": "*M*", "ranks": "*R*", "stage": "*S*", "elements": "*E*", "trainable": "*T*"}
+    holes["min_ranks"] = "*T / (2^31 - 1)*"
+    rows = [[f"`{r.name}`", r.reason.format(**holes), r.fix.format(**holes), r.source] for r in rules.RULES]
     rows.append(
         [
             f"`{rules.PRUNED}`",
@@ -316,11 +319,18 @@ def results_page() -> str:
         "each ends: a `started` line before the launch, then the attempt's outcome. Every line is a "
         f"`bench.record.Record` with `schema_version` {record.SCHEMA_VERSION}; reading upgrades older records "
         "(what each version changed is at the top of `bench/record.py`), and a line that is not a zerobench "
-        "record is skipped with a warning. `zerobench schema` prints the JSON Schema "
+        "record is skipped with a warning that names its line: another tool's line, a field of the wrong type or "
+        "out of range, figures that contradict each other (tokens/s that its step times and tokens per step do "
+        f"not give, a measurement on a cell that never ran), a name over {store.MAX_NAME_CHARS:,} characters or a "
+        f"line over {store.MAX_LINE_CHARS >> 20} MiB, and a last line cut short by a killed run (`bench/store.py`). "
+        "`zerobench schema` prints the JSON Schema "
         f"(`schema/record-v{record.SCHEMA_VERSION}.schema.json` is the committed copy); "
-        '`bench.results.load("results/NAME.jsonl")` gives a pandas DataFrame, one row per attempt, with two '
+        '`bench.results.load("results/NAME.jsonl")` gives a pandas DataFrame, one row per attempt, with '
         "columns computed on loading: the ZeRO paper's model-state estimate (`bench/estimate/paper.py`, a floor "
-        "under the measured peak) and `fixed_cost_s` (wall time minus the steps and the model build). A field "
+        "under the measured peak), `fixed_cost_s` (wall time minus the steps and the model build), `machine` and "
+        "`block` (the machine's id, and the run part on that machine: measurements compare directly only within "
+        "a block) and, for an ok attempt, `flags` and `noise_sd` (`bench/quality.py`: what makes its measurement "
+        "weaker evidence, host-bound, unstable or throttled, and the spread of ln tokens/s it carries). A field "
         "marked ? may be absent. Telemetry is sampled every 10 ms on GPU hosts, 50 ms on CPU hosts.\n",
         "## Statuses\n\n" + _table(["status", "what it means"], statuses) + "\n",
         "## Record\n\n" + " ".join(schema.get("description", "").split()) + "\n\n" + _fields_table(schema, defs) + "\n",
@@ -336,10 +346,8 @@ def _model_check() -> dict[str, Any]:
     """What `zerobench estimate --check results --held-out reports/*-predicted.txt` computes."""
     files = [str(f) for f in tracked("results", "*.jsonl")]
     cs = check.cases(files)
-    excluded: list[tuple[str, str]] = []
-    tc = timecheck.time_cases(files, excluded=excluded)
     steps: dict[str, list[float]] = {}
-    for t in timecheck.time_cases(files, unfitted=True):
+    for t in timecheck.time_cases(files):
         steps.setdefault(t.cell.hash, []).append(t.step_s)
     every = check.cases(files, unfitted=True)
     predictions = sorted(glob.glob(str(ROOT / "reports" / "*-predicted.txt")))
@@ -347,17 +355,15 @@ def _model_check() -> dict[str, Any]:
         "files": [str(Path(f).relative_to(ROOT)) for f in files],
         "rows": check.evaluate(cs),
         "cv": check.cross_validate(cs),
+        "unfit": check.evaluate([c for c in every if not check.fitted_on(c.run)]),
         "held": [(str(Path(p).relative_to(ROOT)), check.held_out(p, every, steps)) for p in predictions],
-        "time_cases": tc,
-        "time_rows": timecheck.evaluate_time(tc),
-        "time_cv": timecheck.cross_validate_time(tc),
-        "time_excluded": excluded,
+        "time": timecheck.time_check(files),
     }
 
 
 def memory_report(m: dict[str, Any]) -> str:
     """reports/memory-model.md, as `zerobench estimate --check results --held-out ... --markdown` writes it."""
-    return check.markdown(["results"], m["files"], m["rows"], m["cv"], FITTED, DEFAULT_MARGIN, m["held"])
+    return check.markdown(["results"], m["files"], m["rows"], m["cv"], FITTED, DEFAULT_MARGIN, m["held"], m["unfit"])
 
 
 def memory_blocks(m: dict[str, Any]) -> dict[str, str]:
@@ -366,7 +372,8 @@ def memory_blocks(m: dict[str, Any]) -> dict[str, str]:
         "memory-summary": "\n".join(
             [
                 f"- {check.summary_line(s_in, 'in-sample (the constants of bench/estimate/fitted.py)')}",
-                f"- {check.summary_line(s_cv, 'cross-validated (leave one results file out)')}",
+                f"- {check.summary_line(s_cv, 'held out (leave one results file out)')}",
+                *([f"- {check.unfitted_line(m['unfit'])}"] if m["unfit"] else []),
             ]
         ),
         # The memory columns only: the step-time columns are docs/step-time.md's (time-held-out).
@@ -387,17 +394,25 @@ _QUANTITIES = {
 
 
 def _time_summary(m: dict[str, Any]) -> str:
-    head = ["quantity", "records", "median |error|", "p95", "max", "CV median", "CV p95", "CV max"]
+    t: timecheck.TimeCheck = m["time"]
+    head = ["quantity", "in-sample records", "in-sample median |error|", "in-sample p95"]
+    head += ["held-out records", "held-out median |error|", "held-out p95", "held-out max"]
     rows = []
     for which, label in _QUANTITIES.items():
-        a, b = timecheck.time_summary(m["time_rows"], which), timecheck.time_summary(m["time_cv"], which)
-        rows.append([label, str(a["n"]), *(f"{s[k]:.1%}" for s in (a, b) for k in ("median", "p95", "max"))])
-    left = f"{len(m['time_excluded'])} records left out: {timecheck.EXCLUDED}."
-    return _table(head, rows) + "\n\n" + left
+        a, b = timecheck.time_summary(t.rows, which), timecheck.time_summary(t.held_out, which)
+        cells = [str(a["n"]), f"{a['median']:.1%}", f"{a['p95']:.1%}"]
+        cells += [str(b["n"]), *(f"{b[k]:.1%}" for k in ("median", "p95", "max"))]
+        rows.append([label, *cells])
+    left = f"{len(t.excluded)} records left out: {timecheck.EXCLUDED}."
+    unfit = ", ".join(sorted({r.case.file for r in t.unfitted}))
+    held = " Held out: each results file predicted by constants fitted on the other files"
+    held += f", and the records of runs no constant was fitted on ({unfit})." if unfit else "."
+    return _table(head, rows) + "\n\n" + left + held
 
 
 def _time_band(m: dict[str, Any]) -> str:
-    cover = timecheck.band_coverage(m["time_cases"], m["time_cv"])
+    t: timecheck.TimeCheck = m["time"]
+    cover = timecheck.band_coverage(t.cases, t.cv)
     rows = []
     for group, b in STEP_BAND.items():
         inside, n = cover.get(group, (0, 0))
@@ -406,15 +421,16 @@ def _time_band(m: dict[str, Any]) -> str:
                 group,
                 str(b["n"]),
                 f"{math.exp(b['low']):.2f}-{math.exp(b['high']):.2f}",
+                f"{b['level']:.1%}",
                 f"{b['median']:.3f}",
                 f"{b['p95']:.3f}",
                 f"{inside} of {n}",
             ]
         )
     inside, n = cover["all"]
-    rows.append(["all", str(n), "", "", "", f"{inside} of {n} ({inside / n:.1%})"])
-    head = ["group", "records", f"measured / predicted ({BAND_COVERAGE:.0%})", "median |log error|"]
-    head += ["p95 |log error|", "inside the band of the other files"]
+    rows.append(["all", str(n), "", "", "", "", f"{inside} of {n} ({inside / n:.1%})"])
+    head = ["group", "records", "measured / predicted (band)", "percentile level", "median |log error|"]
+    head += ["p95 |log error|", "inside the band derived and calibrated without their file"]
     return _table(head, rows)
 
 
@@ -428,15 +444,34 @@ def _time_held_out(m: dict[str, Any]) -> str:
     return check.md_table([[r[i] for i in keep] for r in [head, *rows]])
 
 
+def _time_machines(m: dict[str, Any]) -> str:
+    """Each machine's host offset in the fit, with the files and records it ran."""
+    t: timecheck.TimeCheck = m["time"]
+    offsets = timecheck.machine_offsets(t.cases)
+    rows = []
+    for machine, off in sorted(offsets.items(), key=lambda kv: kv[1]):
+        mine = [c for c in t.cases if c.machine == machine]
+        files = ", ".join(sorted({c.file for c in mine}))
+        rows.append([f"`{machine[:12]}`", files, str(len(mine)), f"{off:+.3f}", f"{math.exp(off):.2f}"])
+    head = ["machine (GPU uuid)", "results files", "records", "host offset (log)", "host time x typical"]
+    return _table(head, rows)
+
+
+def _time_files(m: dict[str, Any]) -> str:
+    return check.md_table(timecheck.file_rows(m["time"]))
+
+
 def time_blocks(m: dict[str, Any]) -> dict[str, str]:
     cats = {
-        f"time-{which}-categories": check.md_table(timecheck.category_rows(m["time_rows"], m["time_cv"], which))
+        f"time-{which}-categories": check.md_table(timecheck.category_rows(m["time"], which))
         for which in ("step", "setup", "wall")
     }
     return {
         "time-summary": _time_summary(m),
         "time-band": _time_band(m),
         "time-held-out": _time_held_out(m),
+        "time-machines": _time_machines(m),
+        "time-files": _time_files(m),
         **cats,
     }
 

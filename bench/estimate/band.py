@@ -2,11 +2,16 @@
 (leave one results file out, on the committed H200 records) published as a band, so that a search can
 tell when a cell it has not measured cannot beat one it has.
 
-`step_time_band(cell, hw)` gives (low, predicted, high) seconds per step; 95% of the records the model
-was checked on without having been fitted on them measured inside their band (BAND_COVERAGE). A cell with a
-trait (bench.estimate.steptime.traits: offload to NVMe, a PEFT mode, a precision, ...) that fewer than
-FAMILIAR_FILES of the fitting results files showed gets the band of such records, which is wider. The
-constants sit beside the fitted ones (steptime.STEP_BAND, TRAIT_FILES) and are regenerated with them
+`step_time_band(cell, hw)` gives (low, predicted, high) seconds per step. The band is calibrated on held-out
+files: its edges are the percentiles of the held-out errors at the level at which a band derived from the
+other results files holds BAND_COVERAGE of each file's records (a file is a new machine or a new region of
+cells; the nominal 95% percentiles of one set of errors hold fewer than 95% of another's). The groups:
+a cell with a trait (bench.estimate.steptime.traits: offload to NVMe, a PEFT mode, a precision, ...) that
+fewer than FAMILIAR_FILES of the fitting results files showed is "unfamiliar"; a familiar cell is
+"host-bound" when at least HOST_BOUND of its predicted step moves with the host's speed
+(bench.estimate.steptime.host_share), where machines with the same GPU differ most, else "gpu-bound".
+STEP_BAND also holds "familiar", the two familiar groups together (answer mode's prior width). The constants
+sit beside the fitted ones (steptime.STEP_BAND, TRAIT_FILES) and are regenerated with them
 (bench.estimate.timecheck.error_band)."""
 
 from __future__ import annotations
@@ -15,32 +20,46 @@ import math
 from typing import Any
 
 from .model import Hardware
-from .steptime import STEP_BAND, TRAIT_FILES, predict_step, traits
+from .steptime import STEP_BAND, TRAIT_FILES, host_share, predict_step, traits
 
-__all__ = ["BAND_COVERAGE", "FAMILIAR_FILES", "band_group", "step_time_band"]
+__all__ = ["BAND_COVERAGE", "FAMILIAR_FILES", "HOST_BOUND", "band_group", "group_of", "step_time_band"]
 
 BAND_COVERAGE = 0.95
-"""The share of held-out records whose measured step time lies inside their band."""
+"""The share of held-out records, of files the band was neither derived nor calibrated on, it should hold."""
 FAMILIAR_FILES = 3
 """A trait the fit saw in at least this many results files is familiar (one file can be one machine's
 mood, two can be one matrix run twice)."""
+HOST_BOUND = 0.5
+"""The host share (bench.estimate.steptime.host_share) from which a familiar cell's band is the host-bound
+group's: the host's parts are the larger share of what moves its step."""
 
 
-def band_group(cell: Any, ds_config: dict | None = None, files: dict[str, int] | None = None) -> str:
-    """'familiar' when every trait of the cell was in at least FAMILIAR_FILES of the results files the
-    constants were fitted on (`files`: trait -> files, TRAIT_FILES by default), else 'unfamiliar'."""
+def group_of(familiar: bool, share: float | None) -> str:
+    """The band group of a cell whose traits are familiar or not, at this host share."""
+    if not familiar:
+        return "unfamiliar"
+    return "host-bound" if share is not None and share >= HOST_BOUND else "gpu-bound"
+
+
+def band_group(
+    cell: Any, ds_config: dict | None = None, files: dict[str, int] | None = None, hw: Hardware | None = None
+) -> str:
+    """'unfamiliar' when a trait of the cell was in fewer than FAMILIAR_FILES of the results files the
+    constants were fitted on (`files`: trait -> files, TRAIT_FILES by default), else 'host-bound' or
+    'gpu-bound' by its host share on `hw`."""
     files = TRAIT_FILES if files is None else files
-    return "familiar" if all(files.get(t, 0) >= FAMILIAR_FILES for t in traits(cell, ds_config)) else "unfamiliar"
+    familiar = all(files.get(t, 0) >= FAMILIAR_FILES for t in traits(cell, ds_config))
+    return group_of(familiar, host_share(cell, hw, ds_config=ds_config) if familiar else None)
 
 
 def step_time_band(
     cell: Any, hw: Hardware | None = None, ds_config: dict | None = None
 ) -> tuple[float, float, float] | None:
-    """(low, predicted, high) seconds per optimizer step at BAND_COVERAGE; None for a model whose shape is
-    unknown. The band is the 2.5th to 97.5th percentile of measured / predicted on held-out records of the
-    cell's group (band_group)."""
+    """(low, predicted, high) seconds per optimizer step; None for a model whose shape is unknown. The band
+    is the calibrated percentiles of measured / predicted on held-out records of the cell's group
+    (band_group)."""
     pred = predict_step(cell, hw, ds_config=ds_config)
     if pred is None:
         return None
-    b = STEP_BAND[band_group(cell, ds_config)]
+    b = STEP_BAND[band_group(cell, ds_config, hw=hw)]
     return pred * math.exp(b["low"]), pred, pred * math.exp(b["high"])

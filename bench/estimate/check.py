@@ -19,7 +19,7 @@ from ..axes import OPTIMIZERS
 from ..cells import Cell
 from ..record import parse
 from ..store import read
-from .fitted import FITTED, UNFITTED_FILES, Constants
+from .fitted import FITTED, FITTED_RUNS, Constants
 from .model import Estimate, Hardware, predict
 from .verdict import DEFAULT_MARGIN, Verdict, verdict
 
@@ -35,6 +35,8 @@ __all__ = [
     "HeldOut",
     "held_out",
     "held_out_table",
+    "runs_literal",
+    "unfitted_line",
 ]
 
 GiB = 2**30
@@ -56,6 +58,8 @@ class Case:
     measured_allocated: float | None
     measured_reserved: float | None = None
     """The allocator's peak reservation: NVML's figure minus it is the CUDA context (and NCCL)."""
+    run: str = ""
+    """The run that made it (its run id)."""
 
 
 def _onebit(cell: Cell) -> bool:
@@ -77,23 +81,23 @@ def _ds_config(cell: Cell, recorded: dict | None) -> dict | None:
         return recorded
 
 
-def fitted_on(path: str | os.PathLike) -> bool:
-    """Whether the constants were fitted on this results file (UNFITTED_FILES: the held-out checks)."""
-    return os.path.basename(os.fspath(path)) not in UNFITTED_FILES
+def fitted_on(run: str) -> bool:
+    """Whether the constants were fitted on this run's records (FITTED_RUNS)."""
+    return run in FITTED_RUNS
 
 
 def cases(paths: Iterable[str | os.PathLike], gpu: str = "H200", *, unfitted: bool = False) -> list[Case]:
     """Every ok, cuda_oom and host_oom record run on a GPU whose name contains `gpu`, with NVML's figures
-    (ok) or an out-of-memory end (the rest); of the files in UNFITTED_FILES only with `unfitted` (to score
-    the predictions made before they ran)."""
+    (ok) or an out-of-memory end (the rest); of runs the constants were not fitted on (FITTED_RUNS) only with
+    `unfitted` (held out: to score them, and the predictions made before they ran)."""
     out = []
     for path in paths:
-        if not unfitted and not fitted_on(path):
-            continue
         for raw in read(path, warn=False):
             if raw.get("status") not in ("ok", *OOM):
                 continue
             rec = parse(raw)
+            if not unfitted and not fitted_on(rec.run_id or ""):
+                continue
             prov = rec.provenance
             name = (rec.worker.gpu_name if rec.worker else None) or (prov.gpu_name if prov else None) or ""
             if gpu not in name:
@@ -123,6 +127,7 @@ def cases(paths: Iterable[str | os.PathLike], gpu: str = "H200", *, unfitted: bo
                     measured_reserved=float(mem.torch_max_reserved_bytes)
                     if mem and mem.torch_max_reserved_bytes and rec.status.value == "ok"
                     else None,
+                    run=rec.run_id or "",
                 )
             )
     return out
@@ -314,12 +319,24 @@ def summary_line(s: dict, label: str) -> str:
     )
 
 
+def runs_literal(cs: Sequence[Case]) -> str:
+    """FITTED_RUNS (bench/estimate/fitted.py) for constants fitted on `cs`, as Python."""
+    runs = "".join(f'    "{r}",\n' for r in sorted({c.run for c in cs}))
+    return f"FITTED_RUNS: tuple[str, ...] = (\n{runs})\n"
+
+
+def unfitted_line(rows: Sequence[Row]) -> str:
+    """The summary of the rows of runs no constant was fitted on (FITTED_RUNS), labelled so."""
+    names = ", ".join(sorted({r.case.file for r in rows}))
+    return summary_line(summarize(rows), f"held out (runs no constant was fitted on: {names})")
+
+
 def _gib(x: float | None) -> str:
     return "-" if x is None else f"{x / GiB:.2f}"
 
 
 def table(rows: Sequence[Row], cv: Sequence[Row] | None = None) -> list[list[str]]:
-    head = ["file", "cell", "status", "measured GiB", "predicted GiB", "error", "CV error", "phase", "verdict"]
+    head = ["file", "cell", "status", "measured GiB", "predicted GiB", "error", "held-out error", "phase", "verdict"]
     out = [head]
     for i, r in enumerate(rows):
         c = r.case
@@ -359,7 +376,7 @@ def _largest(rows: Sequence[Row], n: int = 6) -> list[list[str]]:
 
 
 def category_table(rows: Sequence[Row], cv: Sequence[Row]) -> list[list[str]]:
-    out = [["category", "value", "records", "median |error|", "p95 |error|", "CV median", "CV p95"]]
+    out = [["category", "value", "records", "median |error|", "p95 |error|", "held-out median", "held-out p95"]]
     for cat in CATEGORIES:
         values: dict[str, list[int]] = {}
         for i, r in enumerate(rows):
@@ -532,12 +549,15 @@ def markdown(
     k: Constants,
     margin: float,
     held: Sequence[tuple[str, HeldOut]] = (),
+    unfitted: Sequence[Row] = (),
 ) -> str:
     """The check as Markdown: `paths` as given on the command line, `files` the results files read, `held` the
-    predictions files (as given, scored)."""
+    predictions files (as given, scored), `unfitted` the rows of the runs no constant was fitted on."""
     s_in, s_cv = summarize(rows), summarize(cv)
-    listed = ", ".join(f"`{os.path.basename(p)}`" for p in files if fitted_on(p))
-    held_only = ", ".join(f"`{os.path.basename(p)}`" for p in files if not fitted_on(p))
+    only = sorted({r.case.file for r in unfitted} - {r.case.file for r in rows})  # held-out files
+    fitted_files = [os.path.basename(p) for p in files if os.path.basename(p) not in only]
+    listed = ", ".join(f"`{f}`" for f in fitted_files)
+    held_only = ", ".join(f"`{f}`" for f in only)
     held_arg = f" --held-out {' '.join(p for p, _ in held)}" if held else ""
     held_part = ["## Held-out checks", "", _HELD_OUT_TEXT, "", md_table(held_out_table([h for _, h in held])), ""]
     return "\n".join(
@@ -547,8 +567,8 @@ def markdown(
             "Made by `zerobench estimate --check` (the command below); every figure is a pure function of the "
             "results files and the model (`bench/estimate/`). Each cell is predicted from the cell and the GPU's "
             "memory alone: never from the record's own measurements. *measured* is NVML's per-process peak on the "
-            "cell's GPU (the largest rank's), *predicted* the model's; *CV error* is the prediction with the fitted "
-            "constants refitted without the cell's results file (leave one file out).",
+            "cell's GPU (the largest rank's), *predicted* the model's; *held-out error* is the prediction with the "
+            "fitted constants refitted without the cell's results file (leave one file out).",
             "",
             f"    python -m bench estimate --check {' '.join(paths)}{held_arg} --markdown reports/memory-model.md",
             "",
@@ -564,7 +584,8 @@ def markdown(
             "## Summary",
             "",
             f"- {summary_line(s_in, 'in-sample (the constants in bench/estimate/fitted.py)')}",
-            f"- {summary_line(s_cv, 'cross-validated (leave one results file out)')}",
+            f"- {summary_line(s_cv, 'held out (leave one results file out)')}",
+            *([f"- {unfitted_line(unfitted)}"] if unfitted else []),
             "",
             *(held_part if held else []),
             "## Errors per category",
@@ -587,7 +608,7 @@ def markdown(
             "",
             md_table(table(rows, cv)),
             "",
-            f"Results files ({sum(map(fitted_on, files))}): {listed}. Records counted: status ok with NVML's "
+            f"Results files ({len(fitted_files)}): {listed}. Records counted: status ok with NVML's "
             "figures, and cuda_oom/host_oom, run on an H200; the others (skipped, interrupted, errors, selfcheck "
             "variants without telemetry) predict nothing to compare."
             + (

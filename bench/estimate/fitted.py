@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-__all__ = ["Constants", "FITTED", "FIT_NAMES", "UNFITTED_FILES"]
+__all__ = ["Constants", "FITTED", "FITTED_RUNS", "FIT_NAMES"]
 
 GiB = 2**30
 
@@ -50,7 +50,51 @@ FIT_NAMES = tuple(f.name for f in fields(Constants))
 
 FITTED = Constants()
 
-UNFITTED_FILES = ("timecheck-h200.jsonl", "timecheck-h200-7b.jsonl")
-"""Committed results files that neither model's constants (these and bench.estimate.steptime's) were fitted
-on: held-out checks, predicted before they ran (reports/*-predicted.txt). The checks read them only to score
-those predictions; a refit takes them in and empties this."""
+FITTED_RUNS: tuple[str, ...] = (
+    "20261130T043402Z-2a5ab9",
+    "20261130T043915Z-6c3d1f",
+    "20261130T044209Z-17b00c",
+    "20261130T045048Z-f02045",
+    "20261130T045319Z-7a2874",
+    "20261130T064152Z-a12d58",
+    "20261130T064516Z-8e7f63",
+    "20261130T064658Z-67e056",
+    "20261130T065350Z-9e3378",
+    "20261130T065531Z-ce3855",
+    "20261130T070043Z-b4856a",
+    "20261130T070420Z-cb7069",
+    "20261130T085424Z-a77a0a",
+    "20261130T085906Z-7472a0",
+    "20261130T090658Z-a6e535",
+    "20261130T091532Z-ab057d",
+    "20261130T092111Z-27f91c",
+    "20261130T101846Z-040317",
+    "20261130T102755Z-07d352",
+    "20261130T103325Z-f611de",
+    "20261130T105327Z-f4cc44",
+    "20261130T235245Z-59afd6",
+    "20261201T010318Z-c43491",
+    "20261201T024706Z-dcd128",
+    "20261201T024957Z-88f38b",
+    "20261201T025144Z-e994c1",
+    "20261201T025344Z-20f63d",
+    "20261201T030815Z-d5014b",
+    "20261201T031012Z-77674f",
+    "20261201T085240Z-3b1fbc",
+    "20261201T085836Z-69b3dd",
+    "20261201T085938Z-135011",
+    "20261201T090151Z-9568e7",
+    "20261201T090220Z-576c30",
+    "20261201T090327Z-1a7ed0",
+    "20261201T090702Z-32d436",
+    "20261201T091033Z-c43994",
+    "20261201T222237Z-8af68e",
+    "20261201T222711Z-085537",
+    "20261201T224041Z-8f5cfa",
+    "20261202T072952Z-4b5a27",
+    "20261202T074233Z-aed415",
+)
+"""The runs (record run ids) whose records these constants were fitted on: every committed H200 results file's
+but the held-out checks' (timecheck-h200.jsonl, timecheck-h200-7b.jsonl and 7b-answer-h200.jsonl, each
+predicted before it ran: reports/*-predicted.txt). The memory check counts the records of any other run as
+held out; `zerobench estimate --check RESULTS --refit` fits on every record given and prints its runs."""

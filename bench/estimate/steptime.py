@@ -6,15 +6,17 @@ The step is built from parts (PARTS), each a physical base read off the cell's s
 at the GPU's data-sheet peak for the precision; the elementwise kernels' activation traffic; LoRA's adapter
 traffic; QLoRA's dequantization; the optimizer step on the GPU or, under offload, on the host (scaled by the
 host's core count); offload's copies over PCIe and swaps to NVMe (bytes); ZeRO-3's gathers; the host's
-launches per layer and pass, PEFT's wrappers per adapted linear and pass, hooks per trainable tensor, and
-per-layer waits (counts). Each part is its base times fitted factors, one per thing that changes it
-(precision, PEFT mode, ZeRO stage, offload, pinning, optimizer, GPU count, engine, compile, kernels). The
-GPU's work and the host's work that feeds it overlap (a smooth maximum of the two, OVERLAP); the other parts
-add. The factors are fitted on the committed H200 records (bench.estimate.timecheck.fit_time); the literals
-below are that fit, and tests/test_steptime.py holds them to it. Setup and the rest of the wall time are
-log-linear in model size and stage. The functions are pure (cell, hardware -> seconds), so a search can rank
-cells by them; the model's error on records it was not fitted on is published beside the fit
-(bench.estimate.band).
+launches per layer and pass, PEFT's wrappers per adapted linear and pass, ZeRO's gradient hooks per
+trainable tensor in each micro-batch, the optimizer's per-tensor launches once per step, and per-layer waits
+(counts). Each part is its base times fitted factors, one per thing that changes it (precision, PEFT mode,
+ZeRO stage, offload, pinning, optimizer, GPU count, engine, compile, kernels). The GPU's work and the host's
+work that feeds it overlap (a smooth maximum of the two, OVERLAP); the other parts add. The factors are
+fitted on the committed H200 records (bench.estimate.timecheck.fit_time), each machine's host speed apart
+(HOST_PARTS): a prediction is for the typical host. The literals below are that fit, and
+tests/test_steptime.py holds them to it. Setup and the rest of the wall time are log-linear in model size
+and stage. The functions are pure (cell, hardware -> seconds), so a search can rank cells by them; the
+model's error on records it was not fitted on is published beside the fit (bench.estimate.band), and
+host_share says how much of a cell's step a faster or slower host would move.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ from .model import Hardware
 from .shapes import Shape, adapted, shape_of, trainable_params
 
 __all__ = [
+    "FITTED_RUNS",
     "FITTED_TIME",
+    "HOST_PARTS",
     "STEP_BAND",
     "TIME_NAMES",
     "TRAIT_FILES",
@@ -39,6 +43,7 @@ __all__ = [
     "combine",
     "compute_seconds",
     "flops_per_token",
+    "host_share",
     "peak_flops",
     "pinned",
     "predict_setup",
@@ -100,14 +105,15 @@ PARTS = {
     "host": ("host_one", "host_torch_adam", "host_fp16"),
     "pcie": ("pcie_one", "pcie_unpinned"),
     "nvme": ("nvme_one",),
-    "tensors": (
-        "tensors_one",
-        "tensors_zero12",
-        "tensors_zero3",
-        "tensors_fp16",
-        "tensors_multi_gpu",
-        "tensors_offload",
+    "hooks": (
+        "hooks_one",
+        "hooks_zero2",
+        "hooks_zero3",
+        "hooks_fp16",
+        "hooks_multi_gpu",
+        "hooks_offload",
     ),
+    "tensors": ("tensors_one", "tensors_bit8", "tensors_paged", "tensors_torch_adam", "tensors_zero12"),
     "launch": (
         "launch_one",
         "launch_qlora",
@@ -137,13 +143,17 @@ PART_DOCS = {
     "offload every parameter in for each pass: seconds per GB, log (unpinned: pageable host memory)",
     "nvme": "ZeRO-Infinity's NVMe swaps: optimizer state read and written each step, parameters read for "
     "each pass: seconds per GB, log",
-    "tensors": "per trainable tensor costs on the host (DeepSpeed's gradient hooks in backward, the "
-    "optimizer's and the gradient norm's per-tensor launches), overlapping the GPU's work: seconds per 100 "
-    "trainable tensors per micro-batch, log",
+    "hooks": "DeepSpeed's ZeRO gradient hooks on the host, per trainable tensor in each micro-batch's backward "
+    "(ZeRO-1 and -2 copy each gradient toward its partition, ZeRO-3 also releases it), overlapping the GPU's "
+    "work: seconds per 100 trainable tensors per micro-batch, log (ZeRO-0 has none)",
+    "tensors": "per trainable tensor costs on the host once per optimizer step (the optimizer's and the "
+    "gradient norm's per-tensor launches; not under optimizer offload, whose step is the host part): seconds "
+    "per 100 trainable tensors, log",
     "launch": "the host launching each block's kernels (and ZeRO-3's fetch and release hooks, QLoRA's "
-    "bitsandbytes calls) while the GPU runs those queued before: seconds per 100 layers per pass, log",
+    "bitsandbytes calls) while the GPU runs those queued before: seconds per 100 layers per forward (a "
+    "backward counts HOST_BACKWARD of one), log",
     "wrappers": "PEFT's wrapper of each adapted linear on the host (its dropout, the two small matmuls, the "
-    "scale and add): seconds per 1000 adapted linears per pass, log",
+    "scale and add): seconds per 1000 adapted linears per forward (a backward counts HOST_BACKWARD of one), log",
     "gather": "ZeRO-3's parameter gathers in forward, backward (and recompute): seconds per billion "
     "parameters per pass, log",
     "layers": "fixed costs per layer per micro-batch that the GPU waits on (ZeRO-3's fetch and release, "
@@ -183,65 +193,70 @@ TIME_NAMES = tuple(f.name for f in fields(TimeConstants))
 SETUP_NAMES = SETUP_FEATURES + START_FEATURES
 # The values fitted on the committed H200 records (tests/test_steptime.py holds them to the fit).
 _FIT: dict[str, float] = {
-    "compute_one": 0.492,
-    "compute_fp16": 0.007,
-    "compute_hf_trainer": -0.091,
-    "compute_compiled": -0.237,
-    "compute_liger": -0.55,
-    "compute_grad_ckpt": -0.032,
-    "compute_zero3": 0.279,
-    "compute_multi_gpu": -0.241,
-    "activations_one": 1.768,
-    "adapter_one": 0.833,
-    "adapter_qlora": -0.298,
-    "dequant_one": -5.021,
-    "dequant_double_quant": -0.037,
-    "params_one": -3.622,
-    "params_fp16": -0.234,
-    "params_multi_gpu": 0.4,
-    "params_zero12": -0.261,
-    "params_torch_adam": 0.055,
-    "params_paged": 0.425,
-    "params_bit8": 0.228,
-    "host_one": -1.011,
-    "host_torch_adam": 1.43,
-    "host_fp16": 0.978,
-    "pcie_one": -4.088,
-    "pcie_unpinned": 1.501,
-    "nvme_one": -0.424,
-    "tensors_one": -4.92,
-    "tensors_zero12": 0.838,
-    "tensors_zero3": 0.359,
-    "tensors_fp16": 0.011,
-    "tensors_multi_gpu": -0.128,
-    "tensors_offload": 0.165,
-    "launch_one": -1.607,
-    "launch_qlora": 0.395,
-    "launch_hf_trainer": 0.082,
-    "launch_zero3": 1.31,
-    "launch_multi_gpu": 0.033,
-    "wrappers_one": -2.145,
-    "wrappers_qlora": 0.687,
-    "wrappers_zero3": 1.969,
-    "gather_one": -4.449,
-    "gather_offload_params": -0.044,
-    "gather_multi_gpu": 0.024,
+    "compute_one": 0.518,
+    "compute_fp16": -0.04,
+    "compute_hf_trainer": -0.048,
+    "compute_compiled": -0.189,
+    "compute_liger": -0.497,
+    "compute_grad_ckpt": -0.048,
+    "compute_zero3": -0.014,
+    "compute_multi_gpu": -0.206,
+    "activations_one": 1.611,
+    "adapter_one": 0.275,
+    "adapter_qlora": -0.034,
+    "dequant_one": -6.476,
+    "dequant_double_quant": -0.487,
+    "params_one": -3.93,
+    "params_fp16": 0.157,
+    "params_multi_gpu": 0.318,
+    "params_zero12": -0.151,
+    "params_torch_adam": 0.18,
+    "params_paged": 0.028,
+    "params_bit8": 0.492,
+    "host_one": -0.88,
+    "host_torch_adam": 1.301,
+    "host_fp16": 0.879,
+    "pcie_one": -4.158,
+    "pcie_unpinned": 1.545,
+    "nvme_one": -0.438,
+    "hooks_one": -4.833,
+    "hooks_zero2": 0.964,
+    "hooks_zero3": 1.746,
+    "hooks_fp16": -0.19,
+    "hooks_multi_gpu": -0.423,
+    "hooks_offload": 0.417,
+    "tensors_one": -4.129,
+    "tensors_bit8": 0.185,
+    "tensors_paged": 0.467,
+    "tensors_torch_adam": 0.225,
+    "tensors_zero12": -0.295,
+    "launch_one": -1.522,
+    "launch_qlora": 0.4,
+    "launch_hf_trainer": -0.006,
+    "launch_zero3": 1.191,
+    "launch_multi_gpu": 0.174,
+    "wrappers_one": -1.748,
+    "wrappers_qlora": 0.461,
+    "wrappers_zero3": 1.997,
+    "gather_one": -4.314,
+    "gather_offload_params": -0.076,
+    "gather_multi_gpu": 0.01,
     "gather_qlora": 0.0,
-    "gather_fp16": -0.085,
-    "layers_one": -2.508,
-    "layers_zero3": 0.414,
-    "layers_offload": 0.274,
-    "setup_log": 0.177,
-    "setup_size": 0.27,
-    "setup_zero3": 1.08,
-    "setup_offload": 1.547,
-    "setup_qlora": 0.759,
-    "setup_multi_gpu": 0.119,
-    "start_log": 0.267,
-    "start_spawn": 2.626,
-    "start_compile": 2.903,
-    "start_zero3": 0.62,
-    "start_offload": 0.427,
+    "gather_fp16": -0.079,
+    "layers_one": -3.761,
+    "layers_zero3": 0.071,
+    "layers_offload": 0.032,
+    "setup_log": 0.187,
+    "setup_size": 0.206,
+    "setup_zero3": 1.082,
+    "setup_offload": 1.381,
+    "setup_qlora": 0.705,
+    "setup_multi_gpu": 0.118,
+    "start_log": 0.25,
+    "start_spawn": 2.621,
+    "start_compile": 2.921,
+    "start_zero3": 0.687,
+    "start_offload": 0.5,
 }
 
 FITTED_TIME = TimeConstants(**_FIT)
@@ -253,40 +268,95 @@ FITTED_TIME = TimeConstants(**_FIT)
 # some trait was in fewer. Regenerated with the fit (bench.estimate.timecheck.error_band); tests/
 # test_steptime.py holds them to it.
 STEP_BAND: dict[str, dict[str, float]] = {
-    "familiar": {"n": 259, "median": 0.0548, "p95": 0.2602, "low": -0.292, "high": 0.2558},
-    "unfamiliar": {"n": 20, "median": 0.1571, "p95": 0.3882, "low": -0.5493, "high": 0.3245},
+    "familiar": {"n": 313, "median": 0.0748, "p95": 0.3275, "low": -0.7457, "high": 0.3297, "level": 0.99},
+    "gpu-bound": {"n": 170, "median": 0.0472, "p95": 0.1785, "low": -0.2341, "high": 0.1856, "level": 0.97},
+    "host-bound": {"n": 143, "median": 0.1507, "p95": 0.5377, "low": -0.7707, "high": 0.3736, "level": 1.0},
+    "unfamiliar": {"n": 12, "median": 0.1382, "p95": 0.5981, "low": -0.8375, "high": 0.4022, "level": 1.0},
 }
 # Results files each trait appears in, among those the constants were fitted on.
 TRAIT_FILES: dict[str, int] = {
-    "adapted": 13,
-    "adapter": 13,
-    "bf16": 34,
-    "bit8": 8,
+    "adapted": 16,
+    "adapter": 16,
+    "bf16": 37,
+    "bit8": 10,
     "compiled": 2,
-    "dequant": 12,
-    "double_quant": 12,
-    "fp16": 7,
+    "dequant": 15,
+    "double_quant": 15,
+    "fp16": 9,
     "fp32": 1,
-    "gather": 23,
-    "grad_ckpt": 28,
-    "hf_trainer": 3,
-    "host": 12,
+    "gather": 26,
+    "grad_ckpt": 31,
+    "hf_trainer": 4,
+    "hooks": 32,
+    "host": 14,
     "liger": 1,
-    "lora": 9,
+    "lora": 12,
     "multi_gpu": 5,
     "nvme": 2,
-    "offload": 12,
-    "offload_params": 7,
-    "paged": 9,
-    "params": 32,
-    "pcie": 12,
-    "qlora": 12,
-    "torch_adam": 4,
+    "offload": 14,
+    "offload_params": 8,
+    "paged": 11,
+    "params": 35,
+    "pcie": 14,
+    "qlora": 15,
+    "tensors": 35,
+    "torch_adam": 6,
     "unpinned": 2,
-    "wrappers": 13,
-    "zero12": 22,
-    "zero3": 23,
+    "wrappers": 16,
+    "zero12": 25,
+    "zero2": 23,
+    "zero3": 26,
 }
+# The runs (record run ids) whose records the constants were fitted on: `zerobench estimate --check` counts
+# a record of any other run as held out.
+FITTED_RUNS: tuple[str, ...] = (
+    "20261130T043402Z-2a5ab9",
+    "20261130T043915Z-6c3d1f",
+    "20261130T044209Z-17b00c",
+    "20261130T045048Z-f02045",
+    "20261130T064152Z-a12d58",
+    "20261130T064516Z-8e7f63",
+    "20261130T064658Z-67e056",
+    "20261130T065350Z-9e3378",
+    "20261130T065531Z-ce3855",
+    "20261130T070043Z-b4856a",
+    "20261130T070420Z-cb7069",
+    "20261130T085424Z-a77a0a",
+    "20261130T085906Z-7472a0",
+    "20261130T090658Z-a6e535",
+    "20261130T091532Z-ab057d",
+    "20261130T092111Z-27f91c",
+    "20261130T101846Z-040317",
+    "20261130T102755Z-07d352",
+    "20261130T103325Z-f611de",
+    "20261130T105327Z-f4cc44",
+    "20261130T235245Z-59afd6",
+    "20261201T010318Z-c43491",
+    "20261201T024706Z-dcd128",
+    "20261201T024957Z-88f38b",
+    "20261201T025144Z-e994c1",
+    "20261201T025344Z-20f63d",
+    "20261201T030815Z-d5014b",
+    "20261201T031012Z-77674f",
+    "20261201T085240Z-3b1fbc",
+    "20261201T085836Z-69b3dd",
+    "20261201T085938Z-135011",
+    "20261201T090151Z-9568e7",
+    "20261201T090220Z-576c30",
+    "20261201T090327Z-1a7ed0",
+    "20261201T090702Z-32d436",
+    "20261201T091033Z-c43994",
+    "20261201T222237Z-8af68e",
+    "20261201T222711Z-085537",
+    "20261201T224041Z-8f5cfa",
+    "20261202T072952Z-4b5a27",
+    "20261202T074233Z-aed415",
+    "20261202T194345Z-bc1e7c",
+    "20261202T194636Z-d8d874",
+    "20261203T074333Z-58b02d",
+    "20261203T075555Z-156cb4",
+    "20261203T080543Z-06dc80",
+)
 
 
 def peak_flops(hw: Hardware | None, precision: str = "bf16") -> float:
@@ -353,6 +423,7 @@ def _flags(cell: Any, ds_config: dict | None) -> dict[str, float]:
         "liger": getattr(cell, "kernels", "hf") == "liger",
         "grad_ckpt": bool(cell.grad_ckpt),
         "zero12": cell.zero_stage in (1, 2),
+        "zero2": cell.zero_stage == 2,
         "zero3": cell.zero_stage == 3,
         "multi_gpu": _ranks(cell) > 1,
         "offload": off,
@@ -365,7 +436,7 @@ def _flags(cell: Any, ds_config: dict | None) -> dict[str, float]:
 
 
 # The parts every cell has (their bases are never 0).
-EVERY_CELL = ("compute", "activations", "tensors", "launch", "layers")
+EVERY_CELL = ("compute", "activations", "launch", "layers")
 
 
 def traits(cell: Any, ds_config: dict | None = None) -> frozenset[str]:
@@ -398,6 +469,7 @@ def _bases(cell: Any, s: Shape, hw: Hardware | None) -> dict[str, float]:
     """Each part's base (PART_DOCS says in what unit)."""
     mbs = cell.grad_accum
     passes = 2 + bool(cell.grad_ckpt)  # forward, backward, and the recompute of checkpointing
+    host_passes = passes - 1 + HOST_BACKWARD  # the forwards, and the backward at its share of the host's work
     train = trainable_params(cell, s)
     off, off_par = optimizer_offloaded(cell.offload), params_offloaded(cell.offload)
     # 16-bit parameters streamed in from the host (or NVMe) for every pass of every micro-batch.
@@ -420,9 +492,10 @@ def _bases(cell: Any, s: Shape, hw: Hardware | None) -> dict[str, float]:
         "pcie": (4 * train + par_bytes) / 1e9 if off else 0.0,
         # fp32 master, momentum and variance read and written each step, and the parameters.
         "nvme": (24 * train + par_bytes + 2 * s.params) / 1e9 if cell.offload == "nvme" else 0.0,
-        "tensors": trainable_tensors(cell, s) * mbs / 100,
-        "launch": s.layers * passes * mbs / 100,
-        "wrappers": adapted_linears * passes * mbs / 1000,
+        "hooks": trainable_tensors(cell, s) * mbs / 100 if cell.zero_stage else 0.0,
+        "tensors": 0.0 if off else trainable_tensors(cell, s) / 100,
+        "launch": s.layers * host_passes * mbs / 100,
+        "wrappers": adapted_linears * host_passes * mbs / 1000,
         "gather": (cell.zero_stage == 3) * s.params / 1e9 * mbs * passes,
         "layers": s.layers / 100 * mbs,
     }
@@ -458,8 +531,16 @@ def _part_seconds(base: float, x: tuple[float, ...], part: str, k: Any) -> float
 # and a large one on the GPU. The other parts (the optimizer step, offload's copies and swaps, the per-layer
 # costs the GPU waits on) add to it.
 GPU_PARTS = ("compute", "activations", "adapter", "dequant", "gather")
-CPU_PARTS = ("tensors", "launch", "wrappers")
+CPU_PARTS = ("hooks", "launch", "wrappers")
+# The parts the host runs or the GPU waits on it for, by the host's speed (its launches, hooks, per-tensor
+# work and per-layer synchronisations): what differs between machines with the same GPU (the fit's machine
+# offsets, bench.estimate.timecheck) and what makes a cell's band wide (bench.estimate.band).
+HOST_PARTS = ("hooks", "tensors", "launch", "wrappers", "layers")
 OVERLAP = 4.0
+# A forward's kernels are launched from Python, module by module (HF's and PEFT's forward methods, their
+# hooks); the backward's are launched by autograd's C++ engine from the graph the forward recorded, at about
+# half the host time per layer. The host parts count a backward as this share of a forward.
+HOST_BACKWARD = 0.5
 
 
 def combine(seconds: dict[str, Any], p: float | None = None) -> tuple[Any, dict[str, Any]]:
@@ -485,16 +566,35 @@ def searched(cell: Any, hw: Hardware | None) -> Any:
     return dataclasses.replace(cell, micro_batch=seed_micro_batch(cell, hw or Hardware()))
 
 
+def _seconds(cell: Any, hw: Hardware | None, k: Any, ds_config: dict | None) -> dict[str, float] | None:
+    """Each part's predicted seconds (a micro_batch: auto cell at its search's first probe)."""
+    cell = searched(cell, hw)
+    parts = step_parts(cell, hw, ds_config)
+    if parts is None:
+        return None
+    return {part: _part_seconds(base, x, part, k) for part, (base, x) in parts.items()}
+
+
 def predict_step(
     cell: Any, hw: Hardware | None = None, k: Any = FITTED_TIME, ds_config: dict | None = None
 ) -> float | None:
     """Predicted seconds per optimizer step from its parts; None for a model whose shape is unknown. A
     micro_batch: auto cell is predicted at its search's first probe (searched)."""
-    cell = searched(cell, hw)
-    parts = step_parts(cell, hw, ds_config)
-    if parts is None:
+    seconds = _seconds(cell, hw, k, ds_config)
+    return None if seconds is None else combine(seconds)[0]
+
+
+def host_share(
+    cell: Any, hw: Hardware | None = None, k: Any = FITTED_TIME, ds_config: dict | None = None
+) -> float | None:
+    """How much of the predicted step moves with its host's speed: d log(step) / d log(the HOST_PARTS'
+    seconds), from 0 (the GPU's work hides the host's) to 1 (the step waits on the host); None for a model
+    whose shape is unknown."""
+    seconds = _seconds(cell, hw, k, ds_config)
+    if seconds is None:
         return None
-    return combine({part: _part_seconds(base, x, part, k) for part, (base, x) in parts.items()})[0]
+    total, slope = combine(seconds)
+    return sum(slope[n] * seconds[n] for n in HOST_PARTS) / total
 
 
 def _params(cell: Any) -> float:

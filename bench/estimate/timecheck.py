@@ -13,19 +13,23 @@ from dataclasses import dataclass, fields, replace
 
 from ..record import parse
 from ..store import read
-from .band import BAND_COVERAGE, FAMILIAR_FILES
-from .check import _cell, _ds_config, _pct, fitted_on
+from .band import BAND_COVERAGE, FAMILIAR_FILES, band_group, group_of
+from .check import _cell, _ds_config, _pct
 from .model import Hardware
 from .shapes import shape_of
 from .steptime import (
+    FITTED_RUNS,
     FITTED_TIME,
+    HOST_PARTS,
     OVERLAP,
     PARTS,
     SETUP_FEATURES,
     START_FEATURES,
+    STEP_BAND,
     STEP_NAMES,
     TimeConstants,
     combine,
+    host_share,
     predict_setup,
     predict_start,
     predict_step,
@@ -37,11 +41,17 @@ from .steptime import (
 
 __all__ = [
     "TimeCase",
+    "TimeCheck",
+    "calibrated_levels",
+    "fitted",
+    "time_check",
     "band_coverage",
     "cross_validate_time",
     "error_band",
+    "file_rows",
     "fit_time",
     "literals",
+    "machine_offsets",
     "time_cases",
     "time_summary",
     "time_text",
@@ -70,6 +80,10 @@ class TimeCase:
     """Steps it ran (warm-up and measured)."""
     ds_config: dict | None = None
     """The DeepSpeed config it ran with (as zerobench builds it for the cell, else the record's)."""
+    run: str = ""
+    """The run that made it (its run id)."""
+    machine: str = ""
+    """The machine it ran on: its first GPU's uuid (else its run id)."""
 
 
 EXCLUDED = "a fault injected (ZEROBENCH_FAULT): a deliberately slowed or burdened run, not the cell's time"
@@ -77,19 +91,13 @@ EXCLUDED = "a fault injected (ZEROBENCH_FAULT): a deliberately slowed or burdene
 
 
 def time_cases(
-    paths: Iterable[str | os.PathLike],
-    gpu: str = "H200",
-    excluded: list[tuple[str, str]] | None = None,
-    *,
-    unfitted: bool = False,
+    paths: Iterable[str | os.PathLike], gpu: str = "H200", excluded: list[tuple[str, str]] | None = None
 ) -> list[TimeCase]:
     """Every ok record run on one or two GPUs named `gpu` with a median step time, of a known model shape,
-    less those EXCLUDED says (appended to `excluded` as (file, cell id) where a list is given); of the files
-    in UNFITTED_FILES only with `unfitted` (to score the predictions made before they ran)."""
+    less those EXCLUDED says (appended to `excluded` as (file, cell id) where a list is given). Whether the
+    constants were fitted on a record is its run's (fitted, FITTED_RUNS)."""
     out = []
     for path in paths:
-        if not unfitted and not fitted_on(path):
-            continue
         for raw in read(path, warn=False):
             if raw.get("status") != "ok":
                 continue
@@ -99,36 +107,54 @@ def time_cases(
             step = (raw.get("metrics") or {}).get("step_time_median_s")
             if gpu not in name or not step:
                 continue
-            cell = _cell(rec.cell)
+            cell = _as_ran(_cell(rec.cell), rec)
             if cell.gpus not in (1, 2) or cell.nodes > 1 or shape_of(cell.model) is None:
                 continue
             if rec.worker and rec.worker.fault_injected:
                 if excluded is not None:
                     excluded.append((os.path.basename(os.fspath(path)), cell.id))
                 continue
-            steps = len(raw.get("step_times_s") or []) or cell.warmup_steps + cell.measured_steps
-            wall = raw.get("wall_s")
-            setup = (raw.get("worker") or {}).get("setup_s")
-            start = wall - steps * step - setup if wall and setup else None
-            out.append(
-                TimeCase(
-                    file=os.path.basename(os.fspath(path)),
-                    cell=cell,
-                    hw=Hardware(
-                        gpu_memory_bytes=prov.gpus[0].memory_bytes if prov and prov.gpus else None,
-                        gpu_name=name,
-                        host_cores=(prov.cpu_count if prov else None) or None,
-                    ),
-                    step_s=float(step),
-                    setup_s=float(setup) if setup else None,
-                    start_s=float(start) if start and start > 0 else None,
-                    spawn=(raw.get("started_by") or {}).get("mode") != "fork",
-                    wall_s=float(wall) if wall else None,
-                    steps=steps,
-                    ds_config=_ds_config(cell, rec.ds_config),
-                )
-            )
+            out.append(_case(os.path.basename(os.fspath(path)), raw, rec, cell, float(step)))
     return out
+
+
+def _case(file: str, raw: dict, rec, cell, step: float) -> TimeCase:
+    prov = rec.provenance
+    steps = len(raw.get("step_times_s") or []) or cell.warmup_steps + cell.measured_steps
+    wall = raw.get("wall_s")
+    setup = (raw.get("worker") or {}).get("setup_s")
+    start = wall - steps * step - setup if wall and setup else None
+    return TimeCase(
+        file=file,
+        cell=cell,
+        hw=Hardware(
+            gpu_memory_bytes=prov.gpus[0].memory_bytes if prov and prov.gpus else None,
+            gpu_name=(prov.gpu_name if prov else None) or "",
+            host_cores=(prov.cpu_count if prov else None) or None,
+        ),
+        step_s=step,
+        setup_s=float(setup) if setup else None,
+        start_s=float(start) if start and start > 0 else None,
+        spawn=(raw.get("started_by") or {}).get("mode") != "fork",
+        wall_s=float(wall) if wall else None,
+        steps=steps,
+        ds_config=_ds_config(cell, rec.ds_config),
+        run=rec.run_id or "",
+        machine=(prov.gpus[0].uuid if prov and prov.gpus else None) or rec.run_id or "",
+    )
+
+
+def fitted(cs: Sequence[TimeCase], runs: Sequence[str] = FITTED_RUNS) -> tuple[list[TimeCase], list[TimeCase]]:
+    """(the cases of the runs the constants were fitted on, the others: held out from the fit)."""
+    return [c for c in cs if c.run in runs], [c for c in cs if c.run not in runs]
+
+
+def _as_ran(cell, rec):
+    """The cell as its record ran it: a QLoRA cell of the DeepSpeed loop whose record does not say it trained
+    in training mode ran in eval mode (from_pretrained's mode, before the worker set train()), where
+    transformers skips gradient checkpointing (results/README.md, "QLoRA in training mode")."""
+    stale = cell.peft == "qlora" and cell.engine == "deepspeed" and rec.worker and rec.worker.train_mode is None
+    return replace(cell, grad_ckpt=False) if stale and cell.grad_ckpt else cell
 
 
 def solve(rows: Sequence[dict[str, float]], y: Sequence[float], names: Sequence[str], ridge: float) -> dict:
@@ -159,12 +185,22 @@ PRIOR = {
     "host": 0.0,  # one second per billion parameters at 16 cores
     "pcie": -3.9,  # 50 GB/s
     "nvme": -0.7,  # 2 GB/s
+    "hooks": -4.6,  # 0.1 ms per tensor
     "tensors": -4.6,  # 0.1 ms per tensor
     "launch": -3.2,  # 0.4 ms per layer and pass: some 40 kernels at 10 us of host time each
     "wrappers": -2.3,  # 0.1 ms per adapted linear and pass: ten kernels and the Python around them
     "gather": -3.5,
     "layers": -2.3,  # 1 ms per layer
 }
+
+# The machines the records ran on differ in their hosts, not in their GPUs: the same cell runs at the same
+# speed on every H200 while the GPU's work is the longer (a 7B full fine-tune at micro-batch 1 x 4: 1.07-1.10
+# s on four machines), and up to twice as slow where the host's is (7B QLoRA at micro-batch 1 x 4: 0.81 s on
+# one machine at 93% GPU utilisation, 1.11-1.56 s on four others at 49-66%). The fit gives each machine (its
+# first GPU's uuid) an offset on the parts its host runs (HOST_PARTS), pulled toward 0 by MACHINE_RIDGE
+# (about the ratio of a record's residual variance to the machines' spread), so no cell factor takes up a
+# machine's host; a prediction is for the typical host (offset 0).
+MACHINE_RIDGE = 3.0
 
 
 # Priors on factors beyond the plain case, where the maker publishes the ratio: torch's AdamW on the host
@@ -174,18 +210,23 @@ PRIOR = {
 FACTOR_PRIOR = {"host_torch_adam": math.log(6.0), "compute_liger": -math.log(1.2)}
 
 
-def _design(cs: Sequence[TimeCase]):
-    """The parts' bases (records x parts) and each part's features mapped onto the constants (parts x
-    records x constants)."""
+def _design(cs: Sequence[TimeCase], machines: Sequence[str] = ()):
+    """The parts' bases (records x parts) and each part's features mapped onto the constants, then onto
+    one offset per machine of `machines` on the parts its host runs (HOST_PARTS): parts x records x
+    (constants + machines)."""
     import numpy as np
 
     index = {n: i for i, n in enumerate(STEP_NAMES)}
     parts = [step_parts(c.cell, c.hw, c.ds_config) for c in cs]
     bases = np.array([[p[part][0] for part in PARTS] for p in parts])
-    xs = np.zeros((len(PARTS), len(cs), len(STEP_NAMES)))
+    xs = np.zeros((len(PARTS), len(cs), len(STEP_NAMES) + len(machines)))
     for i, (part, names) in enumerate(PARTS.items()):
         for j, n in enumerate(names):
             xs[i, :, index[n]] = [p[part][1][j] for p in parts]
+        if part in HOST_PARTS:
+            for r, c in enumerate(cs):
+                if c.machine in machines:
+                    xs[i, r, len(STEP_NAMES) + machines.index(c.machine)] = 1.0
     return bases, xs
 
 
@@ -223,31 +264,42 @@ def _levenberg_marquardt(bases, xs, y, th, prior, reg, p: float, iters: int = 10
     return th
 
 
-def _fit_parts(cs: Sequence[TimeCase]) -> dict[str, float]:
-    """The step's constants: Levenberg-Marquardt in log space (a sum of exponentials is not linear there),
-    first with the parts summed, then from there with the overlap (the smooth maximum has flat directions
-    a fit from the priors can stall in)."""
+def _fit_parts(cs: Sequence[TimeCase]) -> tuple[dict[str, float], dict[str, float]]:
+    """The step's constants and each machine's host offset: Levenberg-Marquardt in log space (a sum of
+    exponentials is not linear there), first with the parts summed, then from there with the overlap (the
+    smooth maximum has flat directions a fit from the priors can stall in). The offsets (MACHINE_RIDGE pulls
+    them toward 0, the typical host) are fitted beside the constants, and a prediction leaves them out: it
+    does not know its machine."""
     import numpy as np
 
-    bases, xs = _design(cs)
+    machines = sorted({c.machine for c in cs})
+    bases, xs = _design(cs, machines)
     y = np.log([c.step_s for c in cs])
     intercepts = [STEP_NAMES.index(f"{part}_one") for part in PARTS]
-    prior = np.zeros(len(STEP_NAMES))
+    prior = np.zeros(xs.shape[2])
     prior[intercepts] = [PRIOR[part] for part in PARTS]
     for n, v in FACTOR_PRIOR.items():
         prior[STEP_NAMES.index(n)] = v
-    reg = np.full(len(STEP_NAMES), STEP_RIDGE)
+    reg = np.full(xs.shape[2], STEP_RIDGE)
     reg[intercepts] = PRIOR_WEIGHT
+    reg[len(STEP_NAMES) :] = MACHINE_RIDGE
     th = prior.copy()
     for p in (1.0, OVERLAP):
         th = _levenberg_marquardt(bases, xs, y, th, prior, reg, p)
-    return {n: round(float(v), 3) for n, v in zip(STEP_NAMES, th)}
+    offsets = {m: round(float(v), 3) for m, v in zip(machines, th[len(STEP_NAMES) :])}
+    return {n: round(float(v), 3) for n, v in zip(STEP_NAMES, th)}, offsets
+
+
+def machine_offsets(cs: Sequence[TimeCase]) -> dict[str, float]:
+    """Each machine's host offset as the fit on `cs` found it: log of its host parts' time over the typical
+    host's (HOST_PARTS)."""
+    return _fit_parts(cs)[1]
 
 
 def fit_time(cs: Sequence[TimeCase], base: TimeConstants = FITTED_TIME) -> TimeConstants:
     """The step's parts fitted on the records' median step times, the fixed cost by least squares of its
     log on the setup factors."""
-    k = _fit_parts(cs)
+    k = _fit_parts(cs)[0]
     setup = [c for c in cs if c.setup_s]
     if setup:
         feats = [setup_features(c.cell) for c in setup]
@@ -265,6 +317,8 @@ class TimeRow:
     step: float
     setup: float
     start: float
+    share: float = 0.0
+    """The predicted step's host share (bench.estimate.steptime.host_share)."""
 
     @property
     def wall(self) -> float:
@@ -287,17 +341,19 @@ def evaluate_time(cs: Sequence[TimeCase], k: TimeConstants = FITTED_TIME) -> lis
             predict_step(c.cell, c.hw, k, c.ds_config),
             predict_setup(c.cell, c.hw, k),
             predict_start(c.cell, c.hw, k, spawn=c.spawn),
+            host_share(c.cell, c.hw, k, c.ds_config),
         )
         for c in cs
     ]
 
 
 def cross_validate_time(cs: Sequence[TimeCase]) -> list[TimeRow]:
-    """Each results file's records predicted with the constants fitted on the other files."""
+    """Each results file's records predicted with the constants fitted on the other files (none where there
+    are no others)."""
     out = []
     for f in sorted({c.file for c in cs}):
-        k = fit_time([c for c in cs if c.file != f])
-        out += evaluate_time([c for c in cs if c.file == f], k)
+        train = [c for c in cs if c.file != f]
+        out += evaluate_time([c for c in cs if c.file == f], fit_time(train)) if train else []
     return out
 
 
@@ -317,73 +373,158 @@ def _count_files(pairs: Sequence[tuple[str, frozenset[str]]], skip: str | None =
 
 
 def _held_out_groups(cs: Sequence[TimeCase], cv: Sequence[TimeRow]) -> list[str]:
-    """Each cross-validated row's band group as its fold saw it: traits counted over the other files."""
+    """Each cross-validated row's band group as its fold saw it: traits counted over the other files, the
+    host share by the fold's constants."""
     pairs = [(c.file, traits(c.cell, c.ds_config)) for c in cs]
     by_file = {f: _count_files(pairs, skip=f) for f in {r.case.file for r in cv}}
     mine = [traits(r.case.cell, r.case.ds_config) for r in cv]
     return [
-        "familiar" if all(by_file[r.case.file].get(t, 0) >= FAMILIAR_FILES for t in ts) else "unfamiliar"
-        for r, ts in zip(cv, mine)
+        group_of(all(by_file[r.case.file].get(t, 0) >= FAMILIAR_FILES for t in ts), r.share) for r, ts in zip(cv, mine)
     ]
 
 
-def _band_stats(logs: Sequence[float]) -> dict[str, float]:
-    """log(measured / predicted) of a group's held-out records -> the band's numbers."""
+LEVELS = tuple(round(0.95 + 0.005 * i, 3) for i in range(11))
+"""The central levels a band's percentiles may be taken at (calibrated_levels picks one): 95% to all."""
+FAMILIAR = ("gpu-bound", "host-bound")
+BANDS = {"familiar": FAMILIAR, "gpu-bound": FAMILIAR[:1], "host-bound": FAMILIAR[1:], "unfamiliar": ("unfamiliar",)}
+"""Each band of STEP_BAND and the groups (bench.estimate.band.group_of) whose records it holds: "familiar"
+holds both familiar groups (answer mode's prior width)."""
+
+
+@dataclass(frozen=True)
+class Miss:
+    """A held-out record's log(measured / predicted), its results file and its band group."""
+
+    file: str
+    group: str
+    log: float
+
+
+def misses(cs: Sequence[TimeCase], cv: Sequence[TimeRow]) -> list[Miss]:
+    """The cross-validated rows `cv` of the cases `cs` as the band reads them."""
+    groups = _held_out_groups(cs, cv)
+    return [Miss(r.case.file, g, math.log(r.case.step_s / r.step)) for r, g in zip(cv, groups)]
+
+
+def _band_stats(logs: Sequence[float], level: float) -> dict[str, float]:
+    """log(measured / predicted) of a band's held-out records -> its numbers, its edges the percentiles
+    that hold `level` of them."""
     a = [abs(x) for x in logs]
-    q = (1 - BAND_COVERAGE) / 2
+    q = (1 - level) / 2
     return {
         "n": len(logs),
         "median": round(_pct(a, 0.5), 4),
         "p95": round(_pct(a, 0.95), 4),
         "low": round(_pct(list(logs), q), 4),
         "high": round(_pct(list(logs), 1 - q), 4),
+        "level": level,
     }
 
 
-def _log_misses(cv: Sequence[TimeRow]) -> list[float]:
-    return [math.log(r.case.step_s / r.step) for r in cv]
+def _logs(ms: Sequence[Miss], band: str) -> list[float]:
+    return [m.log for m in ms if m.group in BANDS[band]]
+
+
+def _hits(ms: Sequence[Miss], band: str, level: float) -> tuple[int, int]:
+    """(records, of the band's, inside it at `level` derived from the other files' records; records)."""
+    inside = n = 0
+    for f in sorted({m.file for m in ms}):
+        other = _logs([m for m in ms if m.file != f], band)
+        mine = _logs([m for m in ms if m.file == f], band)
+        if other and mine:
+            q = (1 - level) / 2
+            low, high = _pct(other, q), _pct(other, 1 - q)
+            inside, n = inside + sum(low <= x <= high for x in mine), n + len(mine)
+    return inside, n
+
+
+def calibrated_levels(ms: Sequence[Miss]) -> dict[str, float]:
+    """Per band, the lowest of LEVELS at which, derived from the other files, it holds BAND_COVERAGE of each
+    file's held-out records (all files together): the nominal 95% percentiles of one set of errors hold fewer
+    than 95% of another's (a new machine, a new region of cells). Where no level does, all of them (its
+    edges the largest errors seen)."""
+    out = {}
+    for band in BANDS:
+        hits = ((level, *_hits(ms, band, level)) for level in LEVELS)
+        out[band] = next((level for level, i, n in hits if n and i >= BAND_COVERAGE * n), LEVELS[-1])
+    return out
+
+
+def _bands(ms: Sequence[Miss], levels: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Each band at its level; one no record fell in takes the widest of the others (none without records)."""
+    band = {b: _band_stats(_logs(ms, b), levels[b]) for b in BANDS}
+    wide = max((b for b in band.values() if b["n"]), key=lambda b: b["high"] - b["low"], default=None)
+    return {} if wide is None else {g: b if b["n"] else {**wide, "n": 0} for g, b in band.items()}
 
 
 def error_band(cs: Sequence[TimeCase], cv: Sequence[TimeRow]) -> tuple[dict[str, dict[str, float]], dict[str, int]]:
-    """STEP_BAND and TRAIT_FILES from the cross-validated rows `cv` of the cases `cs`: per group, the held-out
-    errors; a group no held-out record fell in takes the widest of the others."""
-    groups, logs = _held_out_groups(cs, cv), _log_misses(cv)
-    band = {g: _band_stats([x for x, h in zip(logs, groups) if h == g]) for g in ("familiar", "unfamiliar")}
-    wide = max((b for b in band.values() if b["n"]), key=lambda b: b["high"] - b["low"])
-    return {g: b if b["n"] else {**wide, "n": 0} for g, b in band.items()}, trait_files(cs)
+    """STEP_BAND and TRAIT_FILES from the cross-validated rows `cv` of the cases `cs`: per band, the held-out
+    errors and its edges at its calibrated level (calibrated_levels)."""
+    ms = misses(cs, cv)
+    return _bands(ms, calibrated_levels(ms)), trait_files(cs)
 
 
 def band_coverage(cs: Sequence[TimeCase], cv: Sequence[TimeRow]) -> dict[str, tuple[int, int]]:
-    """How the band carries to records it was not derived from: each file's held-out errors against the band
-    derived from the other files' held-out errors. Per group and "all": (records inside, records)."""
-    groups, logs = _held_out_groups(cs, cv), _log_misses(cv)
-    files = [r.case.file for r in cv]
+    """How the band carries to records it was neither derived nor calibrated on: each file's held-out errors
+    against the bands derived from the other files' held-out errors at the levels calibrated on those files
+    alone. Per band and "all" (each record against its group's band): (records inside, records)."""
+    ms = misses(cs, cv)
     out: dict[str, list[int]] = {}
-    for f in sorted(set(files)):
-        others = [(x, g) for x, g, ff in zip(logs, groups, files) if ff != f]
-        band = {g: _band_stats([x for x, h in others if h == g]) for g in ("familiar", "unfamiliar")}
-        for x, g, ff in zip(logs, groups, files):
-            if ff == f:
-                b = band[g] if band[g]["n"] else max(band.values(), key=lambda b: b["high"] - b["low"])
-                for key in (g, "all"):
+    for f in sorted({m.file for m in ms}):
+        others = [m for m in ms if m.file != f]
+        band = _bands(others, calibrated_levels(others))
+        for m in ms if band else ():
+            if m.file == f:
+                for key in (*(b for b, groups in BANDS.items() if m.group in groups), "all"):
+                    edges = band[m.group if key == "all" else key]
                     hit = out.setdefault(key, [0, 0])
-                    hit[0] += b["low"] <= x <= b["high"]
+                    hit[0] += edges["low"] <= m.log <= edges["high"]
                     hit[1] += 1
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
 def literals(cs: Sequence[TimeCase]) -> str:
-    """The step-time model's literals (steptime's _FIT, STEP_BAND, TRAIT_FILES) fitted on `cs`, as Python."""
+    """The step-time model's literals (steptime's _FIT, STEP_BAND, TRAIT_FILES, FITTED_RUNS) fitted on `cs`,
+    as Python."""
     k = fit_time(cs)
     band, files = error_band(cs, cross_validate_time(cs))
     fit = "".join(f'    "{f.name}": {getattr(k, f.name)!r},\n' for f in fields(k))
     bands = "".join(f'    "{g}": {b!r},\n'.replace("'", '"') for g, b in band.items())
     traits_ = "".join(f'    "{t}": {n},\n' for t, n in files.items())
+    runs = "".join(f'    "{r}",\n' for r in sorted({c.run for c in cs}))
     return (
         f"_FIT: dict[str, float] = {{\n{fit}}}\n"
         f"STEP_BAND: dict[str, dict[str, float]] = {{\n{bands}}}\n"
         f"TRAIT_FILES: dict[str, int] = {{\n{traits_}}}\n"
+        f"FITTED_RUNS: tuple[str, ...] = (\n{runs})\n"
     )
+
+
+@dataclass(frozen=True)
+class TimeCheck:
+    """The step-time model against records, each figure in-sample or held out."""
+
+    cases: list[TimeCase]
+    """The records of the runs the constants were fitted on (FITTED_RUNS)."""
+    rows: list[TimeRow]
+    """In-sample: those records predicted by the fitted constants."""
+    cv: list[TimeRow]
+    """Held out: each of their results files predicted by constants fitted on the other files."""
+    unfitted: list[TimeRow]
+    """Held out: records of runs no constant was fitted on, predicted by the fitted constants."""
+    excluded: list[tuple[str, str]]
+    """(file, cell id) of the records left out (EXCLUDED)."""
+
+    @property
+    def held_out(self) -> list[TimeRow]:
+        return self.cv + self.unfitted
+
+
+def time_check(paths: Iterable[str | os.PathLike], gpu: str = "H200", k: TimeConstants = FITTED_TIME) -> TimeCheck:
+    """The step-time model's check over these results files (bench.cli's estimate --check, tools.docs)."""
+    excluded: list[tuple[str, str]] = []
+    cs, others = fitted(time_cases(paths, gpu, excluded))
+    return TimeCheck(cs, evaluate_time(cs, k), cross_validate_time(cs), evaluate_time(others, k), excluded)
 
 
 def _categories(c: TimeCase) -> dict[str, str]:
@@ -404,23 +545,36 @@ def time_summary(rows: Sequence[TimeRow], which: str = "step") -> dict:
     return {"n": len(errs), "median": _pct(errs, 0.5), "p95": _pct(errs, 0.95), "max": max(errs, default=math.nan)}
 
 
-def category_rows(rows: Sequence[TimeRow], cv: Sequence[TimeRow], which: str) -> list[list[str]]:
-    out = [["category", "value", "records", "median |error|", "p95 |error|", "CV median", "CV p95"]]
-    for cat in _categories(rows[0].case):
-        for val in sorted({_categories(r.case)[cat] for r in rows}):
-            a = time_summary([r for r in rows if _categories(r.case)[cat] == val], which)
-            b = time_summary([r for r in cv if _categories(r.case)[cat] == val], which)
-            out.append(
-                [
-                    cat,
-                    val,
-                    str(a["n"]),
-                    f"{a['median']:.1%}",
-                    f"{a['p95']:.1%}",
-                    f"{b['median']:.1%}",
-                    f"{b['p95']:.1%}",
-                ]
-            )
+def category_rows(check: TimeCheck, which: str) -> list[list[str]]:
+    """Per category value: the held-out records, the in-sample and held-out errors."""
+    head = ["category", "value", "records", "in-sample median", "in-sample p95", "held-out median", "held-out p95"]
+    out, held = [head], check.held_out
+    for cat in _categories((*held, *check.rows)[0].case):
+        for val in sorted({_categories(r.case)[cat] for r in (*held, *check.rows)}):
+            a = time_summary([r for r in check.rows if _categories(r.case)[cat] == val], which)
+            b = time_summary([r for r in held if _categories(r.case)[cat] == val], which)
+            pct = [f"{s[q]:.1%}" if s["n"] else "-" for s in (a, b) for q in ("median", "p95")]
+            out.append([cat, val, str(b["n"]), *pct])
+    return out
+
+
+def file_rows(check: TimeCheck) -> list[list[str]]:
+    """Per results file: its held-out step-time errors and how many fall inside the band derived and
+    calibrated without it (records of runs no constant was fitted on: inside the shipped band)."""
+    inside: dict[str, list[int]] = {}
+    ms = misses(check.cases, check.cv)
+    for f in sorted({m.file for m in ms}):
+        others = [m for m in ms if m.file != f]
+        band = _bands(others, calibrated_levels(others))
+        inside[f] = [band[m.group]["low"] <= m.log <= band[m.group]["high"] for m in ms if m.file == f and band]
+    for r in check.unfitted:
+        inside.setdefault(r.case.file, []).append(_in_band(r))
+    out = [["results file", "records", "held-out median", "held-out p95", "max", "inside the band"]]
+    for f in sorted({r.case.file for r in check.held_out}):
+        s = time_summary([r for r in check.held_out if r.case.file == f])
+        hits = inside.get(f, [])
+        pct = [f"{s[q]:.1%}" for q in ("median", "p95", "max")]
+        out.append([f, str(s["n"]), *pct, f"{sum(hits)} of {len(hits)}"])
     return out
 
 
@@ -436,34 +590,62 @@ TITLES = {
 }
 
 
-def _band_lines(cs: Sequence[TimeCase], cv: Sequence[TimeRow]) -> list[str]:
-    band, _ = error_band(cs, cv)
-    cover = band_coverage(cs, cv)
-    lines = ["", f"Step-time band (bench/estimate/band.py, {BAND_COVERAGE:.0%} of held-out records inside):"]
+def _band_lines(check: TimeCheck) -> list[str]:
+    band, _ = error_band(check.cases, check.cv)
+    cover = band_coverage(check.cases, check.cv)
+    if not cover:
+        return []  # one results file: no held-out errors to derive a band from
+    lines = [
+        "",
+        "Step-time band (bench/estimate/band.py; each band's edges are the percentiles of its held-out errors "
+        f"at the lowest level at which, derived from the other files, it holds {BAND_COVERAGE:.0%} of each "
+        "file's):",
+    ]
     for g, b in band.items():
         inside, n = cover.get(g, (0, 0))
         lines.append(
-            f"  {g}: {b['n']} records, measured/predicted {math.exp(b['low']):.2f}-{math.exp(b['high']):.2f}, "
-            f"|log error| median {b['median']:.3f}, p95 {b['p95']:.3f}; on files it was not derived from: "
-            f"{inside}/{n} inside"
+            f"  {g}: {b['n']} records, measured/predicted {math.exp(b['low']):.2f}-{math.exp(b['high']):.2f} "
+            f"(level {b['level']:.1%}), |log error| median {b['median']:.3f}, p95 {b['p95']:.3f}; held out "
+            f"(derived and calibrated without their file): {inside}/{n} inside"
         )
     inside, n = cover["all"]
-    return lines + [f"  all: {inside}/{n} ({inside / n:.1%}) inside the band derived from the other files"]
+    lines.append(f"  all: {inside}/{n} ({inside / n:.1%}) inside the band derived and calibrated without their file")
+    if check.unfitted:
+        hits = [_in_band(r) for r in check.unfitted]
+        lines.append(f"  records of runs no constant was fitted on: {sum(hits)}/{len(hits)} inside the shipped band")
+    return lines
 
 
-def time_text(
-    rows: Sequence[TimeRow], cv: Sequence[TimeRow], cs: Sequence[TimeCase] = (), excluded: Sequence = ()
-) -> str:
-    """The step-time model's check: per quantity, in-sample and cross-validated errors, then per category;
-    the error band where the cases `cs` are given; the records left out and why."""
+def _in_band(r: TimeRow) -> bool:
+    """A record of a run no constant was fitted on inside the band the module ships (STEP_BAND)."""
+    b = STEP_BAND[band_group(r.case.cell, r.case.ds_config, hw=r.case.hw)]
+    return b["low"] <= math.log(r.case.step_s / r.step) <= b["high"]
+
+
+LABELS = {
+    "rows": "in-sample (the runs the constants were fitted on)",
+    "cv": "held out (leave one results file out)",
+    "unfitted": "held out (runs no constant was fitted on: {files})",
+}
+
+
+def time_text(check: TimeCheck) -> str:
+    """The step-time model's check: per quantity, its in-sample and held-out errors, then per category; the
+    error band; the records left out and why."""
     from .check import text_table
 
-    lines = ["", f"Time records left out: {len(excluded)} ({EXCLUDED})"] if excluded else []
+    lines = ["", f"Time records left out: {len(check.excluded)} ({EXCLUDED})"] if check.excluded else []
+    files = ", ".join(sorted({r.case.file for r in check.unfitted}))
     for which, title in TITLES.items():
+        if not (time_summary(check.held_out, which)["n"] or time_summary(check.rows, which)["n"]):
+            continue  # records without the figure (a worker's setup_s)
         lines += ["", title]
-        lines.append(_summary_line("in-sample", time_summary(rows, which)))
-        lines.append(_summary_line("cross-validated (leave one results file out)", time_summary(cv, which)))
-        lines += ["", text_table(category_rows(rows, cv, which))]
-        if which == "step" and cs:
-            lines += _band_lines(cs, cv)
+        for key, label in LABELS.items():
+            if time_summary(getattr(check, key), which)["n"]:
+                lines.append(_summary_line(label.format(files=files), time_summary(getattr(check, key), which)))
+        lines += ["", text_table(category_rows(check, which))]
+        if which == "step" and check.cases and check.cv:
+            lines += _band_lines(check)
+        if which == "step" and check.held_out:
+            lines += ["", "Per results file, median step time:", "", text_table(file_rows(check))]
     return "\n".join(lines)

@@ -3,14 +3,23 @@
 The answer, per model: (a) the fastest cell that fits in each group (by PEFT mode unless --group-by says
 otherwise), (b) the memory/speed frontier, (c) each knob's effect on throughput with a 95% interval. Every
 runnable cell starts open. The step-time and memory models give each a prediction; what the run measures
-corrects them (bench.estimate.online: an offset for the machine and an additive effect per axis value, fitted
-to the residuals), so after a few cells the predictions speak for this machine. A cell is measured when it
+corrects them (bench.estimate.online: an offset for the machine, one per block, and an additive effect per
+axis value, fitted to the residuals), so after a few cells the predictions speak for this machine.
+
+Blocks: a measurement belongs to one run part on one machine (bench.record.Record.block). Two measured cells
+compare directly only within a block; across blocks through anchors, cells measured in both
+(bench.blocks). A knob's effect is made of pairs measured in one block. A search that goes on (--resume) in
+a new block first measures anchors there: each group's leader and a few other cells measured before (role
+"anchor"), so its offset is known; a cell whose comparison no anchor settles is measured again in this
+block where the answer needs it. Each measurement carries its noise (bench.quality: about three times wider
+when it was host-bound or unstable). A cell is measured when it
 could still change the answer, in this order: each group's predicted leader; a cell whose throughput
 interval reaches the leader's; the leader again on the full schedule, and whichever of two overlapping cells
 has fewer measurements (up to MAX_MEASUREMENTS); a cell not dominated on memory (the frontier); a pair
 partner for a knob effect (--pairs per value). A cell is left unmeasured only when its throughput interval
 lies below its group leader's AND a measured cell needs no more memory (within the tolerance) and is surely
-faster; or when the budget (--budget) is spent, which its record says.
+faster; when it is expected to repeat an error that two attempts of cells sharing its settings ended in
+(bench.execute.failures); or when the budget (--budget) is spent. Its record says which.
 
 Successive halving over measured steps: a cell's first measurement runs the short schedule (rung 0: half
 the measured steps and time cap, twice the tolerance); only the cells still in contention run again on the
@@ -28,15 +37,19 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .. import effects, results
-from ..axes import AXES, AXIS
+import numpy as np
+
+from .. import blocks, effects, quality, results
+from ..axes import AXIS
+from ..blocks import Obs
 from ..cells import Cell
-from ..effects import REPEAT_NOISE, RULE
+from ..effects import RULE
 from ..estimate import Hardware, predict
 from ..estimate.online import Online
 from ..estimate.steptime import STEP_BAND, predict_step, predict_wall
 from ..record import Record
 from ..status import Status
+from .failures import Lessons, shared
 from .plan import Planned
 
 __all__ = ["Settings", "Candidate", "Request", "Search", "rung_cell"]
@@ -45,7 +58,8 @@ MEMORY_NOISE = 0.02
 """Log spread of a measured peak between repeats (a run's figures differ by 1-2%)."""
 Z = 1.96  # two-sided 95%: the intervals shown
 Z1 = 1.645  # one-sided 95%: "could it be faster?"
-MAX_MEASUREMENTS = 3  # per cell: past this, two cells that still overlap are a tie within the noise
+MAX_MEASUREMENTS = 3  # per cell and block: past this, two cells that still overlap are a tie within the noise
+EXTRA_ANCHORS = 2  # anchors a new block measures besides the groups' leaders
 
 
 @dataclass(frozen=True)
@@ -76,16 +90,21 @@ class Candidate:
     base_tps: float | None  # log tokens/s the step-time model predicts
     base_mem: float | None  # log bytes the memory model predicts (GPU peak; host RSS on a CPU host)
     base_cost: float | None  # log wall seconds the step-time model predicts on the full schedule
-    state: str = "open"  # open, measured, failed, implied
-    logs: list[float] = field(default_factory=list)  # measured log tokens/s, one per ok attempt
+    state: str = "open"  # open, measured, failed, implied, expected (to repeat an error: bench.execute.failures)
+    obs: dict[str, list[Obs]] = field(default_factory=dict)  # block -> measured log tokens/s and its noise
+    flags: list[str] = field(default_factory=list)  # bench.quality's flags of its measurements
     mem: float | None = None  # measured log peak (the largest)
     rungs: list[int] = field(default_factory=list)  # the rung of each attempt that ended
     tries: int = 0  # attempts started
+    tries_in: collections.Counter = field(default_factory=collections.Counter)  # attempts started per block
+    failed_in: set = field(default_factory=set)  # blocks where an attempt failed after it had measured elsewhere
     limit: int = MAX_MEASUREMENTS  # attempts it may have (a replay: as many as it has recorded ends)
+    _features: dict | None = None
 
     @property
-    def exhausted(self) -> bool:
-        return self.tries >= self.limit
+    def logs(self) -> list[float]:
+        """Every measured log tokens/s, whatever the block."""
+        return [o.log for obs in self.obs.values() for o in obs]
 
     @property
     def cell(self) -> Cell:
@@ -93,9 +112,11 @@ class Candidate:
 
     @property
     def features(self) -> dict:
-        """Its axis values; None for an axis that means nothing here (LoRA's rank without LoRA)."""
-        values = {a.name: getattr(self.cell, a.name) for a in AXES}
-        return {k: v if AXIS[k].applies is None or AXIS[k].applies(values) else None for k, v in values.items()}
+        """Its axis values as the results frame has them; None for an axis that means nothing here (LoRA's rank
+        without LoRA): bench.effects.features."""
+        if self._features is None:
+            self._features = effects.features(results.axis_values(self.cell.to_dict()))
+        return self._features
 
 
 @dataclass(frozen=True)
@@ -104,7 +125,7 @@ class Request:
 
     candidate: Candidate
     rung: int
-    role: str  # leader, contender, frontier, effect
+    role: str  # leader, contender, frontier, effect, anchor
     why: str
     group: str = ""  # the candidate's group as key=value
     effect: tuple | None = None  # (axis, value) of the pair it is for
@@ -128,14 +149,23 @@ def rung_cell(cell: Cell, rung: int) -> Cell:
 
 
 class Search:
-    """The search's state: candidates, what the run measured, and the fitted corrections."""
+    """The search's state: candidates, what the run measured (by block), and the fitted corrections."""
 
     def __init__(
-        self, runnable: Iterable[Planned], hw: Hardware, settings: Settings, cuda: bool, ends: dict | None = None
+        self,
+        runnable: Iterable[Planned],
+        hw: Hardware,
+        settings: Settings,
+        cuda: bool,
+        ends: dict | None = None,
+        here: str | None = None,
     ):
-        """ends: for a replay, how many recorded ends each cell hash has (it is measured at most that often)."""
-        self.s, self.hw, self.cuda = settings, hw, cuda
-        self.noise = REPEAT_NOISE["gpu" if cuda else "cpu"]
+        """ends: for a replay, how many recorded ends each cell hash has (it is measured at most that often).
+        here: the block this run's attempts measure in (bench.record.Record.block), where the run knows it in
+        advance (one machine); None where each record says (a replay, a cluster)."""
+        self.s, self.hw, self.cuda, self.here = settings, hw, cuda, here
+        kind = "gpu" if cuda else "cpu"
+        self.noise, self.cross = quality.NOISE[kind], quality.CROSS[kind]
         known_gpu = cuda and bool(hw.gpu_name) and any(k in (hw.gpu_name or "") for k in ("H200", "H100"))
         # Where the step-time model was fitted (H200/H100) a cell's prediction is off by its held-out band (p95
         # of |log error|, STEP_BAND); elsewhere only its ranking is trusted. Interactions the additive effects
@@ -153,10 +183,17 @@ class Search:
         self.in_flight: dict[str, int] = {}  # cell hash -> the rung running
         self.spent_s = 0.0
         self.over_budget = False
-        self._memo: dict = {}  # speeds and memory intervals, until the next outcome
+        self.resumed = False  # --resume: the search goes on from an earlier call's records
+        self.started_here = 0  # attempts this call started
+        self.order: list[str] = []  # the blocks, in the order their first measurement came
+        self._memo: dict = {}  # speeds, offsets and memory intervals, until the next outcome
         self._turn = 0  # whose turn: who leads, the frontier, the effects (next())
         self._pair_failures: collections.Counter = collections.Counter()  # (axis, value) -> attempts that failed
         self._effect_of: dict[str, tuple] = {}  # cell hash -> the (axis, value) its attempt in flight is for
+        self._role_of: dict[str, str] = {}  # cell hash -> the role of its attempt in flight
+        self.where: dict[str, str] = {}  # block -> the machine, in words
+        # Errors teach the search: cells that share a repeated error's failing settings are not measured.
+        self.lessons = Lessons(shared(c.features for c in self.candidates))
 
     def _candidate(self, p: Planned) -> Candidate:
         cell, hw = p.cell, self.hw
@@ -177,19 +214,71 @@ class Search:
 
     # -- what the run knows of a cell ---------------------------------------------------------------------
 
+    @property
+    def offsets(self) -> blocks.Offsets:
+        """Each block's offset from the reference block, from the anchors (bench.blocks.offsets)."""
+        if "offsets" not in self._memo:
+            measured = {c.cell.hash: c.obs for c in self.candidates if c.obs}
+            offs = blocks.offsets(measured, self.cross, self.order)
+            self.tps.anchor({b: (offs.mean[b], offs.var(b) if b != offs.ref else 0.0) for b in offs.blocks})
+            self._memo["offsets"] = offs
+        return self._memo["offsets"]
+
     def speed(self, c: Candidate) -> tuple[float, float]:
-        """log tokens/s of the cell: (mean, sd), measured where it was, else predicted."""
+        """log tokens/s of the cell on the reference block's scale: (mean, sd), measured where it was (through
+        the anchors from another block), else predicted."""
         key = ("speed", id(c))
         if key not in self._memo:
             self._memo[key] = self._speed(c)
         return self._memo[key]
 
     def _speed(self, c: Candidate) -> tuple[float, float]:
-        if c.logs:
-            return sum(c.logs) / len(c.logs), self.noise / math.sqrt(len(c.logs))
+        if c.obs:
+            mean, var = blocks.level(c.obs, self.offsets, self.cross)
+            return mean, math.sqrt(var)
         if c.base_tps is None:
             return math.inf, math.inf  # unknown: it could lead
+        self.offsets  # noqa: B018 - the model's block offsets are the anchors'
         return self.tps.predict(c.features, c.base_tps)
+
+    def posterior(self, cells: list[Candidate]) -> tuple[np.ndarray, np.ndarray]:
+        """The joint mean and covariance of these cells' log tokens/s on the reference block's scale: measured
+        cells from their measurements and the blocks' offsets (bench.blocks.joint), the others from the corrected
+        step-time model (Online.posterior); a measured and a predicted cell are taken as independent."""
+        mean, cov = np.zeros(len(cells)), np.zeros((len(cells), len(cells)))
+        measured = [i for i, c in enumerate(cells) if c.obs]
+        predicted = [i for i, c in enumerate(cells) if not c.obs and c.base_tps is not None]
+        if measured:
+            m, v = blocks.joint([cells[i].obs for i in measured], self.offsets, self.cross)
+            mean[measured], cov[np.ix_(measured, measured)] = m, v
+        if predicted:
+            self.offsets  # noqa: B018 - the model's block offsets are the anchors'
+            m, v = self.tps.posterior([(cells[i].features, cells[i].base_tps) for i in predicted])
+            mean[predicted], cov[np.ix_(predicted, predicted)] = m, v
+        unknown = [i for i, c in enumerate(cells) if not c.obs and c.base_tps is None]
+        mean[unknown], cov[unknown, unknown] = math.inf, math.inf
+        return mean, cov
+
+    def gap(self, c: Candidate, m: Candidate) -> tuple[float, float]:
+        """log(c / m) and its sd: two measured cells within the blocks both ran in, else through the anchors
+        (bench.blocks.gap); a predicted cell's own width beside a measured one's."""
+        if c.obs and m.obs:
+            g = blocks.gap(c.obs, m.obs, self.offsets, self.cross)
+            return g.d, math.sqrt(g.var)
+        (mc, sc), (mm, sm) = self.speed(c), self.speed(m)
+        return mc - mm, math.hypot(sc, sm)
+
+    def comparable(self, c: Candidate, m: Candidate) -> bool:
+        """Whether two measured cells compare at all: one block, or blocks the anchors tie together."""
+        part = self._parts()
+        return bool({part[b] for b in c.obs} & {part[b] for b in m.obs})
+
+    def _parts(self) -> dict[str, int]:
+        """Each block's set of blocks tied by anchors, numbered (bench.blocks.parts)."""
+        if "parts" not in self._memo:
+            measured = {c.cell.hash: c.obs for c in self.candidates if c.obs}
+            self._memo["parts"] = blocks.parts(measured, self.offsets.ref)
+        return self._memo["parts"]
 
     def interval(self, c: Candidate) -> tuple[float, float]:
         m, sd = self.speed(c)
@@ -222,12 +311,29 @@ class Search:
 
     # -- the run's outcomes -------------------------------------------------------------------------------
 
+    @property
+    def spent_at_start(self) -> bool:
+        """A resumed call whose budget afforded no attempt: it measured nothing, so it settled nothing either."""
+        return self.resumed and self.over_budget and not self.started_here
+
     def started(self, c: Candidate, rung: int, request: Request | None = None) -> None:
         c.tries += 1
+        self.started_here += 1
+        c.tries_in[self.here] += 1
         if request is not None and request.effect:
             self._effect_of[c.cell.hash] = request.effect
+        if request is not None:
+            self._role_of[c.cell.hash] = request.role
         self.in_flight[c.cell.hash] = rung
         self._memo.clear()
+
+    def earlier(self, rec: Record) -> None:
+        """An attempt an earlier part of the run made (--resume): its outcome, and a try in its block."""
+        self.observe(rec, rec.answer.rung if rec.answer else None)
+        c = self.by_hash.get(rec.cell_hash)
+        if c is not None:
+            c.tries += 1
+            c.tries_in[rec.block] += 1
 
     def observe(self, rec: Record, rung: int | None = None) -> None:
         """An attempt of a candidate ended (or, on --resume, had ended before)."""
@@ -236,6 +342,7 @@ class Search:
             return
         self._memo.clear()
         self.in_flight.pop(rec.cell_hash, None)
+        self._role_of.pop(rec.cell_hash, None)
         self.spent_s += rec.wall_s or 0.0
         if rec.wall_s and c.base_cost is not None:
             full = predict_wall(rung_cell(c.cell, 1 if rung is None else rung), self.hw)
@@ -247,16 +354,33 @@ class Search:
             return  # no outcome: it may run again
         elif c.state != "measured":
             c.state = "failed"
+        else:
+            c.failed_in.add(rec.block)  # measured elsewhere, failed here: not an anchor here
         effect = self._effect_of.pop(rec.cell_hash, None)
         if effect and rec.status is not Status.OK:
             self._pair_failures[effect] += 1
+        if self.lessons.observe(rec, c.cell.name, c.features):
+            self._expect()
+
+    def _expect(self) -> None:
+        """Errors teach the search (bench.execute.failures): a cell not yet measured is left while it is expected
+        to repeat an error, and open again once a cell that ran says otherwise."""
+        for c in self.candidates:
+            if c.state in ("open", "expected") and c.cell.hash not in self.in_flight:
+                c.state = "expected" if self.lessons.expected(c.features) else "open"
 
     def _measured(self, c: Candidate, rec: Record, rung: int | None) -> None:
         c.state = "measured"
-        c.logs.append(math.log(rec.metrics.tokens_per_s))
+        block, sd = rec.block, quality.noise_sd(rec)
+        if block not in self.order:
+            self.order.append(block)
+            self.where[block] = _where(rec)
+        log = math.log(rec.metrics.tokens_per_s)
+        c.obs.setdefault(block, []).append(Obs(log, sd))
+        c.flags += [f for f in quality.flags(rec) if f.split(":")[0] not in {x.split(":")[0] for x in c.flags}]
         c.rungs.append(1 if rung is None else rung)
         if c.base_tps is not None:
-            self.tps.observe(c.features, c.base_tps, c.logs[-1])
+            self.tps.observe(c.features, c.base_tps, log, block=block, noise_sd=sd)
         peak, _ = results.peak_memory(rec)
         if peak:
             c.mem = max(c.mem or -math.inf, math.log(peak))
@@ -265,48 +389,88 @@ class Search:
 
     def implied(self, cell_hash: str) -> None:
         c = self.by_hash.get(cell_hash)
-        if c is not None and c.state == "open":
+        if c is not None and c.state in ("open", "expected"):
             c.state = "implied"
             self._memo.clear()
 
     # -- decisions ----------------------------------------------------------------------------------------
 
+    def exhausted(self, c: Candidate) -> bool:
+        """No more attempts for this cell: MAX_MEASUREMENTS in this block (a replay: as many as it has ends)."""
+        return c.tries >= c.limit if self.here is None else c.tries_in[self.here] >= MAX_MEASUREMENTS
+
+    def ran_here(self, c: Candidate) -> bool:
+        """Measured in the block new attempts measure in (where that is not known in advance: measured at all)."""
+        return bool(c.obs.get(self.here)) if self.here is not None else bool(c.obs)
+
     def leader(self, group: tuple) -> Candidate | None:
-        ok = [c for c in self.candidates if c.group == group and c.logs]
-        return max(ok, key=lambda c: self.speed(c)[0], default=None)
+        """The group's fastest measured cell: among the blocks the anchors tie to the reference block first (the
+        only ones whose levels compare), else among the largest other set of tied blocks that has one."""
+        key = ("leader", group)
+        if key not in self._memo:
+            ok = [c for c in self.candidates if c.group == group and c.obs]
+            i = blocks.leading([c.obs for c in ok], self.offsets, self.cross, self._parts())
+            self._memo[key] = ok[i] if i is not None else None
+        return self._memo[key]
 
     def could_beat(self, c: Candidate, m: Candidate, by: float | None = None) -> bool:
         """Whether c could be faster than m by more than `by` (default: the smallest effect that matters): the
         one-sided 95% upper bound of log(c/m), both cells' uncertainty counted, above log(1 + by)."""
-        (mc, sc), (mm, sm) = self.speed(c), self.speed(m)
-        if not math.isfinite(mc):
+        d, sd = self.gap(c, m)
+        if not math.isfinite(d):
             return True
-        return mc - mm + Z1 * math.hypot(sc, sm) > math.log(1 + (self.s.speed_tolerance if by is None else by))
+        return d + Z1 * sd > math.log(1 + (self.s.speed_tolerance if by is None else by))
 
-    @property
-    def resolution(self) -> float:
-        """The speed difference one measurement of each of two cells tells apart (95%, two-sided): the
-        frontier is drawn at this resolution, as a full run measuring each cell once would draw it."""
-        return math.exp(Z * math.sqrt(2) * self.noise) - 1
+    def resolution(self, c: Candidate | None = None, m: Candidate | None = None) -> float:
+        """The speed difference one measurement of each of two cells tells apart (95%, two-sided), by their
+        measurements' noise (unmeasured: a clean measurement's): the frontier is drawn at this resolution, as a
+        full run measuring each cell once would draw it."""
+        return math.exp(Z * math.hypot(self._noise_of(c), self._noise_of(m))) - 1
+
+    def _noise_of(self, c: Candidate | None) -> float:
+        sds = [o.sd for obs in (c.obs.values() if c is not None else ()) for o in obs]
+        return max(sds) if sds else self.noise
 
     def tie(self, m: Candidate, lead: Candidate) -> bool:
-        """Two measured cells that even MAX_MEASUREMENTS of each could not tell apart by more than the speed
-        tolerance: measuring them again is futile, and the answer names both."""
-        gap = abs(self.speed(lead)[0] - self.speed(m)[0])
-        best = Z1 * self.noise * math.sqrt(2 / MAX_MEASUREMENTS)  # the noise left after MAX measurements each
+        """Two cells measured in one block that even MAX_MEASUREMENTS of each there could not tell apart by more
+        than the speed tolerance: measuring them again is futile, and the answer names both."""
+        if not set(m.obs) & set(lead.obs):
+            return False  # measured again in one block, they compare directly
+        gap = abs(self.gap(m, lead)[0])
+        noise = math.hypot(self._noise_of(m), self._noise_of(lead))
+        best = Z1 * noise / math.sqrt(MAX_MEASUREMENTS)  # the noise left after MAX measurements each
         return gap < math.log(1 + self.s.speed_tolerance) + best
 
     def could_lead(self, c: Candidate) -> bool:
         lead = self.leader(c.group)
         return lead is None or lead is c or self.could_beat(c, lead)
 
+    def versus(self, m: Candidate, lead: Candidate) -> effects.Effect | None:
+        """m against its group's fastest by the one rule (bench.effects.against): None where no block or anchor
+        ties them."""
+        return effects.against(m.obs, lead.obs, self.offsets, self.cross, self._parts())
+
+    def ties(self, lead: Candidate) -> tuple[list[Candidate], list[Candidate]]:
+        """The measured cells of the leader's group not told apart from it (not surely slower: the 95% interval of
+        their ratio to it reaches past 1/(1 + the minimum effect)), and those no block or anchor ties to it."""
+        tied, apart = [], []
+        for m in self.candidates:
+            if m is lead or m.group != lead.group or not m.obs:
+                continue
+            e = self.versus(m, lead)
+            if e is None:
+                apart.append(m)
+            elif e.verdict != effects.SLOWER:
+                tied.append(m)
+        return tied, apart
+
     def dominated(self, c: Candidate) -> Candidate | None:
         """A measured cell that needs no more memory than c (within the memory tolerance) and that c cannot
         beat by more than the frontier's resolution: c adds no point to the frontier that it does not have."""
         mem, slack = self.memory_of(c), math.log(1 + self.s.memory_tolerance)
         for m in self.candidates:
-            if m is not c and m.logs and m.mem is not None:
-                if m.mem <= mem + slack and not self.could_beat(c, m, by=self.resolution):
+            if m is not c and m.obs and m.mem is not None:
+                if m.mem <= mem + slack and not self.could_beat(c, m, by=self.resolution(c, m)):
                     return m
         return None
 
@@ -322,13 +486,32 @@ class Search:
     def open(self) -> list[Candidate]:
         return [c for c in self.candidates if c.state == "open" and c.cell.hash not in self.in_flight]
 
+    def waiting(self) -> list[Candidate]:
+        """The cells not measured yet: open, or expected to repeat an error (an out-of-memory end implies both)."""
+        return [c for c in self.candidates if c.state in ("open", "expected") and c.cell.hash not in self.in_flight]
+
+    def measurable(self, c: Candidate) -> bool:
+        """Whether an attempt of c could start now: open, or measured only in other blocks than this one's."""
+        if c.cell.hash in self.in_flight or self.exhausted(c):
+            return False
+        return c.state == "open" or (
+            self.here is not None
+            and c.state == "measured"
+            and not c.obs.get(self.here)
+            and self.here not in c.failed_in
+        )
+
     # -- what to measure next -----------------------------------------------------------------------------
 
     def next(self) -> Request | None:
         """The next attempt to run, or None: nothing until something in flight ends, or nothing left (see
-        done()). Each group's leader first; then the three questions take turns (who leads, the frontier, the
-        knob effects), so a budget that runs out leaves each partly answered rather than one untouched.
-        Requests over the budget are passed over; the budget ends the search when none fits."""
+        done()). In a new block with cells measured elsewhere, anchors first; then each group's leader; then the
+        three questions take turns (who leads, the frontier, the knob effects), so a budget that runs out leaves
+        each partly answered rather than one untouched. Requests over the budget are passed over; the budget
+        ends the search when none fits."""
+        req = self._first_affordable(self._anchors())
+        if req is not None:
+            return req
         req = self._first_affordable(self._seed())
         if req is not None or self._seeding():
             return req  # the other picks judge against the groups' leaders: wait for them
@@ -374,6 +557,24 @@ class Search:
     def _led(self) -> set[tuple]:
         return {c.group for c in self.candidates if c.logs}
 
+    def _anchors(self):
+        """A new block ties itself to the others: each group's leader measured elsewhere, then up to EXTRA_ANCHORS
+        more cells measured elsewhere (the cheapest, a clean measurement first), until that many cells were
+        measured both here and elsewhere."""
+        if self.here is None:
+            return
+        elsewhere = [c for c in self.candidates if any(b != self.here for b in c.obs)]
+        leaders = [lead for g in self._groups() if (lead := self.leader(g)) is not None and lead in elsewhere]
+        want = min(len(leaders) + EXTRA_ANCHORS, len(elsewhere))
+        flying = sum(1 for h in self.in_flight if self._role_of.get(h) == "anchor")
+        if sum(1 for c in elsewhere if c.obs.get(self.here)) + flying >= want:
+            return
+        rest = sorted((c for c in elsewhere if c not in leaders), key=lambda c: (bool(c.flags), self.cost_s(c, 0)))
+        for c in leaders + rest:
+            if self.measurable(c):
+                why = f"an anchor: measured in {len(c.obs)} other block(s) ({_tps(self, c)}); measured here too, it "
+                yield self._req(c, 0, "anchor", why + "ties this block's speed to theirs")
+
     def _seed(self):
         flying = {self.by_hash[h].group for h in self.in_flight}
         for g in self._groups():
@@ -388,16 +589,23 @@ class Search:
             return
         for g in self._groups():
             lead = self.leader(g)
-            if lead is not None and 1 not in lead.rungs and lead.cell.hash not in self.in_flight and not lead.exhausted:
+            if (
+                lead is not None
+                and 1 not in lead.rungs
+                and lead.cell.hash not in self.in_flight
+                and not self.exhausted(lead)
+            ):
                 yield self._req(lead, 1, "leader", f"the leader of {_group(self.s, g)}, on the full schedule")
 
     def _overlap(self):
         for g in self._groups():
             lead = self.leader(g)
             for m in self.candidates:
-                if m is lead or m.group != g or not m.logs or not self.could_lead(m) or self.tie(m, lead):
+                if m is lead or m.group != g or not m.obs or not self.could_lead(m) or self.tie(m, lead):
                     continue
-                again = min((c for c in (lead, m) if not c.exhausted), key=lambda c: len(c.logs), default=None)
+                # Measured again here, a cell measured only elsewhere compares with the other in one block.
+                pool = [c for c in (lead, m) if not self.exhausted(c) and self.here not in c.failed_in]
+                again = min(pool, key=lambda c: (self.ran_here(c), len(c.logs)), default=None)
                 if again and again.cell.hash not in self.in_flight:
                     why = f"its interval overlaps the other's: {_tps(self, m)} vs leader {_tps(self, lead)}"
                     yield self._req(again, 1, "contender", f"{m.cell.name} against {lead.cell.name}: {why}")
@@ -428,7 +636,7 @@ class Search:
                 continue
             for c, partner in possible:
                 cost = self.cost_s(c, 0)
-                if partner.logs:
+                if self.ran_here(partner):
                     halves.append((cost, axis, value, ref, c, partner))
                 elif cost <= self.cost_s(partner, 0):
                     news.append((cost + self.cost_s(partner, 0), axis, value, ref, c, partner))
@@ -440,64 +648,47 @@ class Search:
     # -- knob effects ----------------------------------------------------------------------------------------
 
     def effect_pairs(self):
-        """Per ablated axis and value other than its reference: (axis, value, ref, measured pairs, open
-        partners (an open cell, the measured or open cell it pairs with)). A pair is two cells that differ
-        in that axis alone."""
+        """Per ablated axis and value other than its reference (bench.effects.knob_pairs): (axis, value, ref,
+        measured pairs (measured in one block), possible pairs (a cell that can be measured now, the cell it
+        pairs with: measured here or measurable too))."""
+        if "pairs" in self._memo:
+            return self._memo["pairs"]
         out = []
         live = [c for c in self.candidates if c.state in ("open", "measured")]
-        # An axis that means nothing for some cells (LoRA's rank beside peft: none) is left out of what a pair
-        # must share: a LoRA cell and a full fine-tune pair on everything else.
-        partial = {k for c in live for k, v in c.features.items() if v is None}
-        for ax in AXES:
-            values = [v for v in dict.fromkeys(c.features[ax.name] for c in live) if v is not None]
-            if len(values) < 2 or not ax.ablate:
-                continue
-            ref = ax.default if ax.default in values else values[0]
-            index: dict = {}
-            for c in live:
-                key = tuple((k, v) for k, v in c.features.items() if k != ax.name and k not in partial)
-                index.setdefault(key, {})[c.features[ax.name]] = c
-            for value in values:
-                if value == ref:
-                    continue
-                both = [(d[ref], d[value]) for d in index.values() if ref in d and value in d]
-                measured = [(a, b) for a, b in both if a.logs and b.logs]
-                possible = [
-                    (x, y)
-                    for a, b in both
-                    for x, y in ((a, b), (b, a))
-                    if x.state == "open" and x.cell.hash not in self.in_flight and (y.logs or y.state == "open")
-                ]
-                out.append((ax.name, value, ref, measured, possible))
+        for axis, value, ref, idx in effects.knob_pairs([c.features for c in live]):
+            both = [(live[i], live[j]) for i, j in idx]
+            measured = [(a, b) for a, b in both if set(a.obs) & set(b.obs)]
+            possible = [
+                (x, y)
+                for a, b in both
+                if not set(a.obs) & set(b.obs)
+                for x, y in ((a, b), (b, a))
+                if self.measurable(x) and (self.ran_here(y) or self.measurable(y))
+            ]
+            out.append((axis, value, ref, measured, possible))
+        self._memo["pairs"] = out
         return out
 
     def effects(self) -> list[tuple[str, object, object, effects.Effect]]:
-        """Each knob value's effect on tokens/s against its reference over the measured pairs, with its 95%
-        interval (bench.effects.throughput, as the report computes it; each cell's noise the run's repeat
-        spread, so one pair's interval holds the spread between runs)."""
+        """Each knob value's effect on tokens/s against its reference over the pairs measured in one block, with
+        its 95% interval (bench.effects.knob_effect, as the report computes it)."""
         return [
-            (axis, value, ref, effects.throughput([(self._side(a), self._side(b)) for a, b in pairs]))
+            (axis, value, ref, effects.knob_effect([(a.obs, b.obs) for a, b in pairs], self.cross))
             for axis, value, ref, pairs, _ in self.effect_pairs()
         ]
-
-    def _side(self, c: Candidate) -> effects.Side:
-        mean, se = self.speed(c)
-        return effects.Side(
-            value=math.exp(mean), repeats=[math.exp(x) for x in c.logs] if len(c.logs) > 1 else (), log_se=se
-        )
 
     # -- the end ----------------------------------------------------------------------------------------------
 
     def frontier(self) -> list[Candidate]:
         """The measured cells on the memory/speed frontier, lightest first: no other measured cell needs no more
         memory (within the tolerance) and is faster."""
-        ok = sorted((c for c in self.candidates if c.logs and c.mem is not None), key=lambda c: c.mem)
+        ok = sorted((c for c in self.candidates if c.obs and c.mem is not None), key=lambda c: c.mem)
         slack = math.log(1 + self.s.memory_tolerance)
-        return [
-            c
-            for c in ok
-            if not any(m is not c and m.mem <= c.mem + slack and self.speed(m)[0] > self.speed(c)[0] for m in ok)
-        ]
+        return [c for c in ok if not any(m is not c and m.mem <= c.mem + slack and self._faster(m, c) for m in ok)]
+
+    def _faster(self, m: Candidate, c: Candidate) -> bool:
+        """m measured faster than c, where a block or anchors tie them (never raw across untied blocks)."""
+        return self.comparable(m, c) and self.gap(m, c)[0] > 0
 
     def left_s(self) -> float:
         """Predicted cell seconds of what could still be measured (each open cell that could change the
@@ -517,10 +708,10 @@ class Search:
         (the budget ran out, or the run was stopped first) and why it was not measured, with its predicted
         speed and memory."""
         out = []
+        budget = f"{self.s.budget_s:.0f} s" if self.s.budget_s is not None else "none"
         for c in self.open():
             if self.needed(c):
                 what = f"lead {_group(self.s, c.group)}" if self.could_lead(c) else "be on the frontier"
-                budget = f"{self.s.budget_s:.0f} s" if self.s.budget_s is not None else "none"
                 cut = "the run was stopped first" if stopped else f"the budget ({budget}) was spent"
                 why = f"not measured: {cut}; it could still {what} ({_tps(self, c)})"
             else:
@@ -530,8 +721,17 @@ class Search:
                     f"({_tps(self, lead)}); and {lighter.cell.name} needs no more memory ({_mem(self, lighter)} "
                     f"against {_mem(self, c)}) and is surely faster"
                 )
+                if self.spent_at_start:  # this call measured nothing: it settled nothing either
+                    why = f"not measured: the budget ({budget}) was spent before this call measured anything; {why}"
             out.append((c, self.note(c, needed=self.needed(c), why=why, **({"stopped": True} if stopped else {}))))
+        for c in (c for c in self.candidates if c.state == "expected"):
+            sig = self.lessons.expected(c.features)
+            out.append((c, self.note(c, needed=False, why=self.lessons.why(sig), expected_error=sig)))
         return out
+
+    def group_of(self, c: Candidate) -> str:
+        """Its group as its records' answer notes name it (`--group-by` values as key=value)."""
+        return _group(self.s, c.group)
 
     def note(self, c: Candidate, **fields) -> dict:
         """The record's answer note for a cell left unmeasured: its group and predicted figures."""
@@ -549,45 +749,6 @@ class Search:
             "predicted_wall_s": self.cost_s(c, 1) if c.base_cost is not None else None,
         }
 
-    def summary(self) -> list[str]:
-        """The answer as the console prints it at the end of the run."""
-        lines = [
-            f"answer (95% intervals; {len(self.candidates)} runnable cells, grouped by {', '.join(self.s.group_by)}):"
-        ]
-        for g in self._groups():
-            lead = self.leader(g)
-            if lead is None:
-                lines.append(f"  {_group(self.s, g)}: no cell ran ok")
-                continue
-            ties = [
-                m.cell.name for m in self.candidates if m is not lead and m.group == g and m.logs and self.could_lead(m)
-            ]
-            tie = f"; no significant difference from {', '.join(ties)}" if ties else ""
-            n = len(lead.logs)
-            lines.append(
-                f"  fastest, {_group(self.s, g)}: {lead.cell.name}: {_tps(self, lead)}, {n} measurement(s){tie}"
-            )
-        lines.append(
-            "  frontier (lightest first): "
-            + "; ".join(f"{c.cell.name} {_mem(self, c)} {_tps(self, c)}" for c in self.frontier())
-        )
-        for axis, value, ref, e in self.effects():
-            short = AXIS[axis].short
-            if not e.n:
-                lines.append(f"  effect {short}={value} vs {short}={ref}: no pair measured")
-                continue
-            ci = f" [{e.ci[0]:.2f}, {e.ci[1]:.2f}]" if e.ci else ""
-            lines.append(
-                f"  effect {short}={value} vs {short}={ref}: tokens/s x{e.ratio:.2f}{ci}, {e.verdict} ({e.n} pair(s))"
-            )
-        measured = [c for c in self.candidates if c.tries]
-        rest = [c for c in self.candidates if c.state == "open"]
-        lines.append(
-            f"  cost: {self.spent_s:.0f} s of cell time for {len(measured)} of {len(self.candidates)} runnable cells; "
-            f"measuring the other {len(rest)} once would add about {_hms(self.full_run_s(rest))} (predicted)"
-        )
-        return lines
-
 
 def agreement(got: Search, full: Search) -> dict:
     """How an answer compares with the answer of the whole grid (`full`: a search that observed every cell),
@@ -596,13 +757,14 @@ def agreement(got: Search, full: Search) -> dict:
     resolution of it; the share of the grid's frontier that the answer measured, or a cell no heavier
     (within the memory tolerance) and within the resolution as fast; and the share of the grid's cell
     seconds it spent."""
-    res, slack = math.log(1 + full.resolution), math.log(1 + full.s.memory_tolerance)
-    mine = {c.cell.hash for c in got.candidates if c.logs}
+    slack = math.log(1 + full.s.memory_tolerance)
+    mine = {c.cell.hash for c in got.candidates if c.obs}
     leaders = {}
     for g in full._groups():
         lead, pick = full.leader(g), got.leader(g)
+        theirs = full.by_hash[pick.cell.hash] if pick is not None else None
         same = lead is None or (
-            pick is not None and full.speed(lead)[0] - full.speed(full.by_hash[pick.cell.hash])[0] < res
+            theirs is not None and full.gap(lead, theirs)[0] < math.log(1 + full.resolution(lead, theirs))
         )
         leaders[_group(full.s, g)] = (pick.cell.name if pick else None, lead.cell.name if lead else None, same)
     measured = [full.by_hash[h] for h in mine if full.by_hash[h].mem is not None]
@@ -610,13 +772,22 @@ def agreement(got: Search, full: Search) -> dict:
     found = [
         f
         for f in frontier
-        if any(m.mem <= f.mem + slack and full.speed(m)[0] >= full.speed(f)[0] - res for m in measured)
+        if any(m.mem <= f.mem + slack and full.gap(f, m)[0] <= math.log(1 + full.resolution(f, m)) for m in measured)
     ]
     return {
         "leaders": leaders,
         "frontier": (len(found), len(frontier)),
         "cost": got.spent_s / full.spent_s if full.spent_s else None,
     }
+
+
+def _where(rec: Record) -> str:
+    """The machine of a record, in a few words: its GPUs (UUIDs shortened) or its host."""
+    m = rec.machine
+    if m is None:
+        return "an unknown machine"
+    gpus = ", ".join(u[:12] for u in m.gpus)
+    return f"{gpus} (host {m.host})" if gpus else f"host {m.host} ({m.cpu_count} CPUs)"
 
 
 def _first(t: tuple):
@@ -628,12 +799,21 @@ def _group(s: Settings, g: tuple) -> str:
 
 
 def _tps(search: Search, c: Candidate) -> str:
+    """Its tokens/s with the interval at 95%: measured (on the reference block's scale, where anchors tie its
+    block to it; else as its own block measured it, which that block's name says), or predicted."""
     lo, hi = search.interval(c)
     mid = search.speed(c)[0]
+    if c.obs and not set(c.obs) & search.offsets.tied:
+        block = max(c.obs, key=lambda b: len(c.obs[b]))
+        mid, var = blocks.mean_var(c.obs[block])
+        lo, hi = mid - Z * math.sqrt(var), mid + Z * math.sqrt(var)
+        where = f" in B{search.order.index(block) + 1}"
+    else:
+        where = ""
     if not math.isfinite(mid):
         return "tokens/s unknown"
-    how = "measured" if c.logs else "predicted"
-    return f"{how} {_k(math.exp(mid))} tok/s [{_k(math.exp(lo))}, {_k(math.exp(hi))}]"
+    how = "measured" if c.obs else "predicted"
+    return f"{how} {_k(math.exp(mid))} tok/s [{_k(math.exp(lo))}, {_k(math.exp(hi))}] at 95%{where}"
 
 
 def _mem(search: Search, c: Candidate) -> str:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from .. import schedule
+from .. import quality, schedule
 from ..cells import Cell
+from ..record import parse
 from ..status import Status
 
 
@@ -25,10 +26,20 @@ def line(i: int, n: int, rec: dict) -> str:
             f"{m.get('tokens_per_s', 0):,.0f} tok/s",
             f"loss {losses[0]:.2f}->{losses[-1]:.2f}" if losses else "",
             f"peak {_fmt_bytes(peak)}",
+            _weak(rec),
         ]
     elif rec.get("reason"):
         bits.append(f"- {rec['reason'][:160]}")
     return "  ".join(b for b in bits if b)
+
+
+def _weak(rec: dict) -> str:
+    """The flags that make a measurement weaker evidence (bench.quality), by name; "" for a clean one."""
+    try:
+        flags = quality.flags(parse(rec))
+    except ValueError:  # a record this version cannot read says nothing here; the store reports it
+        return ""
+    return f"({', '.join(f.split(':')[0] for f in flags)})" if flags else ""
 
 
 def costs_line(c: dict) -> str:

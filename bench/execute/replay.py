@@ -7,6 +7,10 @@ as on the recorded machine (its GPUs, memory and library versions, from the reco
 cell of the matrix with no recorded end is skipped by the rule `not-recorded`. Every record this makes
 carries `replay` (the file and the record it replays) and keeps the recorded provenance: a report made
 from it says it is a replay.
+
+Refused before anything is served (InputError), since the replayed answer would otherwise depend on the
+order the files are given in: files recorded on different machines (a CPU host and an H200: the plan can
+be judged as on one of them only), and cells whose recorded ends disagree (an ok end and a failure).
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import env, rules, store
-from ..status import Status
+from ..problems import InputError
+from ..record import Provenance
 from .executor import Attempt, Finished, Handle
 from .local import Slots
 from .plan import Plan
@@ -44,17 +49,43 @@ class Recording:
     def __init__(self, paths: list[str]):
         self.paths = [str(p) for p in paths]
         self.ends: dict[str, list[tuple[dict, str]]] = {}
+        self.where: dict[str, list[str]] = {}  # cell hash -> each end's file:line, as ends
         self.first: dict | None = None
+        machines: dict[str, dict[str, int]] = {}  # machine -> file -> ends recorded there
         for path in self.paths:
-            for rec in store.Store(Path(path)).records():
-                st = Status(rec.get("status", "error"))
-                if st.ran and st.is_outcome:
-                    self.ends.setdefault(rec["cell_hash"], []).append((rec, path))
-                    self.first = self.first or rec
+            for line, r in store.numbered_records(Path(path)):
+                if r.status.ran and r.status.is_outcome:
+                    rec = r.to_dict()
+                    self.ends.setdefault(r.cell_hash, []).append((rec, path))
+                    self.where.setdefault(r.cell_hash, []).append(f"{path}:{line}")
+                    if r.provenance is not None:
+                        files = machines.setdefault(machine(r.provenance), {})
+                        files[path] = files.get(path, 0) + 1
+                        self.first = self.first or rec
         self.served: dict[str, int] = {}
+        _check_one_machine(machines)
+        self._check_ends_agree()
+
+    def _check_ends_agree(self) -> None:
+        """InputError when a cell's recorded ends disagree (it ran ok, and it failed): which end the replay
+        serves first would decide the answer, and the full grid (which sees both) would not show it."""
+        mixed = [h for h, ends in self.ends.items() if len({rec["status"] == "ok" for rec, _ in ends}) > 1]
+        if not mixed:
+            return
+        said = [
+            f"{self.ends[h][0][0]['cell_name']}: "
+            + ", ".join(f"{rec['status']} ({at})" for (rec, _), at in zip(self.ends[h], self.where[h]))
+            for h in mixed[:3]
+        ]
+        raise InputError(
+            f"--replay: the recorded ends of {len(mixed)} cell(s) disagree (ok and a failure), so the replayed answer "
+            f"would depend on which is served first: {'; '.join(said)}{'; ...' if len(mixed) > 3 else ''}; keep one "
+            "end per cell (remove the records that should not count)"
+        )
 
     def platform(self) -> env.Platform:
-        """The machine the records were made on, as far as rules and the memory model need it."""
+        """The machine the records were made on, as far as rules and the memory model need it (one machine:
+        files of several are refused)."""
         prov = (self.first or {}).get("provenance") or {}
         gpus = tuple(
             env.Gpu(g["index"], g["name"], g.get("memory_bytes") or 0, g.get("uuid") or f"recorded-{g['index']}")
@@ -89,6 +120,31 @@ class Recording:
         self.served[cell_hash] = k + 1
         rec, path = ends[min(k, len(ends) - 1)]
         return Replayed(rec, path, reused=k >= len(ends))
+
+
+def machine(prov: Provenance) -> str:
+    """The kind of machine a record was made on, as far as a plan's rules and memory model judge it: a CPU
+    host, or its GPUs (count, name, memory). Hosts of one kind (three H200 machines) are one."""
+    gpus = prov.gpus
+    if not gpus or "+cpu" in (prov.versions.get("torch") or ""):
+        return "a CPU host"
+    mem = f" ({gpus[0].memory_bytes / 2**30:.0f} GiB)" if gpus[0].memory_bytes else ""
+    return f"{len(gpus)} x {gpus[0].name}{mem}"
+
+
+def _check_one_machine(machines: dict[str, dict[str, int]]) -> None:
+    """InputError when the recorded ends come from more than one kind of machine: the plan is judged as on one
+    (the first file's would skip the other's cells, and the answer would depend on the files' order)."""
+    if len(machines) < 2:
+        return
+    said = "; ".join(
+        f"{m}: " + ", ".join(f"{f} ({n} end{'s' if n != 1 else ''})" for f, n in files.items())
+        for m, files in machines.items()
+    )
+    raise InputError(
+        f"--replay: these files were recorded on {len(machines)} kinds of machine, and a replay judges the plan as "
+        f"on one: {said}; replay the files of one machine at a time"
+    )
 
 
 class ReplayExecutor:

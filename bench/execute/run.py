@@ -15,7 +15,7 @@ from .. import cache, env, schedule
 from ..axes import AUTO
 from ..estimate import DEFAULT_MARGIN
 from ..problems import InputError
-from ..store import Store, check_writable
+from ..store import Store, check_writable, read_records
 from . import launch, local
 from .answer import Settings as AnswerSettings
 from .plan import Plan, Shard, _check_faults, default_results_path, host_platform, placed_by, plan
@@ -91,8 +91,8 @@ def run(
     executor (bench.execute.registry: local, ray at address, slurm with its options over the matrix's slurm
     block, replay), shard (plan.Shard: one part of the cells, its own results file by default), answer
     (bench.execute.answer.Settings: only the cells that settle the answer; the rest recorded unmeasured with
-    why), replay (results files: nothing runs, their recorded ends are served). This process writes every
-    record, whichever executor runs the cells."""
+    why), replay (results files: nothing runs, their recorded ends are served, by default into
+    results/<matrix name>.replay.jsonl). This process writes every record, whichever executor runs the cells."""
     _check_choices(order, executor, replay)
     recording = Recording(replay) if replay else None
     on_slurm = _on_slurm(matrix_path, ds_configs, slurm, gpus_available, pack) if executor == "slurm" else None
@@ -106,6 +106,9 @@ def run(
     environ = {**os.environ, **(extra_env or {})}
     check_settings(environ)  # before anything runs: a bad value would otherwise be every cell's error
     _check_faults(p, environ.get("ZEROBENCH_FAULT"))
+    if recording:  # before anything is created; by default beside the real results, never in them
+        results = results or str(default_results_path(p).with_suffix(".replay.jsonl"))
+        _check_replay_target(Path(results), recording.paths)
     store, logs = _files(p, results, logs_dir)
     slots, slurm_settings = _placing(platform, gpus_available, pack, on_slurm, logs)
     o = Options(
@@ -134,6 +137,25 @@ def _files(p: Plan, results: str | None, logs_dir: str | None) -> tuple[Store, P
     check_folder(logs, "--logs" if logs_dir else f"the logs folder {logs} (--logs)")
     check_folder(cache.root(), "ZEROBENCH_CACHE" if os.environ.get("ZEROBENCH_CACHE") else "the cache folder")
     return Store(results_path), logs
+
+
+def _check_replay_target(results: Path, sources: list[str]) -> None:
+    """A replay writes only where no record measured anew is: not into a file it replays, nor among a run's
+    measurements, where its records would read as measured anew (InputError, before anything is written)."""
+    if not results.is_file():
+        return
+    same = next((s for s in sources if Path(s).is_file() and os.path.samefile(s, results)), None)
+    if same is not None:
+        raise InputError(
+            f"--results {results} is the --replay file {same}: the replay would append copies of its records to it; "
+            "give --results a new file"
+        )
+    measured = sum(r.status.ran and r.status.is_outcome and r.replay is None for r in read_records(results, warn=False))
+    if measured:
+        raise InputError(
+            f"--results {results} holds {measured} record(s) measured anew: replayed records appended there would read "
+            "as measurements too; give --results a new file (a replay's own results file can be resumed)"
+        )
 
 
 def _placing(platform: env.Platform, gpus_available, pack, on_slurm, logs: Path):

@@ -9,22 +9,26 @@ The executor (bench.execute.registry) decides where and when each attempt's job 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
+import math
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import dsconfig, env, schedule, telemetry
-from ..axes import AUTO
+from .. import dsconfig, env, quality, schedule, telemetry
+from ..axes import AUTO, AXES
 from ..cells import Cell
 from ..estimate import Hardware
 from ..estimate.search import SearchResult, seed_micro_batch
-from ..record import Record, Search, parse
+from ..problems import InputError
+from ..record import Record, Search, machine_of, parse
 from ..status import Status
 from ..store import Store, StoreWriteError
-from . import answer, launch, local
+from . import answer, answer_text, launch, local
 from .attempt import HARNESS_ERRNOS, HarnessError, ended, now
 from .executor import WAIT, Attempt, Finished, Handle, Job, Shape, dispatch
 from .plan import Plan, Planned, arrange, hardware, prediction, prune_skip
@@ -36,6 +40,13 @@ from .settings import stall_s
 from .signals import Stopped, stop_on_signals
 
 __all__ = ["Options", "Session"]
+
+_TIMES = ("started_at", "ended_at")
+
+
+def _epoch(iso: str | None) -> float | None:
+    """A record's ISO 8601 time as seconds since the epoch (None for none)."""
+    return dt.datetime.fromisoformat(iso).timestamp() if iso else None
 
 
 @dataclass(eq=False)
@@ -102,9 +113,21 @@ class Session:
         self.running: dict[int, Record] = {}  # id(handle) -> the started record of each attempt in flight
         runnable = [it for it in self.items if it.skip is None and id(it) not in self.free]
         ends = o.replay.ends if o.replay else None
-        self.search = answer.Search(runnable, self.hw, o.answer, o.platform.cuda, ends) if o.answer else None
+        self.search = (
+            answer.Search(runnable, self.hw, o.answer, o.platform.cuda, ends, self.here()) if o.answer else None
+        )
         self.index_of: dict[str, int] = {}  # answer mode: a cell's progress index, kept across its rungs
+        self.cut_off: list[Record] = []  # --resume: the attempts a killed run left started, now recorded interrupted
         self.width = o.slots.max_cells  # how many cells run side by side (the executor's slots, once it is up)
+
+    def here(self) -> str | None:
+        """The block this run's attempts measure in (bench.record.Record.block), where it is known before any
+        runs: this host under the local executor. A replay's records keep the block they were measured in, and
+        a cluster's nodes are each a machine: there each record says."""
+        if self.o.replay is not None or self.o.executor != "local":
+            return None
+        m = machine_of(env.provenance())
+        return f"{self.run_id}@{m.id if m is not None else 'unknown'}"
 
     # -- records --------------------------------------------------------------------------------------
 
@@ -143,8 +166,10 @@ class Session:
     # -- what is left to do ---------------------------------------------------------------------------
 
     def load(self) -> None:
-        """The attempts so far, and on --resume the stale starts (recorded interrupted) and what is done;
-        then the queue of cell repeats to run."""
+        """The attempts so far, and on --resume the stale starts (recorded interrupted, with the time they ran)
+        and what is done; then the queue of cell repeats to run."""
+        if self.search is not None and self.o.resume:
+            self._check_same_groups()  # before anything is written
         for rec in self.existing:
             if rec.get("status") != Status.STARTED.value:
                 self.attempts[rec["cell_hash"]] = max(self.attempts.get(rec["cell_hash"], 0), rec.get("attempt", 1))
@@ -153,7 +178,9 @@ class Session:
             for s in stale:
                 why = f"run {s['run_id']} stopped while this cell ran (found by --resume)"
                 with launch.holding_signals():
-                    self.save(Record.interrupted(parse(s), why, ended_at=now()))
+                    self.cut_off.append(
+                        self.save(Record.interrupted(parse(s), why, ended_at=now(), **self._ran_for(s)))
+                    )
                 self.attempts[s["cell_hash"]] = max(self.attempts.get(s["cell_hash"], 0), s.get("attempt", 1))
         self.queue = self._todo()
         self.begun = {h for h, _ in self.stored}
@@ -163,21 +190,59 @@ class Session:
             self._resume_search()
 
     def _resume_search(self) -> None:
-        """Answer mode on --resume: what the earlier part measured counts, and its cells keep their outcome."""
-        for rec in self.existing:
-            if rec.get("status") not in (Status.STARTED.value, Status.UNMEASURED.value):
-                r = parse(rec)
-                self.search.observe(r, r.answer.rung if r.answer else None)
-                self.begun.add(r.cell_hash)
-                if r.cell_hash in self.search.by_hash:
-                    self.search.by_hash[r.cell_hash].tries += 1
-                if self.o.replay is not None and r.replay is not None:  # its next attempt gets the next end
-                    self.o.replay.served[r.cell_hash] = self.o.replay.served.get(r.cell_hash, 0) + 1
+        """Answer mode on --resume: what the earlier part measured counts (attempts a kill cut off too), and its
+        cells keep their outcome. The budget is the whole search's: said, with what is left."""
+        ended = [
+            parse(r) for r in self.existing if r.get("status") not in (Status.STARTED.value, Status.UNMEASURED.value)
+        ]
+        for r in ended + self.cut_off:
+            self.search.earlier(r)
+            self.begun.add(r.cell_hash)
+            if self.o.replay is not None and r.replay is not None:  # its next attempt gets the next end
+                self.o.replay.served[r.cell_hash] = self.o.replay.served.get(r.cell_hash, 0) + 1
         done = [c for c in self.search.candidates if c.state != "open"]
+        budget, spent = self.o.answer.budget_s, self.search.spent_s
+        self.search.resumed = True
+        if budget is None:
+            left = "no --budget: it measures until the answer is settled"
+        elif spent < budget:
+            left = f"--budget {budget:.0f} s is the whole search's, {budget - spent:.0f} s of it left"
+        else:
+            left = f"the --budget ({budget:.0f} s, the whole search's) is already spent: nothing more is measured"
         self.o.printer(
             f"resume: answer mode goes on from {len(done)} cell(s) already measured or failed in {self.store.path} "
-            f"({self.search.spent_s:.0f} s of cell time spent)"
+            f"({spent:.0f} s of cell time spent); {left}"
         )
+
+    def _check_same_groups(self) -> None:
+        """InputError when --group-by groups the cells otherwise than the answer being resumed did (its records'
+        answer notes): the earlier measurements were chosen to settle its groups, not these."""
+        for rec in self.existing:
+            group, c = (rec.get("answer") or {}).get("group"), self.search.by_hash.get(rec.get("cell_hash"))
+            if group is None or c is None or group == self.search.group_of(c):
+                continue
+            short = {a.short: a.name for a in AXES}
+            was = ",".join(short.get(k, k) for k in re.findall(r"(?:^|,)(\w+)=", group)) or "nothing (one group)"
+            raise InputError(
+                f"--group-by {','.join(self.o.answer.group_by) or 'nothing'}: the answer in {self.store.path} was "
+                f"grouped by {was} ({rec['cell_name']} in {group!r}, now {self.search.group_of(c)!r}); resume with "
+                f"--group-by {was}, or give a new --results to start another answer"
+            )
+
+    def _ran_for(self, start: dict) -> dict:
+        """An attempt cut off by a kill: how long it ran, as far as the evidence tells (its log's last write, the
+        last record its run wrote), with a warning saying so; {} when nothing tells."""
+        t0 = _epoch(start.get("started_at"))
+        log = self.o.logs / f"{start['cell_hash']}.{start.get('attempt', 1)}.log"
+        seen = [(log.stat().st_mtime, f"its log's last write ({log})")] if log.is_file() else []
+        same = [_epoch(r.get(k)) for r in self.existing if r.get("run_id") == start.get("run_id") for k in _TIMES]
+        if any(t is not None for t in same):
+            seen.append((max(t for t in same if t is not None), f"the last record of run {start.get('run_id')}"))
+        t, how = max(seen, default=(None, ""))
+        if t0 is None or t is None or t <= t0:
+            return {}
+        note = f"cut off by a kill: wall_s runs from its start to {how}, and counts against an answer's --budget"
+        return {"wall_s": t - t0, "warnings": [note]}
 
     def _todo(self) -> list[tuple[Planned, int]]:
         o, n = self.o, self.o.repeats
@@ -207,7 +272,7 @@ class Session:
         # answer mode the cells the search has not measured yet.
         waiting = {it.cell.hash: it for it, _ in self.queue[self.k :]} | self.pending
         if self.search is not None:
-            waiting |= {c.cell.hash: c.planned for c in self.search.open()}
+            waiting |= {c.cell.hash: c.planned for c in self.search.waiting()}
         candidates = [
             it.cell
             for it in waiting.values()
@@ -300,7 +365,7 @@ class Session:
         --resume) gets no second one: a record is written when what it says changes."""
         said = self.unmeasured_before()
         for c, note in self.search.unmeasured(stopped):
-            rec = Record.unmeasured(c.cell, note, at=now(), **self.ident(c.cell))
+            rec = Record.unmeasured(c.cell, note, at=now(), spent=self.search.spent_at_start, **self.ident(c.cell))
             if said.get(c.cell.hash) == rec.reason:
                 continue
             self.i += 1
@@ -308,7 +373,7 @@ class Session:
             with launch.holding_signals():
                 self.save(rec)
             self.recorded(self.i, rec)
-        for text in self.search.summary() + (self.against_recording() if self.o.replay else []):
+        for text in answer_text.summary(self.search) + (self.against_recording() if self.o.replay else []):
             self.o.printer(text)
 
     def unmeasured_before(self) -> dict[str, str]:
@@ -324,7 +389,8 @@ class Session:
                 full.observe(parse(rec))
         a = answer.agreement(self.search, full)
         lines = [
-            f"against the full grid (every recorded end; 'the same' within {full.resolution:.0%}, the resolution):"
+            "against the full grid (every recorded end; 'the same' within the resolution of one measurement each: "
+            f"{full.resolution():.0%}, {_flagged_resolution(full):.0%} where one is host-bound or unstable):"
         ]
         for group, (mine, theirs, same) in a["leaders"].items():
             verdict = "the same" if mine == theirs else "the same within the resolution" if same else "DIFFERENT"
@@ -506,3 +572,9 @@ class Session:
             f"  written to {self.store.path} by this run: {len(self.written)} outcome(s), each whole; "
             "once there is room, `--resume` runs the cells that have none"
         )
+
+
+def _flagged_resolution(search: answer.Search) -> float:
+    """The resolution of two measurements, one of them flagged (bench.quality): what 'the same' allows there."""
+    flagged = quality.NOISE["gpu_flagged" if search.cuda else "cpu"]
+    return math.exp(answer.Z * math.hypot(search.noise, flagged)) - 1

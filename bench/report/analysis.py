@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .. import compare, effects, rules, stats
+from .. import blocks, compare, effects, quality, rules, stats
+from ..axes import AXES as AXIS_TABLE
+from ..axes import AXIS as AXIS_TABLE_BY_NAME
 from ..axes import SHOWN, peft_variant
 from ..results import PEAK_MEMORY_SOURCES, latest
 from ..status import Status
@@ -27,6 +29,7 @@ __all__ = [
     "Analysis",
     "Ablation",
     "analyse",
+    "replay_note",
     "AXES",
     "MEMORY_VIEW",
     "MEMORY_PHASES",
@@ -35,9 +38,12 @@ __all__ = [
     "records",
     "measured_first",
     "causes",
+    "BLOCKS_NOTE",
+    "ANSWER_NOTE",
 ]
 
 STATUS_ORDER = [s.value for s in Status if s is not Status.STARTED]
+AXIS_NAMES = [a.name for a in AXIS_TABLE]
 NOT_RUN = [s.value for s in Status if not s.ran]
 """Statuses of cells that never ran: skipped (a rule, or pruned by the memory model) and implied_oom."""
 
@@ -106,7 +112,8 @@ class Ablation:
     effects: list[dict]
     """Per non-reference value: `tokens` and `memory` (bench.report.effects.Effect: the ratio to the
     reference value over the pairs where both ran ok, its 95% interval, the number of pairs and the
-    verdict), `n` (pairs), `loss_delta` (median difference in final loss) and `trainable_ratio`."""
+    verdict), `n` (pairs), `loss_delta` (median difference in loss at the last step both cells of a pair ran)
+    and `trainable_ratio`."""
 
 
 SECTION_NOTE = (
@@ -117,10 +124,37 @@ SECTION_NOTE = (
 )
 
 
+BLOCKS_NOTE = (
+    "A block is one run part (one `zerobench run`) on one machine (the GPUs' UUIDs, the host's boot id and name, its "
+    "CPU). Cells compare directly only within a block: machines differ in speed as a whole (blocks of the committed "
+    "H200 records by up to 13% over the cells they share), so knob effects pair cells of one block, and blocks are "
+    "compared through anchors, cells measured in both (their speed below, at 95%). A block no anchor ties is "
+    "compared with none."
+)
+
+ANSWER_NOTE = (
+    "Judged as answer mode's console judges them: the fastest cell of each group (among the blocks anchors tie "
+    "together) with its 95% interval; the cells not told apart from it (the 95% interval of their ratio to it "
+    "reaches within compare's 5% minimum effect); the cells no block or anchor ties to it; each knob's effect over "
+    "pairs measured in one block, the verdict following from the interval."
+)
+
 REPLAY_NOTE = (
     "nothing here ran anew; every measurement was recorded earlier and served by the replay executor "
     "(`zerobench run --replay`) from these files"
 )
+
+
+def replay_note(a: "Analysis") -> str:
+    """What the report says of its replayed records: REPLAY_NOTE when every attempt that ran is one, else how
+    many are (a replay's records beside real ones: files given together, or a run resumed on either)."""
+    if not a.measured_anew:
+        return REPLAY_NOTE
+    return (
+        f"{a.replayed_attempts} of the {a.replayed_attempts + a.measured_anew} attempts that ran here are replays, "
+        "which ran nothing anew: their measurements were recorded earlier and served by the replay executor "
+        f"(`zerobench run --replay`); the other {a.measured_anew} ran. The replays came from these files"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -185,9 +219,18 @@ class Analysis:
     failures: pd.DataFrame
     failure_groups: list[dict]
     environment: list[tuple[str, str]]
+    blocks: list[dict] = field(default_factory=list)
+    """The blocks (one run part on one machine) the ok measurements came from, when more than one: `label`
+    (B1, ...), `run`, `machine` (its id), `host`, `gpu`, `measurements`, `reference`, `tied` (anchors tie it to
+    the reference block), `anchors` (cells measured in it and another), and its speed against the reference
+    block: `ratio` with its 95% interval `low`-`high` (None where untied or the reference)."""
     baseline: pd.DataFrame | None = None
     replayed: list[str] = field(default_factory=list)
-    """The results files a replay (`zerobench run --replay`) served these records from: nothing here ran anew."""
+    """The results files a replay (`zerobench run --replay`) served these records from: nothing in them ran anew."""
+    replayed_attempts: int = 0
+    """Attempts that ran (every status a worker reaches) served by a replay."""
+    measured_anew: int = 0
+    """Attempts that ran and are not replays: with replayed ones beside them, the report says how many of each."""
     baseline_only: list[str] = field(default_factory=list)
     """Cell names that the baseline has and these results do not."""
     zero_scaling: list[dict] = field(default_factory=list)
@@ -472,8 +515,8 @@ def _context_labels(keys: pd.DataFrame, cols: list[str]) -> pd.Series:
 _CELL_FIELDS = ["cell_name", "cell_hash", "status", "reason", "tokens_per_s", "peak_memory_bytes"]
 # What _effects reads of a cell besides its axis (the last two where results carry them).
 _EFFECT_FIELDS = [
-    "tokens_per_s", "tokens_log_se", "peak_memory_bytes", "peak_memory_source", "cell_hash", "variant",
-    "loss_final", "params_trainable", "losses",
+    "tokens_per_s", "tokens_log_se", "noise_sd", "peak_memory_bytes", "peak_memory_source", "cell_hash", "variant",
+    "loss_final", "params_trainable", "block_label", "losses",
 ]  # fmt: skip
 
 
@@ -586,7 +629,10 @@ def _effects(sub: pd.DataFrame, gid: pd.Series, axis: str, values: list, samples
         cur = first[first["_v"] == str(v)]
         both = cur.index[cur.index.isin(refs.index)]
         r, c = refs.loc[both], cur.loc[both]
-        tok = effects.throughput(_sides(r, c, "tokens_per_s", samples))
+        # Throughput pairs come from one block (one run part on one machine): machines differ by more than most
+        # knobs do. Memory does not depend on the machine's speed: every pair counts.
+        same = (r["block_label"].to_numpy() == c["block_label"].to_numpy()) if "block_label" in r else slice(None)
+        tok = effects.throughput(_sides(r[same], c[same], "tokens_per_s", samples))
         # Memory only where both sides' peaks are the same kind of figure (NVML against host RSS: no ratio).
         have = (r["peak_memory_bytes"] > 0).to_numpy() & (c["peak_memory_bytes"] > 0).to_numpy()
         kinds = set(r.loc[have, "peak_memory_source"]) | set(c.loc[have, "peak_memory_source"])
@@ -612,18 +658,21 @@ def _sides(r: pd.DataFrame, c: pd.DataFrame, col: str, samples: dict) -> list[tu
 
 
 def _side_list(cells: pd.DataFrame, col: str, samples: dict) -> list[effects.Side]:
-    """Each cell for a figure: its value (the median of its repeats), the repeats, its noise."""
+    """Each cell for a figure: its value (the median of its repeats), the repeats, its measurements' noise."""
     values = cells[col].to_numpy(dtype=float).tolist()
-    ses = cells["tokens_log_se"].to_numpy(dtype=float).tolist() if col == "tokens_per_s" else [None] * len(cells)
+    noise = cells["noise_sd"].to_numpy(dtype=float).tolist() if col == "tokens_per_s" else [math.nan] * len(cells)
     reps: list = [()] * len(cells)
+    sds: list = [() if sd != sd else (sd,) for sd in noise]  # NaN != NaN: no noise known
     if samples:
         figures = [col] * len(cells) if col == "tokens_per_s" else cells["peak_memory_source"].map(_PEAK_COLUMN)
         for i, (k, figure) in enumerate(zip(cells[["cell_hash", "variant"]].to_dict("records"), figures)):
             s = samples.get(compare.cell_key(k))
             xs = [x for x in (s.values.get(figure, []) if s else []) if x > 0]
-            reps[i] = xs if len(xs) >= 2 else ()
-    # Positional: a 10k-row report makes some 10^5 of these. NaN != NaN marks an unknown noise.
-    return [effects.Side(x, rp, None if se != se else se) for x, se, rp in zip(values, ses, reps)]
+            if len(xs) >= 2:
+                reps[i] = xs
+                sds[i] = s.noise if col == "tokens_per_s" and len(s.noise) == len(xs) else sds[i]
+    # Positional: a 10k-row report makes some 10^5 of these.
+    return [effects.Side(x, rp, sd) for x, rp, sd in zip(values, reps, sds)]
 
 
 # The column each peak_memory_source names (bench.results.PEAK_MEMORY_SOURCES, reversed).
@@ -662,65 +711,48 @@ def _median_of(wide: pd.DataFrame, v, ref, op: str) -> float | None:
 
 
 def _tokens_log_se(cells: pd.DataFrame, samples: dict) -> pd.Series:
-    """Per ok cell, the standard error of ln(tokens/s) (bench.report.effects.Side.log_se): from its repeats
-    where it ran 2+ times (the standard deviation of their logs over sqrt(n)), else from its run's median
-    step-time interval (the record's `steps`, or made from its step times for older records), whose
-    width on the log scale is 2 z(level) standard errors. NaN where neither is known."""
+    """Per ok cell, the standard error of its mean ln(tokens/s) by the one rule (bench.stats.log_mean): the
+    larger of what its measurements' noise allows (bench.quality: a host-bound or unstable measurement about
+    three times a clean one's) and what its repeats' spread shows. NaN where no noise is known."""
     out = pd.Series(np.nan, index=cells.index, dtype=float)
-    ok = cells[(cells["status"] == Status.OK.value) & (cells["tokens_per_s"] > 0)]
-    cols = ["cell_hash", "variant", "step_time_ci_low_s", "step_time_ci_high_s", "step_time_ci_level"]
-    cols += ["step_times_s", "warmup_steps"]
-    for i, r in zip(ok.index, records(ok, [c for c in cols if c in ok])):
+    ok = cells[(cells["status"] == Status.OK.value) & (cells["tokens_per_s"] > 0) & cells["noise_sd"].notna()]
+    for i, r in zip(ok.index, records(ok, ["cell_hash", "variant", "tokens_per_s", "noise_sd"])):
         s = samples.get(compare.cell_key(r)) if samples else None
-        logs = [math.log(x) for x in (s.values["tokens_per_s"] if s else []) if x > 0]
-        if len(logs) >= 2:
-            out[i] = statistics.stdev(logs) / math.sqrt(len(logs))
-            continue
-        lo, hi, level = (r.get(c) for c in cols[2:5])
-        if fmt.missing(lo) or fmt.missing(hi) or fmt.missing(level):
-            lo, hi, level = _step_interval(r.get("step_times_s"), r.get("warmup_steps"))
-        if lo and hi and level and 0 < level < 1:
-            out[i] = math.log(hi / lo) / (2 * stats.normal_quantile(level))
+        vals = [x for x in (s.values["tokens_per_s"] if s else []) if x > 0]
+        if len(vals) >= 2 and len(s.noise) == len(vals):
+            out[i] = math.sqrt(stats.log_mean([math.log(x) for x in vals], s.noise)[1])
+        else:
+            out[i] = r["noise_sd"]
     return out
 
 
-def _step_interval(times, warmup) -> tuple[float | None, float | None, float | None]:
-    """The median measured step time's interval (bench.stats.median_ci, 95%) from a record's step times."""
-    if not isinstance(times, list) or fmt.missing(warmup):
-        return None, None, None
-    return stats.median_ci(times[int(warmup) :], effects.CONF)
-
-
 def _with_repeats(cells: pd.DataFrame, samples: dict) -> pd.DataFrame:
-    """Cells with repeats show the median over their ok repeats (tokens/s, step time) with the median's
-    distribution-free interval; a cell measured once keeps its one figure (and no interval)."""
+    """Cells with repeats (in the block of their last attempt) show the median over their ok repeats
+    (tokens/s, step time) with a 95% interval by the one rule (bench.stats.log_mean around the median: never
+    narrower than the measurements' noise allows); a cell measured once keeps its one figure (and no interval)."""
+    nan = np.full(len(cells), np.nan)
+    se = _tokens_log_se(cells, samples)
     if not samples:
-        nan = np.full(len(cells), np.nan)
-        return cells.assign(repeats=1, tokens_per_s_ci_low=nan, tokens_per_s_ci_high=nan, tokens_per_s_ci_conf=nan)
+        return cells.assign(repeats=1, tokens_per_s_ci_low=nan, tokens_per_s_ci_high=nan, tokens_per_s_ci_conf=nan,
+                            tokens_log_se=se)  # fmt: skip
     keys = [compare.cell_key(r) for r in cells[["cell_hash", "variant"]].to_dict("records")]
-    reps, lo, hi, conf = [], [], [], []
+    z = stats.normal_quantile(effects.CONF)
+    reps, lo, hi, conf = [], nan.copy(), nan.copy(), nan.copy()
     tok, step = cells["tokens_per_s"].to_numpy(dtype=float).copy(), cells["step_time_median_s"].to_numpy(dtype=float)
     step = step.copy()
-    for i, k in enumerate(keys):
+    for i, (k, e) in enumerate(zip(keys, se.to_numpy(dtype=float))):
         s = samples.get(k)
         vals = s.values["tokens_per_s"] if s else []
         reps.append(s.repeats if s else 1)
         if len(vals) >= 2:
             tok[i] = stats.median(vals)
             step[i] = stats.median(s.values["step_time_median_s"]) or step[i]
-            ci = stats.median_ci(vals)
-        else:
-            ci = (None, None, None)
-        for col, v in zip((lo, hi, conf), ci):
-            col.append(v)
+            if e == e:
+                lo[i], hi[i], conf[i] = tok[i] * math.exp(-z * e), tok[i] * math.exp(z * e), effects.CONF
     return cells.assign(
-        tokens_per_s=tok,
-        step_time_median_s=step,
-        repeats=reps,
-        tokens_per_s_ci_low=pd.array(lo, dtype="Float64").astype(float),
-        tokens_per_s_ci_high=pd.array(hi, dtype="Float64").astype(float),
-        tokens_per_s_ci_conf=pd.array(conf, dtype="Float64").astype(float),
-    )
+        tokens_per_s=tok, step_time_median_s=step, repeats=reps, tokens_per_s_ci_low=lo, tokens_per_s_ci_high=hi,
+        tokens_per_s_ci_conf=conf, tokens_log_se=se,
+    )  # fmt: skip
 
 
 def _peak_label(sources: pd.Series) -> str:
@@ -910,6 +942,52 @@ def _environment(cells: pd.DataFrame, df: pd.DataFrame) -> list[tuple[str, str]]
     return [(k, v) for k, v in rows if v]
 
 
+def _with_block_labels(df: pd.DataFrame) -> pd.DataFrame:
+    """`block_label`: B1, B2, ... for the blocks (one run part on one machine) that measured a cell ok, in the
+    order their first ok measurement appears (as answer mode's console names them); for the attempts that ran
+    there, empty for the others."""
+    ran = ~df["status"].isin(NOT_RUN) if "status" in df else pd.Series(False, index=df.index)
+    ok = df["status"] == Status.OK.value if "status" in df else ran
+    names = {b: f"B{i}" for i, b in enumerate(dict.fromkeys(df.loc[ok, "block"]), 1)} if "block" in df else {}
+    labels = df["block"].map(names) if names else pd.Series(None, index=df.index, dtype=object)
+    return df.assign(block_label=labels.where(ran, None))
+
+
+def _last_block(df: pd.DataFrame) -> pd.DataFrame:
+    """The attempts of each cell in the block of its last attempt: a cell's repeats from one machine and run."""
+    if "block" not in df or df.empty:
+        return df
+    last = df.groupby("cell_hash", sort=False)["block"].transform("last")
+    return df[df["block"] == last]
+
+
+def _blocks(df: pd.DataFrame) -> list[dict]:
+    """The blocks the ok measurements came from, when more than one: each one's run and machine, its
+    measurements, and its speed against the reference block through the anchors (bench.blocks.offsets)."""
+    ok = df[(df["status"] == Status.OK.value) & (df["tokens_per_s"] > 0) & df["noise_sd"].notna()]
+    if ok.empty or ok["block"].nunique() < 2:
+        return []
+    rows = records(ok, ["cell_hash", "block", "block_label", "tokens_per_s", "noise_sd", "run_id", "host", "gpu_name"])
+    obs: dict = {}
+    for r in rows:
+        obs.setdefault(r["cell_hash"], {}).setdefault(r["block"], []).append(
+            blocks.Obs(math.log(r["tokens_per_s"]), r["noise_sd"])
+        )
+    cpu = (ok["peak_memory_source"] == "host_rss").any()
+    offs = blocks.offsets(obs, quality.CROSS["cpu" if cpu else "gpu"], list(dict.fromkeys(ok["block"])))
+    z, out = stats.normal_quantile(effects.CONF), []
+    for b, first in {r["block"]: r for r in reversed(rows)}.items():
+        tied = b in offs.tied and b != offs.ref
+        lo, hi = (math.exp(offs.mean[b] + k * z * offs.sd(b)) for k in (-1, 1)) if tied else (None, None)
+        out.append({
+            "label": first["block_label"], "run": b.split("@")[0], "machine": b.split("@")[1], "host": first["host"],
+            "gpu": first["gpu_name"], "measurements": int((ok["block"] == b).sum()), "reference": b == offs.ref,
+            "tied": b in offs.tied, "anchors": offs.anchors.get(b, 0),
+            "ratio": math.exp(offs.mean[b]) if tied else None, "low": lo, "high": hi,
+        })  # fmt: skip
+    return sorted(out, key=lambda r: int(r["label"][1:]))
+
+
 def _baseline(cells: pd.DataFrame, base_df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """Per cell_hash in both: tokens/s and peak memory, baseline and now, with relative change."""
     cols = ["cell_hash", "status", "tokens_per_s", "peak_memory_bytes"]
@@ -963,7 +1041,6 @@ def _cells(df: pd.DataFrame, samples: dict) -> pd.DataFrame:
         capacity_bytes=capacity,
         # NVML minus allocator reserved: CUDA context, NCCL buffers, cuBLAS workspaces, other allocators.
         outside_allocator_bytes=cells["nvml_proc_peak_bytes"] - cells["torch_max_reserved_bytes"],
-        tokens_log_se=_tokens_log_se(cells, samples),
         section=_section_slugs(cells),
     )
     is_ok = cells["status"] == Status.OK.value
@@ -1005,41 +1082,94 @@ def _lighter(smallest: dict | None, fastest: dict | None) -> dict | None:
 
 
 def _answer(cells: pd.DataFrame, attempts: pd.DataFrame) -> dict | None:
-    """What answer mode (`zerobench run --answer`) settled among these cells, from the records' `answer` notes:
-    per group its fastest ok cell with a 95% interval (tokens_log_se, at least the repeat noise answer mode
-    assumed: effects.REPEAT_NOISE over the square root of its runs) and the cells whose intervals reach it
-    (no significant difference); the cells measured and what each role cost (wall seconds of every attempt);
-    the cells left unmeasured, those the budget (or a stop) left that could still change the answer, and the
-    predicted time measuring them once would add. "measured" counts the cells with an ok record; "attempts"
-    every attempt answer mode made, failures included."""
+    """What answer mode (`zerobench run --answer`) settled among these cells, from the records, judged as its
+    console judges them (bench.blocks, bench.effects): per group its fastest ok cell with a 95% interval, the
+    cells not told apart from it and those no block or anchor ties to it; each knob's effect over pairs measured
+    in one block; the cells measured and what each role cost (wall seconds of every attempt); the cells left
+    unmeasured, those the budget (or a stop) left that could still change the answer, those expected to repeat
+    an error (bench.execute.failures), and the predicted time measuring them once would add. "measured" counts
+    the cells with an ok record; "attempts" every attempt answer mode made, failures included."""
     if "answer_role" not in cells or cells["answer_role"].isna().all():
         return None
     roles = attempts["answer_role"]
     measured = attempts[roles.notna() & (roles != "unmeasured")]
     left = cells[cells["status"] == Status.UNMEASURED.value]
-    z, groups = stats.normal_quantile(0.95), []
-    ok = cells[(cells["status"] == Status.OK.value) & cells["answer_group"].notna()]
-    for g, sub in ok.groupby("answer_group", sort=False):
-        # As answer mode judged: never less noise than repeats of one cell show between them.
-        floor = effects.REPEAT_NOISE["gpu" if sub["peak_memory_source"].iloc[0] != "host_rss" else "cpu"]
-        se = np.maximum(sub["tokens_log_se"].fillna(0.0), floor / np.sqrt(sub["repeats"].clip(lower=1)))
-        lo, hi = sub["tokens_per_s"] * np.exp(-z * se), sub["tokens_per_s"] * np.exp(z * se)
-        i = sub["tokens_per_s"].idxmax()
-        ties = sub.index[(hi >= lo[i]) & (sub.index != i)]
-        best = {"group": g, "cell_name": sub.loc[i, "cell_name"], "tokens_per_s": sub.loc[i, "tokens_per_s"]}
-        best |= {"low": lo[i], "high": hi[i], "repeats": int(sub.loc[i, "repeats"])}
-        groups.append(best | {"ties": list(sub.loc[ties, "cell_name"])})
     needed = left[left["answer_needed"].eq(True)]
     return {
-        "groups": groups,
+        **_answer_judged(measured, left),
         "measured": int(measured.loc[measured["status"] == Status.OK.value, "cell_hash"].nunique()),
         "attempts": len(measured),
         "cost_s": {str(k): float(v) for k, v in measured.groupby("answer_role")["wall_s"].sum().items()},
         "spent_s": float(measured["wall_s"].sum()),
         "unmeasured": len(left),
         "needed": len(needed),
+        "expected": int(left["answer_expected_error"].notna().sum()) if "answer_expected_error" in left else 0,
         "adds_s": float(pd.to_numeric(left["answer_predicted_wall_s"], errors="coerce").sum()),
     }
+
+
+_ANSWER_FIELDS = ["cell_hash", "cell_name", "block", "tokens_per_s", "noise_sd", "answer_group", "peak_memory_source"]
+
+
+def _answer_judged(measured: pd.DataFrame, left: pd.DataFrame) -> dict:
+    """Per group the fastest cell, its ties and the cells not compared with it; each knob's effect: from the ok
+    attempts' measurements by block, as bench.execute.answer judges them."""
+    ok = measured[(measured["status"] == Status.OK.value) & (measured["tokens_per_s"] > 0)]
+    rows = records(ok, [c for c in _ANSWER_FIELDS if c in ok])
+    obs: dict = {}
+    for r in rows:
+        obs.setdefault(r["cell_hash"], {}).setdefault(r["block"], []).append(
+            blocks.Obs(math.log(r["tokens_per_s"]), r["noise_sd"])
+        )
+    cpu = any(r.get("peak_memory_source") == "host_rss" for r in rows)
+    cross = quality.CROSS["cpu" if cpu else "gpu"]
+    offs = blocks.offsets(obs, cross, list(dict.fromkeys(r["block"] for r in rows)))
+    part = blocks.parts(obs, offs.ref)
+    name = {r["cell_hash"]: r["cell_name"] for r in rows}
+    group = {r["cell_hash"]: r["answer_group"] for r in rows if isinstance(r["answer_group"], str)}
+    groups = []
+    for g in dict.fromkeys(group.values()):
+        members = [h for h in obs if group.get(h) == g]
+        lead = members[blocks.leading([obs[h] for h in members], offs, cross, part)]
+        judged = {h: effects.against(obs[h], obs[lead], offs, cross, part) for h in members if h != lead}
+        lo, mid, hi = _level(obs[lead], offs, cross)
+        groups.append({
+            "group": g, "cell_name": name[lead], "tokens_per_s": mid, "low": lo, "high": hi,
+            "repeats": sum(len(v) for v in obs[lead].values()),
+            "ties": [name[h] for h, e in judged.items() if e is not None and e.verdict != effects.SLOWER],
+            "apart": [name[h] for h, e in judged.items() if e is None],
+        })  # fmt: skip
+    return {"groups": groups, "effects": _answer_effects(measured, left, obs, cross), "offsets": offs}
+
+
+def _level(s: blocks.Sample, offs: blocks.Offsets, cross: float) -> tuple[float, float, float]:
+    """A cell's tokens/s with its 95% interval: on the reference block's scale where anchors tie its block to
+    it, else as its own block measured it (as answer mode's console shows it)."""
+    if set(s) & offs.tied:
+        mean, var = blocks.level(s, offs, cross)
+    else:
+        mean, var = blocks.mean_var(s[max(s, key=lambda b: len(s[b]))])
+    z = stats.normal_quantile(effects.CONF) * math.sqrt(var)
+    return math.exp(mean - z), math.exp(mean), math.exp(mean + z)
+
+
+def _answer_effects(measured: pd.DataFrame, left: pd.DataFrame, obs: dict, cross: float) -> list[dict]:
+    """Each knob value's effect over the pairs measured in one block, among the cells answer mode measured or
+    left unmeasured (bench.effects.knob_pairs, knob_effect)."""
+    if "answer_expected_error" in left:  # a cell expected to repeat an error is out of the search, as in answer mode
+        left = left[left["answer_expected_error"].isna()]
+    live = pd.concat([measured[measured["cell_hash"].isin(obs)], left]).drop_duplicates("cell_hash", keep="first")
+    hashes = live["cell_hash"].tolist()
+    feats = [effects.features(r) for r in records(live, [a for a in AXIS_NAMES if a in live])]
+    out = []
+    for axis, value, ref, idx in effects.knob_pairs(feats):
+        pairs = [(obs.get(hashes[i], {}), obs.get(hashes[j], {})) for i, j in idx]
+        short = AXIS_TABLE_BY_NAME[axis].short
+        out.append({
+            "axis": axis, "value": value, "reference": ref, "knob": f"{short}={value} vs {short}={ref}",
+            "tokens": effects.knob_effect(pairs, cross),
+        })  # fmt: skip
+    return out
 
 
 def _section(cells: pd.DataFrame, samples: dict, attempts: pd.DataFrame) -> Section:
@@ -1088,8 +1218,9 @@ def analyse(df: pd.DataFrame, *, title: str = "zerobench report", baseline: pd.D
         return _empty(title, baseline)
     # Only cells measured more than once have a distribution to summarise (and a 10k-row report of
     # single runs pays nothing for it).
+    df = _with_block_labels(df)
     repeated = df["repeat"].fillna(1).groupby(df["cell_hash"]).transform("max") > 1 if "repeat" in df else None
-    samples = compare.samples(df[repeated]) if repeated is not None and repeated.any() else {}
+    samples = compare.samples(_last_block(df[repeated])) if repeated is not None and repeated.any() else {}
     cells = _cells(df, samples)
     is_ok = cells["status"] == Status.OK.value
     rank = {s: i for i, s in enumerate(STATUS_ORDER)}
@@ -1106,6 +1237,7 @@ def analyse(df: pd.DataFrame, *, title: str = "zerobench report", baseline: pd.D
         cells=cells,
         sections=_sections(cells, samples, df),
         replayed=sorted(df["replay_source"].dropna().unique()) if "replay_source" in df else [],
+        **_replay_counts(df),
         counts={s: int(counts[s]) for s in STATUS_ORDER + sorted(set(counts.index) - set(STATUS_ORDER)) if s in counts},
         pruned=int((cells["status"].eq(Status.SKIPPED.value) & cells["skip_rule"].eq(rules.PRUNED)).sum()),
         peak_label=_peak_label(cells["peak_memory_source"]),
@@ -1121,6 +1253,7 @@ def analyse(df: pd.DataFrame, *, title: str = "zerobench report", baseline: pd.D
         loss_parity=_loss_parity(cells, samples),
         failure_groups=_failure_groups(failures),
         environment=_environment(cells, df),
+        blocks=_blocks(df),
         baseline=base,
         baseline_only=only,
         notes=_notes(cells),
@@ -1155,10 +1288,21 @@ def measured_first(cells: pd.DataFrame) -> pd.DataFrame:
     return cells.iloc[np.argsort(cells["status"].isin(NOT_RUN).to_numpy(), kind="stable")]
 
 
+def _replay_counts(df: pd.DataFrame) -> dict[str, int]:
+    """Of the attempts that ran, how many a replay served and how many ran anew (none replayed: both 0)."""
+    if "replay_source" not in df or df["replay_source"].isna().all():
+        return {}
+    ran = ~df["status"].isin(NOT_RUN)
+    replayed = df["replay_source"].notna()
+    return {"replayed_attempts": int((ran & replayed).sum()), "measured_anew": int((ran & ~replayed).sum())}
+
+
 def _notes(cells: pd.DataFrame) -> list[tuple[str, str]]:
     out = []
     if "warnings" in cells:
         out = [(n, w) for n, ws in zip(cells["cell_name"], cells["warnings"]) if isinstance(ws, list) for w in ws]
+    if "flags" in cells:  # weaker evidence (bench.quality): the effects take its noise about three times wider
+        out += [(n, f) for n, fs in zip(cells["cell_name"], cells["flags"]) if isinstance(fs, list) for f in fs]
     # Rows of the columns the notes read only: a 10k-row report spent seconds making dicts of every column.
     if "steps_ended" in cells:
         capped = cells["warmup_ended"].isin(_CAPS) | cells["steps_ended"].isin(_CAPS)

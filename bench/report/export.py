@@ -104,8 +104,9 @@ def _bench_stats(data: list[float]) -> dict:
 def to_pytest_benchmark(df, path: str | Path) -> tuple[Path, int, int]:
     """One benchmark per cell that ran ok: its rounds are the measured steps' times (seconds) of every
     ok repeat, so pytest-benchmark's min/median/stddev are per step; tokens/s, memory peaks, the
-    repeats' own medians and the cell's axes travel in extra_info and params. Returns the path, the
-    cells written and the cells left out (no ok repeat, so no times)."""
+    repeats' own medians and the cell's axes travel in extra_info and params; a replayed cell's
+    (`zerobench run --replay`: nothing ran anew) names the file it was replayed from (`replayed_from`).
+    Returns the path, the cells written and the cells left out (no ok repeat, so no times)."""
     from .. import compare
     from ..results import latest
 
@@ -153,6 +154,8 @@ def to_pytest_benchmark(df, path: str | Path) -> tuple[Path, int, int]:
                         for f in compare.FIGURES
                     },
                     "tokens_per_s_by_repeat": s.values["tokens_per_s"],
+                    # A replay (`zerobench run --replay`) ran nothing anew: its times were recorded earlier.
+                    **({"replayed_from": r["replay_source"]} if isinstance(r.get("replay_source"), str) else {}),
                 },
                 "options": {"timer": "zerobench (torch.cuda.synchronize + perf_counter per step)", "warmup": True},
                 "stats": _bench_stats(times),

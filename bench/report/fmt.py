@@ -48,14 +48,13 @@ def ratio(x) -> str:
     return "" if missing(x) else f"×{x:.2f}"
 
 
-def effect(ratio, ci=None, conf=None, want: float = 0.95) -> str:
-    """A ratio with its interval: ×0.56 [0.45–0.69]; the confidence is named where it is not `want`
-    (×0.90 [0.85–0.95, 90%]: three repeats a side reach no more)."""
+def effect(ratio, ci=None, conf=None) -> str:
+    """A ratio with its interval and the interval's confidence: ×0.56 [0.45–0.69, 95%]."""
     if missing(ratio):
         return ""
     if not ci or missing(ci[0]) or missing(ci[1]):
         return f"×{ratio:.2f}"
-    level = "" if conf is None or abs(conf - want) < 1e-9 else f", {conf:.0%}"
+    level = "" if conf is None else f", {conf:.0%}"
     return f"×{ratio:.2f} [{ci[0]:.2f}–{ci[1]:.2f}{level}]"
 
 

@@ -16,14 +16,15 @@ from importlib import resources
 import jinja2
 from markupsafe import Markup, escape
 
-from ..effects import NO_DIFFERENCE, Effect, effects_note
+from ..effects import NOT_SETTLED, Effect, effects_note
 from . import charts as charts_
 from . import figures, fmt
 from .analysis import (
+    ANSWER_NOTE,
+    BLOCKS_NOTE,
     COMPARE_RULE,
     LOSS_PARITY_NOTE,
     NOT_RUN,
-    REPLAY_NOTE,
     SECTION_NOTE,
     ZERO_SCALING_NOTE,
     Analysis,
@@ -31,6 +32,7 @@ from .analysis import (
     analyse,
     measured_first,
     records,
+    replay_note,
 )
 from .charts import Chart, tradeoff_name
 
@@ -38,6 +40,9 @@ __all__ = ["render", "render_analysis", "MAX_COMPUTE_ROWS"]
 
 MAX_COMPUTE_ROWS = 50
 MAX_REASONS = 50  # distinct failure reasons grouped at the top; errors with log tails are often all distinct
+MAX_NOT_RUN_ROWS = 1000
+"""Cells that did not run (skipped, implied_oom, unmeasured) listed one row each at most: past this they are
+counted by status and rule instead (50,000 skipped rows made a 62 MB page)."""
 
 
 def _asset(name: str) -> str:
@@ -108,8 +113,8 @@ def _effect(e: Effect) -> str:
 
 
 def _shows_why(e: Effect) -> bool:
-    """Say why where the interval alone would suggest otherwise: compare's bound decided."""
-    return e.verdict == NO_DIFFERENCE and bool(e.ci) and not e.ci[0] <= 1 <= e.ci[1]
+    """Say why where the interval excludes x1 and yet no change is called: it reaches inside the minimum effect."""
+    return e.verdict == NOT_SETTLED
 
 
 def _verdict_tone(e: Effect) -> str:
@@ -159,8 +164,26 @@ def _widths(values, top: float) -> list[str]:
 # -- one function per section: Analysis -> the template variables of that section ---------------------
 
 
+def _listed(cells, a: Analysis):
+    """The rows a table lists, and a note on the cells left out: every cell, unless more than MAX_NOT_RUN_ROWS
+    did not run; then those are counted (by status, and the skipped by rule), not listed."""
+    not_run = cells["status"].isin(NOT_RUN)
+    n = int(not_run.sum())
+    if n <= MAX_NOT_RUN_ROWS:
+        return cells, ""
+    by_status = ", ".join(f"{k:,} {s}" for s, k in cells.loc[not_run, "status"].value_counts().items())
+    rules = a.cells.loc[a.cells["status"] == "skipped", "skip_rule"].value_counts() if "skip_rule" in a.cells else []
+    by_rule = "; skipped by rule: " + ", ".join(f"{r} {k:,}" for r, k in rules.items()) if len(rules) else ""
+    note = (
+        f"{n:,} cells that did not run ({by_status}) are counted here, not listed: more than {MAX_NOT_RUN_ROWS:,}"
+        f"{by_rule}. Failed and skipped groups them by reason; the results file has each one's record."
+    )
+    return cells[~not_run], note
+
+
 def _cells_table(a: Analysis) -> dict:
     cells, compute = measured_first(a.cells), a.compute_metric
+    cells, left_out = _listed(cells, a)
     extra = [(c, h) for c, h in _EXTRA if c in cells and cells[c].nunique(dropna=False) > 1]
     cols = [
         "cell_name",
@@ -180,6 +203,7 @@ def _cells_table(a: Analysis) -> dict:
         "tokens_per_s_ci_high",
     ] + [c for c, _ in extra]
     cols += [compute] if compute else []
+    cols += ["replay_source"] if "replay_source" in cells else []
     compute_fmt = fmt.pct if compute == "mfu" else fmt.tflops
     mixed = cells["peak_memory_source"].nunique() > 1
     return {
@@ -188,6 +212,7 @@ def _cells_table(a: Analysis) -> dict:
         "compute": compute,
         "compute_header": {"mfu": "MFU", "tflops_per_gpu": "TFLOP/s per GPU"}.get(compute, "MFU"),
         "mixed_sources": mixed,
+        "cells_left_out": left_out,
     }
 
 
@@ -209,6 +234,8 @@ def _cells_rows(rows: list[dict], extra, compute, compute_fmt, mixed: bool) -> M
     for r in rows:
         status = escape(r["status"])
         tag = '<span class="tag">frontier</span>' if r["pareto"] else ""
+        if isinstance(r.get("replay_source"), str):  # served by the replay executor: nothing ran anew
+            tag += f'<span class="tag" title="replayed from {escape(r["replay_source"])}">replay</span>'
         parts = [
             f'\n<tr data-status="{status}"><td class="cell">{_name(r["cell_name"])} '
             f'<span class="hash">#{escape(r["cell_hash"])}</span>{tag}</td>\n'
@@ -219,8 +246,10 @@ def _cells_rows(rows: list[dict], extra, compute, compute_fmt, mixed: bool) -> M
         tps = fmt.num(r["tokens_per_s"])
         if r["repeats"] > 1:
             tps += (
-                f'<br><span class="muted" title="median of {r["repeats"]} repeats and its distribution-free interval">'
-                f"{fmt.num(r['tokens_per_s_ci_low'])}–{fmt.num(r['tokens_per_s_ci_high'])}, n={r['repeats']}</span>"
+                f'<br><span class="muted" title="median of {r["repeats"]} repeats and its 95% interval, never '
+                'narrower than the noise">'
+                f"{fmt.num(r['tokens_per_s_ci_low'])}–{fmt.num(r['tokens_per_s_ci_high'])}, 95%, "
+                f"n={r['repeats']}</span>"
             )
         parts.append("\n" + _num_td(r["tokens_per_s"], tps))
         parts.append(_num_td(r["step_time_median_s"], fmt.ms(r["step_time_median_s"])))
@@ -349,9 +378,11 @@ def _compute(s: Section) -> dict:
 
 def _failures(a: Analysis) -> dict:
     cols = ["cell_name", "cell_hash", "status", "reason", "phase_at_end", "exit_code"]
+    listed, left_out = _listed(a.failures, a) if len(a.failures) else (a.failures, "")
     return {
-        "failures": _failure_rows(records(a.failures, cols)) if len(a.failures) else "",
+        "failures": _failure_rows(records(listed, cols)) if len(a.failures) else "",
         "failure_statuses": [s for s in a.counts if s != "ok"],
+        "failures_left_out": left_out,
     }
 
 
@@ -408,6 +439,7 @@ def _nav(a: Analysis, ctx: dict) -> list[tuple[str, str]]:
         head += [("ablations", "Ablations")] if m["s"].ablations else []
         head += [("compute", "MFU")]
     nav = [
+        ("blocks", "Blocks", bool(a.blocks)),
         ("cells", "Cells", True),
         ("zero", "ZeRO vs paper", bool(a.zero_scaling)),
         ("parity", "Loss parity", bool(a.loss_parity)),
@@ -430,8 +462,10 @@ def render_analysis(a: Analysis, charts: dict[str, Chart] | None = None) -> str:
         "models": [_model(a, s, charts) for s in a.sections],
         "several": len(a.sections) > 1,
         "section_note": SECTION_NOTE,
-        "replay_note": REPLAY_NOTE,
+        "replay_note": replay_note(a),
         "effects_note": effects_note(),
+        "blocks_note": BLOCKS_NOTE,
+        "answer_note": ANSWER_NOTE,
     }
     ctx |= _loss(a, charts.get("loss"))
     for section in (_cells_table, _memory, _failures, _baseline, _zero, _parity):

@@ -11,21 +11,24 @@ import html
 import re
 from urllib.parse import quote
 
-from ..effects import NO_DIFFERENCE, Effect, effects_note
+from ..axes import AXIS
+from ..effects import NOT_SETTLED, Effect, effects_note
 from ..status import Status
 from . import fmt
 from .analysis import (
+    ANSWER_NOTE,
+    BLOCKS_NOTE,
     COMPARE_RULE,
     FRONTIER_NOTE,
     LOSS_PARITY_NOTE,
     NOT_RUN,
-    REPLAY_NOTE,
     SECTION_NOTE,
     ZERO_SCALING_NOTE,
     Analysis,
     Section,
     analyse,
     measured_first,
+    replay_note,
 )
 from .charts import tradeoff_name
 
@@ -156,8 +159,8 @@ def _fits(s: Section, h: str) -> list[str]:
 
 
 def _verdict(e: Effect) -> str:
-    """The verdict, and why where the interval alone would suggest otherwise (compare's bound decided)."""
-    if e.verdict == NO_DIFFERENCE and e.ci and not e.ci[0] <= 1 <= e.ci[1]:
+    """The verdict, and why where the interval excludes ×1 and yet no change is called (not settled)."""
+    if e.verdict == NOT_SETTLED:
         return f"{e.verdict} ({e.why})"
     return e.verdict or ""
 
@@ -271,6 +274,12 @@ def _loss_parity(a: Analysis) -> list[str]:
     return lines + _more(len(rows), len(shown), " pairs")
 
 
+def _knob(e: dict) -> str:
+    """An answer effect's knob as the console names it: zero=1 vs zero=0."""
+    short = AXIS[e["axis"]].short
+    return f"{short}={_v(e['axis'], e['value'])} vs {short}={_v(e['axis'], e['reference'])}"
+
+
 def _v(axis: str, v) -> str:
     return ("on" if v in (True, "True") else "off") if axis == "grad_ckpt" else str(v)
 
@@ -359,9 +368,9 @@ def _baseline(a: Analysis) -> list[str]:
 
 
 def _tokens(t, repeats, lo, hi) -> str:
-    """tokens/s; for a cell with repeats, the median and its distribution-free interval."""
+    """tokens/s; for a cell with repeats, the median and its 95% interval (never narrower than the noise)."""
     if repeats and repeats > 1 and not fmt.missing(lo):
-        return f"{fmt.num(t)} [{fmt.num(lo)}–{fmt.num(hi)}, n={int(repeats)}]"
+        return f"{fmt.num(t)} [{fmt.num(lo)}–{fmt.num(hi)}, 95%, n={int(repeats)}]"
     return fmt.num(t)
 
 
@@ -399,8 +408,13 @@ def _left(ans: dict) -> str:
         if ans["needed"]
         else ", none of which could change the answer"
     )
+    expected = (
+        f" ({ans['expected']} of them expected to repeat an error that cells with their settings ended in)"
+        if ans.get("expected")
+        else ""
+    )
     return (
-        f"Left unmeasured: {ans['unmeasured']} cells{still}. Measuring them all once would add about "
+        f"Left unmeasured: {ans['unmeasured']} cells{expected}{still}. Measuring them all once would add about "
         f"{ans['adds_s'] / 60:.0f} min (predicted)."
     )
 
@@ -410,23 +424,51 @@ def _answer(s: Section, h: str) -> list[str]:
     ans = s.answer
     if ans is None:
         return []
-    lines = [f"{h} What answer mode settled", ""]
+    lines = [f"{h} What answer mode settled", "", ANSWER_NOTE, ""]
     rows = [
         [escape(g["group"]), escape(g["cell_name"]), f"{g['tokens_per_s']:,.0f} [{g['low']:,.0f}, {g['high']:,.0f}]",
-         str(g["repeats"]), escape(", ".join(g["ties"])) or "none"]
+         str(g["repeats"]), escape(", ".join(g["ties"])) or "none", escape(", ".join(g["apart"])) or "none"]
         for g in ans["groups"]
     ]  # fmt: skip
     lines += _table(
-        ["group", "fastest cell", "tokens/s [95%]", "runs", "no significant difference from"], "llrrl", rows
+        ["group", "fastest cell", "tokens/s [95%]", "runs", "not told apart from it", "not compared with it"],
+        "llrrll",
+        rows,
     )
+    effects_rows = [
+        [escape(_knob(e)), str(e["tokens"].n), fmt.effect(e["tokens"].ratio, e["tokens"].ci, e["tokens"].ci_conf),
+         escape(e["tokens"].verdict or "")]
+        for e in ans["effects"] if e["tokens"].n
+    ]  # fmt: skip
+    if effects_rows:
+        lines += _table(["knob", "pairs in one block", "tokens/s", "verdict"], "lrrl", effects_rows)
     cost = ", ".join(f"{role} {sec:.0f} s" for role, sec in sorted(ans["cost_s"].items()))
     lines += [
-        "",
         f"Measured {ans['measured']} cells ok in {ans['attempts']} attempts, {ans['spent_s']:.0f} s of cell time "
         f"({cost}). " + _left(ans),
         "",
     ]
     return lines
+
+
+def _blocks(a: Analysis) -> list[str]:
+    """Where the measurements were made, when more than one block: each block's run, machine, measurements and its
+    speed against the reference block through the anchors."""
+    if not a.blocks:
+        return []
+    rows = []
+    for b in a.blocks:
+        if b["reference"]:
+            speed = "the reference"
+        elif b["ratio"] is not None:
+            speed = f"{fmt.effect(b['ratio'], (b['low'], b['high']), 0.95)} ({b['anchors']} anchor cell(s))"
+        else:
+            speed = "not tied: no cell measured in it and a tied block"
+        rows.append([b["label"], escape(b["run"]), escape(f"{b['machine']} ({b['host']}, {b['gpu'] or 'CPU'})"),
+                     str(b["measurements"]), escape(speed)])  # fmt: skip
+    return ["## Blocks", "", BLOCKS_NOTE, ""] + _table(
+        ["block", "run", "machine", "ok measurements", "speed"], "lllrl", rows
+    )
 
 
 def _sections(a: Analysis, charts: dict[str, str]) -> list[str]:
@@ -471,8 +513,8 @@ def render_analysis(a: Analysis, charts: dict[str, str] | None = None) -> str:
     if a.banner:
         lines += [f"**Not GPU figures**: {escape(a.banner)}", ""]
     if a.replayed:
-        lines += [f"**Replay**: {REPLAY_NOTE} ({escape(', '.join(a.replayed))}).", ""]
-    lines += _sections(a, charts)
+        lines += [f"**Replay**: {replay_note(a)} ({escape(', '.join(a.replayed))}).", ""]
+    lines += _blocks(a) + _sections(a, charts)
     lines += _zero_scaling(a) + _loss_parity(a)
     lines += _not_run(a) + _notes(a) + _baseline(a)
     if "loss" in charts:

@@ -4,7 +4,9 @@ For people who compare runs in W&B (run tables, parallel coordinates, grouped lo
 config is the cell's axes and settings plus the exact DeepSpeed config; its summary holds the status,
 reason and every metric and memory figure; its history is the loss and step time per step. Runs are
 grouped by matrix, with the zerobench run id as the job type, so a matrix's cells line up in one
-table. Without a W&B login the runs are written offline (`wandb sync DIR` uploads them later).
+table. A replayed record (`zerobench run --replay`: nothing ran anew) is tagged `replay`, its config naming
+the record it replays (`replay.source`, `replay.run_id`, ...). Without a W&B login the runs are written
+offline (`wandb sync DIR` uploads them later).
 Imports wandb only when called: the orchestrator stays light.
 """
 
@@ -45,6 +47,7 @@ def _config(rec: dict) -> dict:
         "ds_config": rec.get("ds_config"),
         **_flat("provenance.", {k: v for k, v in prov.items() if k not in ("gpus", "versions")}),
         **_flat("versions.", prov.get("versions")),
+        **_flat("replay.", rec.get("replay")),
     }
 
 
@@ -91,7 +94,8 @@ def to_wandb(
             name=rec.get("cell_name"),
             group=rec.get("matrix"),
             job_type=rec.get("run_id"),
-            tags=[str(rec.get("status"))],
+            # A replay (`zerobench run --replay`) ran nothing anew: said in its tags and its config.
+            tags=[str(rec.get("status"))] + (["replay"] if rec.get("replay") else []),
             config=_config(rec),
             reinit="create_new",
             settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),

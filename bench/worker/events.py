@@ -3,6 +3,7 @@ parent uses as heartbeat and to split telemetry by phase) and the atomic result 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -48,6 +49,9 @@ def watch_parent(pid: int | None, *, group: bool = False) -> None:
             try:
                 os.kill(pid, 0)
             except ProcessLookupError:
+                # Said in the log: its last write is when the attempt stopped (what --resume counts it ran for).
+                with contextlib.suppress(OSError):
+                    os.write(2, f"zerobench worker: the orchestrator (pid {pid}) is gone; stopping\n".encode())
                 if group and os.getpgid(0) == os.getpid():
                     _kill_all_i_started()
                 os._exit(75)

@@ -88,10 +88,8 @@ def _train_deepspeed(s: Setup, measure: Measure, doc: dict, fault: Fault | None)
     doc["compiled"] = bool(getattr(engine, "is_compiled", False))
     doc["engine_init_s"] = time.perf_counter() - t0
     basic = getattr(engine, "basic_optimizer", None) or client_opt
-    ran = type(basic).__name__ if basic is not None else None
-    doc["optimizer_class"] = f"{type(basic).__module__}.{ran}" if basic is not None else None
     doc["zero_optimizer_class"] = type(engine.optimizer).__name__ if engine.optimizer is not None else None
-    _check_optimizer(cell, ran, "DeepSpeed")
+    _check_optimizer(cell, basic, ds_config, doc, "DeepSpeed")
     measure.skipped = lambda: int(getattr(engine, "skipped_steps", 0) or 0)
     measure.loss_scale = lambda: _loss_scale(engine, cell)
 
@@ -143,12 +141,16 @@ def _loss_scale(engine, cell) -> float | None:
     return get() if get is not None else None
 
 
-def _check_optimizer(cell, ran: str | None, builder: str) -> None:
-    if ran != OPTIMIZERS[cell.optimizer].cls:
-        raise RuntimeError(
-            f"optimizer {cell.optimizer!r} asked for {OPTIMIZERS[cell.optimizer].cls}, but {builder} built "
-            f"{ran}: refusing to report this cell under a name it did not run"
-        )
+def _check_optimizer(cell, opt, ds_config: dict, doc: dict, builder: str) -> None:
+    """Record the optimizer that was built and refuse it, before the first step, unless it is the cell's
+    (bench/worker/optimizer.py: class, bitsandbytes' bits and paging, learning rate, betas)."""
+    from .optimizer import facts, refusal
+
+    built = facts(opt)
+    doc["optimizer_class"] = built["class"] if opt is not None else None
+    why = refusal(cell, built, ds_config, builder)
+    if why:
+        raise RuntimeError(why)
 
 
 def _scratch(spec: dict) -> str:
@@ -237,6 +239,8 @@ def _train_hf(s: Setup, args, measure: Measure, doc: dict, fault: Fault | None) 
 
     class Clock(TrainerCallback):
         def on_train_begin(self, a, st, c, **kw):
+            # The engine and its optimizer exist from here on: a wrong optimizer ends the attempt before any step.
+            _check_optimizer(cell, _trainer_optimizer(trainer), s.ds_config, doc, "the Trainer")
             # Recent Trainers apply Liger inside train(), so this is the first point that sees the result.
             record_kernels(cell, kw.get("model") or model, doc)
             measure.warmup()
@@ -266,15 +270,17 @@ def _train_hf(s: Setup, args, measure: Measure, doc: dict, fault: Fault | None) 
     measure.skipped = lambda: int(getattr(trainer.model_wrapped, "skipped_steps", 0) or 0)
     measure.loss_scale = lambda: _loss_scale(trainer.model_wrapped, cell)
     trainer.train()
-    engine = trainer.model_wrapped
-    basic = getattr(engine, "basic_optimizer", None) or trainer.optimizer
-    inner = getattr(basic, "optimizer", basic)
-    doc["optimizer_class"] = f"{type(inner).__module__}.{type(inner).__name__}"
     # The Trainer compiles the module it wraps in place (nn.Module.compile), which leaves _compiled_call_impl.
     doc["compiled"] = getattr(trainer.model, "_compiled_call_impl", None) is not None or bool(
-        getattr(engine, "is_compiled", False)
+        getattr(trainer.model_wrapped, "is_compiled", False)
     )
-    _check_optimizer(cell, type(inner).__name__, "the Trainer")
+
+
+def _trainer_optimizer(trainer):
+    """The optimizer the Trainer built, under DeepSpeed's and Accelerate's wrappers (the engine keeps it as
+    basic_optimizer)."""
+    basic = getattr(trainer.model_wrapped, "basic_optimizer", None) or trainer.optimizer
+    return getattr(basic, "optimizer", basic)
 
 
 def _nvme_swap_dirs(ds_config: dict, spec: dict) -> list[str]:

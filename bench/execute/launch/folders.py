@@ -12,6 +12,8 @@ from pathlib import Path
 
 import psutil
 
+from ... import env
+
 _ATTEMPT_PREFIX = "zerobench-"
 _OWNER = "owner"  # in an attempt folder: who made it (_owner_tag), as JSON under an exact marker
 _MARKER = "zerobench attempt folder"
@@ -21,10 +23,7 @@ _FOREIGN_MAX_AGE_S = 7 * 24 * 3600
 
 
 def _boot_id() -> str | None:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
+    return env.boot_id()
 
 
 def _pid_namespace() -> int | None:

@@ -1,0 +1,190 @@
+"""Derive bench.quality's thresholds and noise figures from the committed records, and print how.
+
+    python -m tools.noise
+
+- Repeats: ok measurements grouped by block (run part x machine, bench.record.Record.block) and cell, selfcheck
+  variants and records with an injected slowdown (a `slow=` fault) left out. In a group of n >= 2 each
+  measurement's squared deviation from the group's mean ln(tokens/s), times n/(n - 1), is one sample of the
+  noise within a block.
+- A threshold splits those samples by a figure of the measurement; it is the split that makes the two sides'
+  spreads (one normal spread each, at least 5 samples a side) likeliest. HOST_BOUND_UTIL_PCT: GPU utilisation
+  over the measured steps, cells that do not offload, flagged below. UNSTABLE_TAIL: p90 step over the median
+  step, all GPU measurements, flagged above.
+- NOISE: the pooled spread of the GPU samples without a flag and with one; of the CPU A/A runs.
+- CROSS: pairs of blocks that share at least 3 cells; per pair each shared cell's difference of mean ln tokens/s
+  between the blocks; their variance around the pair's mean difference (the offset) less what the cells' own
+  noise explains, halved (two blocks' deviations in each difference); pooled over pairs by degrees of freedom.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import itertools
+import math
+from dataclasses import dataclass
+
+from bench import quality
+from bench.record import parse
+from bench.status import Status
+from bench.store import read
+
+__all__ = ["GPU_FILES", "CPU_FILES", "Measured", "groups", "split", "derive"]
+
+GPU_FILES = "results/*.jsonl"
+CPU_FILES = "results/ci-cpu-gate/aa*.jsonl"
+MIN_SIDE = 5  # samples on each side of a split
+MIN_SHARED = 3  # cells two blocks share, to estimate the interaction between blocks
+
+
+@dataclass(frozen=True)
+class Measured:
+    log: float
+    util: float | None
+    offloads: bool
+    tail: float | None
+
+
+def groups(pattern: str, gpu: bool) -> dict[tuple[str, str], list[Measured]]:
+    """(block, cell hash) -> its ok measurements, from the files matching `pattern`."""
+    out: dict = collections.defaultdict(list)
+    for path in sorted(glob.glob(pattern)):
+        for raw in read(path):
+            r = parse(raw)
+            m = r.metrics
+            if r.status is not Status.OK or m is None or not m.tokens_per_s or r.variant:
+                continue
+            if "slow=" in str((r.worker.fault_injected if r.worker else None) or ""):
+                continue
+            if gpu != (m.gpu_util_mean_pct is not None):
+                continue
+            tail = m.step_time_p90_s / m.step_time_median_s - 1 if m.step_time_p90_s and m.step_time_median_s else None
+            offloads = (r.cell.get("offload") or "none") != "none"
+            out[(r.block, r.cell_hash)].append(Measured(math.log(m.tokens_per_s), m.gpu_util_mean_pct, offloads, tail))
+    return dict(out)
+
+
+def _samples(gs: dict) -> list[tuple[Measured, float]]:
+    out = []
+    for ms in gs.values():
+        if len(ms) >= 2:
+            mean = sum(x.log for x in ms) / len(ms)
+            out += [(x, (x.log - mean) ** 2 * len(ms) / (len(ms) - 1)) for x in ms]
+    return out
+
+
+def _loglik(d2: list[float]) -> float:
+    return -0.5 * len(d2) * (math.log(max(sum(d2) / len(d2), 1e-12)) + 1)
+
+
+def split(samples: list[tuple[float, float]], flag_below: bool) -> dict:
+    """The likeliest split of (figure, squared deviation) samples: the boundary, and each side's count and spread.
+    The boundary is the least figure of the samples on the upper side."""
+    best = None
+    for u in sorted({f for f, _ in samples}):
+        lo = [d for f, d in samples if f < u]
+        hi = [d for f, d in samples if f >= u]
+        if len(lo) < MIN_SIDE or len(hi) < MIN_SIDE:
+            continue
+        ll = _loglik(lo) + _loglik(hi)
+        if best is None or ll > best[0]:
+            best = (ll, u, lo, hi)
+    _, u, lo, hi = best
+    flagged, clean = (lo, hi) if flag_below else (hi, lo)
+    below = max(f for f, _ in samples if f < u)
+    return {
+        "boundary": u,
+        "below": below,
+        "flagged": (len(flagged), math.sqrt(sum(flagged) / len(flagged))),
+        "clean": (len(clean), math.sqrt(sum(clean) / len(clean))),
+    }
+
+
+def _flagged(x: Measured, util: float, tail: float) -> bool:
+    return (x.util is not None and not x.offloads and x.util < util) or (x.tail is not None and x.tail > tail)
+
+
+def _cross(gs: dict, noise) -> tuple[float, int, float]:
+    """The interaction between blocks (see the module's docstring), the pairs of blocks it pooled, and the
+    largest offset between two of them (|mean difference|, ln)."""
+    by_block: dict = collections.defaultdict(dict)
+    for (block, cell), ms in gs.items():
+        by_block[block][cell] = ms
+    excess, dof, pairs, widest = 0.0, 0, 0, 0.0
+    for a, b in itertools.combinations(sorted(by_block), 2):
+        shared = sorted(set(by_block[a]) & set(by_block[b]))
+        if len(shared) < MIN_SHARED:
+            continue
+        d, own = [], []
+        for c in shared:
+            A, B = by_block[a][c], by_block[b][c]
+            d.append(sum(x.log for x in B) / len(B) - sum(x.log for x in A) / len(A))
+            own.append(sum(noise(x) ** 2 for x in A) / len(A) ** 2 + sum(noise(x) ** 2 for x in B) / len(B) ** 2)
+        mean = sum(d) / len(d)
+        widest = max(widest, abs(mean))
+        resid = sum((x - mean) ** 2 for x in d) / (len(d) - 1)
+        excess += (resid - sum(own) / len(own)) * (len(d) - 1)
+        dof += len(d) - 1
+        pairs += 1
+    return math.sqrt(max(0.0, excess / dof / 2)), pairs, widest
+
+
+def derive() -> dict:
+    """Every figure bench.quality holds, from the committed records, with what it rests on."""
+    gpu = groups(GPU_FILES, gpu=True)
+    samples = _samples(gpu)
+    util = split([(x.util, d) for x, d in samples if not x.offloads and x.util is not None], flag_below=True)
+    tail = split([(-x.tail, d) for x, d in samples if x.tail is not None], flag_below=True)  # flagged above
+    u, t = util["boundary"], -tail["boundary"]
+    flagged = [d for x, d in samples if _flagged(x, u, t)]
+    clean = [d for x, d in samples if not _flagged(x, u, t)]
+    cpu = groups(CPU_FILES, gpu=False)
+    cpu_d2 = [d for _, d in _samples(cpu)]
+    noise = {
+        "gpu": math.sqrt(sum(clean) / len(clean)),
+        "gpu_flagged": math.sqrt(sum(flagged) / len(flagged)),
+        "cpu": math.sqrt(sum(cpu_d2) / len(cpu_d2)),
+    }
+    gpu_cross, gpu_pairs, gpu_widest = _cross(
+        gpu, lambda x: noise["gpu_flagged"] if _flagged(x, u, t) else noise["gpu"]
+    )
+    cpu_cross, cpu_pairs, cpu_widest = _cross(cpu, lambda x: noise["cpu"])
+    return {
+        "host_bound_util_pct": u,
+        "host_bound_split": util,
+        "unstable_tail": t,
+        "unstable_split": tail,
+        "noise": noise,
+        "samples": {"gpu": len(clean), "gpu_flagged": len(flagged), "cpu": len(cpu_d2)},
+        "cross": {"gpu": gpu_cross, "cpu": cpu_cross},
+        "block_pairs": {"gpu": gpu_pairs, "cpu": cpu_pairs},
+        "widest_offset": {"gpu": gpu_widest, "cpu": cpu_widest},
+    }
+
+
+def main() -> None:
+    d = derive()
+    hb, un = d["host_bound_split"], d["unstable_split"]
+    print(f"GPU repeats: {d['samples']['gpu'] + d['samples']['gpu_flagged']} samples ({GPU_FILES})")
+    print(
+        f"host-bound below {d['host_bound_util_pct']:.2f}% GPU utilisation (next below: {hb['below']:.2f}%): "
+        f"flagged {hb['flagged'][0]} spread {hb['flagged'][1]:.4f}, clean {hb['clean'][0]} spread {hb['clean'][1]:.4f}"
+    )
+    print(
+        f"unstable above a p90 step {d['unstable_tail']:.4f} over the median (next above: {-un['below']:.4f}): "
+        f"flagged {un['flagged'][0]} spread {un['flagged'][1]:.4f}, clean {un['clean'][0]} spread {un['clean'][1]:.4f}"
+    )
+    n, s = d["noise"], d["samples"]
+    print(f"noise within a block: GPU clean {n['gpu']:.4f} ({s['gpu']}), flagged {n['gpu_flagged']:.4f} "
+          f"({s['gpu_flagged']}); CPU {n['cpu']:.4f} ({s['cpu']}, {CPU_FILES})")  # fmt: skip
+    c, p = d["cross"], d["block_pairs"]
+    w = d["widest_offset"]
+    print(f"interaction between blocks: GPU {c['gpu']:.4f} ({p['gpu']} pairs of blocks), CPU {c['cpu']:.4f} "
+          f"({p['cpu']} pairs); blocks differ as a whole by up to x{math.exp(w['gpu']):.3f} (GPU), "
+          f"x{math.exp(w['cpu']):.3f} (CPU)")  # fmt: skip
+    print(f"bench.quality: HOST_BOUND_UTIL_PCT {quality.HOST_BOUND_UTIL_PCT}, UNSTABLE_TAIL {quality.UNSTABLE_TAIL}, "
+          f"NOISE {quality.NOISE}, CROSS {quality.CROSS}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
