@@ -704,9 +704,9 @@ def _band_lines(check: TimeCheck) -> list[str]:
     for g in typical:
         inside, n = cover.get(g, (0, 0))
         edges = "; ".join(
-            f"{which} {_edges(b[g])}" for which, b in (("typical host", typical), ("host measured", host))
+            f"{which}: {_edges(b[g])}" for which, b in (("typical host", typical), ("host measured", host))
         )
-        lines.append(f"  {g}: {typical[g]['n']} records, {edges}; held out: {inside}/{n} inside")
+        lines.append(f"  {g}: {edges}; held out: {inside}/{n} inside")
     for key, what in (("all", "records"), ("all, host measured", "records whose host's time was measured")):
         inside, n = cover.get(key, (0, 0))
         if n:
@@ -721,8 +721,8 @@ def _band_lines(check: TimeCheck) -> list[str]:
 
 def _edges(b: dict[str, float]) -> str:
     return (
-        f"measured/predicted {math.exp(b['low']):.2f}-{math.exp(b['high']):.2f} (level {b['level']:.1%}), |log "
-        f"error| median {b['median']:.3f}, p95 {b['p95']:.3f}"
+        f"{b['n']} records, measured/predicted {math.exp(b['low']):.2f}-{math.exp(b['high']):.2f} (level "
+        f"{b['level']:.1%}), |log error| median {b['median']:.3f}, p95 {b['p95']:.3f}"
     )
 
 
