@@ -14,10 +14,10 @@ work that feeds it overlap (a smooth maximum of the two, OVERLAP); the other par
 fitted on the committed H200 records (bench.estimate.timecheck.fit_time), each machine's host speed apart
 (HOST_PARTS): the host's parts take the host's time as measured before any cell ran (host_time_of, the
 op prebuild's), and a prediction for a host not measured is for the typical host. The literals below are
-that fit, and tests/test_steptime.py holds them to it. Setup and the rest of the wall time are log-linear in model size
-and stage. The functions are pure (cell, hardware -> seconds), so a search can rank cells by them; the
-model's error on records it was not fitted on is published beside the fit (bench.estimate.band), and
-host_share says how much of a cell's step a faster or slower host would move.
+that fit, and tests/test_steptime.py holds them to it. Setup and the rest of the wall time are log-linear in
+model size and stage. The functions are pure (cell, hardware -> seconds), so a search can rank cells by
+them; the model's error on records it was not fitted on is published beside the fit (bench.estimate.band),
+and host_share says how much of a cell's step a faster or slower host would move.
 """
 
 from __future__ import annotations
@@ -382,8 +382,8 @@ FITTED_RUNS: tuple[str, ...] = (
 # H200 host, single-threaded CPU work of a fixed size). Its ratio to REF_OPS_S, the median over the fitted runs
 # that compiled them, is the host's time (Hardware.host_time), and the host's parts (HOST_PARTS) take it as
 # measured: a host that compiles in half the typical time launches kernels and runs hooks in half the typical
-# time. The exponent is 1, the physics, not fitted (fitted with the rest on every record it comes out at 1.3,
-# between 0.6 and 1.5 leaving one results file out).
+# time. The exponent is 1, the physics, not fitted (left free, the fit on every record puts it at 1.27:
+# bench.estimate.timecheck.host_exponent).
 HOST_OPS = ("FusedAdamBuilder", "CPUAdamBuilder", "FusedLambBuilder")
 """The ops whose prebuild times the host (an AsyncIO or shared-memory op alone compiles far less)."""
 REF_OPS_S = 65.95

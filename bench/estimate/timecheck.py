@@ -579,7 +579,7 @@ def literals(cs: Sequence[TimeCase]) -> str:
     traits_ = "".join(f'    "{t}": {n},\n' for t, n in files.items())
     runs = "".join(f'    "{r}",\n' for r in sorted({c.run for c in cs}))
     return (
-        f"REF_OPS_S = {ref!r}\n"
+        f"REF_OPS_S = {ref or REF_OPS_S!r}\n"  # no run timed its host: the reference stays
         f"_FIT: dict[str, float] = {{\n{fit}}}\n"
         f"STEP_BAND: dict[str, dict[str, float]] = {{\n{_band_literal(typical)}}}\n"
         f"STEP_BAND_HOST: dict[str, dict[str, float]] = {{\n{_band_literal(host)}}}\n"
