@@ -519,7 +519,9 @@ class FixedCosts(BaseModel):
     """DeepSpeed op builder -> cached (no helper ran for it), built, loaded (found built by the helper),
     unavailable or failed."""
     ops_s: float | None = None
-    """Wall seconds of the prebuild helper; absent when the cache spared it."""
+    """Wall seconds of the prebuild helper (each op compiled in a process of its own: the slowest op's imports
+    and compile); absent when the cache spared it. Where it compiled an optimizer's op, the step-time model
+    reads it as the host's speed (bench.estimate.steptime.host_time_of)."""
     checkpoints: dict[str, str] = {}
     """QLoRA source checkpoint ("preset precision") -> cached, built or failed."""
     checkpoints_s: float | None = None

@@ -40,7 +40,7 @@ from pydantic import BaseModel
 from bench import axes, cells, matrix, record, rules, status, store
 from bench.estimate import check, timecheck
 from bench.estimate.fitted import FITTED
-from bench.estimate.steptime import STEP_BAND
+from bench.estimate.steptime import REF_OPS_S, STEP_BAND, STEP_BAND_HOST
 from bench.estimate.verdict import DEFAULT_MARGIN
 
 __all__ = [
@@ -407,6 +407,14 @@ def _time_summary(m: dict[str, Any]) -> str:
     unfit = ", ".join(sorted({r.case.file for r in t.unfitted}))
     held = " Held out: each results file predicted by constants fitted on the other files"
     held += f", and the records of runs no constant was fitted on ({unfit})." if unfit else "."
+    machine = timecheck.time_summary(t.by_machine)
+    typical = timecheck.time_summary([dataclasses.replace(r, step=r.typical) for r in t.cv])
+    held += (
+        f" Leaving one machine out instead, the median step time's held-out median |error| is "
+        f"{machine['median']:.1%} and its p95 {machine['p95']:.1%} ({machine['n']} records); leaving one results "
+        f"file out with every host taken as typical (no host's time measured), {typical['median']:.1%} and "
+        f"{typical['p95']:.1%}."
+    )
     return _table(head, rows) + "\n\n" + left + held
 
 
@@ -414,23 +422,18 @@ def _time_band(m: dict[str, Any]) -> str:
     t: timecheck.TimeCheck = m["time"]
     cover = timecheck.band_coverage(t.cases, t.cv)
     rows = []
-    for group, b in STEP_BAND.items():
-        inside, n = cover.get(group, (0, 0))
-        rows.append(
-            [
-                group,
-                str(b["n"]),
-                f"{math.exp(b['low']):.2f}-{math.exp(b['high']):.2f}",
-                f"{b['level']:.1%}",
-                f"{b['median']:.3f}",
-                f"{b['p95']:.3f}",
-                f"{inside} of {n}",
-            ]
-        )
-    inside, n = cover["all"]
-    rows.append(["all", str(n), "", "", "", "", f"{inside} of {n} ({inside / n:.1%})"])
-    head = ["group", "records", "measured / predicted (band)", "percentile level", "median |log error|"]
-    head += ["p95 |log error|", "inside the band derived and calibrated without their file"]
+    for group in STEP_BAND:
+        for measured, bands in ((False, STEP_BAND), (True, STEP_BAND_HOST)):
+            b, host = bands[group], timecheck.HOSTS[measured]
+            inside, n = cover.get(f"{group}, {host}", (0, 0))
+            edges = f"{math.exp(b['low']):.2f}-{math.exp(b['high']):.2f}"
+            stats = [f"{b['level']:.1%}", f"{b['median']:.3f}", f"{b['p95']:.3f}"]
+            rows.append([group, host, str(b["n"]), edges, *stats, f"{inside} of {n}"])
+    for key in ("all, host not measured", "all, host measured", "all"):
+        inside, n = cover[key]
+        rows.append([key, "", "", "", "", "", "", f"{inside} of {n} ({inside / n:.1%})"])
+    head = ["group", "host's time", "records", "measured / predicted (band)", "percentile level"]
+    head += ["median |log error|", "p95 |log error|", "inside the band derived and calibrated without their file"]
     return _table(head, rows)
 
 
@@ -445,16 +448,19 @@ def _time_held_out(m: dict[str, Any]) -> str:
 
 
 def _time_machines(m: dict[str, Any]) -> str:
-    """Each machine's host offset in the fit, with the files and records it ran."""
+    """Each machine's measured host time and the host offset the fit found beyond it, with the files and
+    records it ran."""
     t: timecheck.TimeCheck = m["time"]
     offsets = timecheck.machine_offsets(t.cases)
     rows = []
     for machine, off in sorted(offsets.items(), key=lambda kv: kv[1]):
         mine = [c for c in t.cases if c.machine == machine]
         files = ", ".join(sorted({c.file for c in mine}))
-        rows.append([f"`{machine[:12]}`", files, str(len(mine)), f"{off:+.3f}", f"{math.exp(off):.2f}"])
-    head = ["machine (GPU uuid)", "results files", "records", "host offset (log)", "host time x typical"]
-    return _table(head, rows)
+        ops = sorted({c.ops_s for c in mine if c.ops_s})
+        measured = ", ".join(f"{s:.1f} s: {s / REF_OPS_S:.2f}" for s in ops) or "-"
+        rows.append([f"`{machine[:12]}`", files, str(len(mine)), measured, f"{off:+.3f}", f"{math.exp(off):.2f}"])
+    head = ["machine (GPU uuid)", "results files", "records", "op prebuild: host time", "host offset beyond it (log)"]
+    return _table(head + ["host time x the measured (or typical)"], rows)
 
 
 def _time_files(m: dict[str, Any]) -> str:
