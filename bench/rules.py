@@ -283,16 +283,27 @@ RULES: tuple[Rule, ...] = (
         "(results/gpu-evidence/2026-11-30_gpu-rules-h200.log)",
     ),
     Rule(
-        "onebit-no-bf16",
+        "onebit-needs-fp16",
         lambda c, p: c.optimizer in ONEBIT and c.precision not in _opt(c).precisions,
-        "the 1-bit optimizers do not train in bf16: on the H200 their loss rose or turned NaN (OneBitLamb with "
-        "LoRA: ZeroDivisionError)",
+        "the 1-bit optimizers train only in fp16: on the H200 in bf16 their loss rose or turned NaN, and in fp32 "
+        "onebitadam's loss ran away once compression began",
         "use precision: fp16, the one precision DeepSpeed verified their convergence in",
         "DeepSpeed 1-bit Adam and 1-bit LAMB tutorials ('we only verified the convergence under mixed "
         "precision/FP16 training'); on the H200 in bf16: onebitadam's loss went 7.68 -> 7.55 -> 14.42 in 3 steps "
         "(results/gpu-evidence/2026-11-30_gpu-rules-h200.log), 7B LoRA cells of onebitadam and zerooneadam "
-        "reached NaN at steps 7 and 9 and onebitlamb raised ZeroDivisionError (results/7b-answer-h200.jsonl), "
-        "while fp16 cells trained (results/1b-axes.jsonl)",
+        "reached NaN at steps 7 and 9 (results/7b-answer-h200.jsonl); in fp32 at ZeRO-0 onebitadam's loss went "
+        "7.52 -> 26.0 -> 507.9 after freeze_step (results/gpu-evidence/2026-12-03_gpu-rules-h200_17-passed-8-"
+        "failed.log); fp16 cells trained (results/1b-axes.jsonl)",
+    ),
+    Rule(
+        "onebitlamb-no-adapters",
+        lambda c, p: c.optimizer == "onebitlamb" and c.peft in ("lora", "qlora"),
+        "OneBitLamb with LoRA adapters raised ZeroDivisionError on the H200, in fp16 and in bf16",
+        "use onebitadam or zerooneadam with adapters, or onebitlamb on a full fine-tune",
+        "on the H200: a tiny LoRA cell in fp16 (results/gpu-evidence/2026-12-03_gpu-rules-h200_17-passed-8-"
+        "failed.log) and a 7B LoRA cell in bf16 (results/7b-answer-h200.jsonl) ended in ZeroDivisionError; "
+        "deepspeed 0.19.6 runtime/fp16/onebit/lamb.py divides the mean momentum scale by each parameter's at the "
+        "end of warmup, which is zero for a parameter whose momentum is (read, not traced)",
     ),
     Rule(
         "onebit-needs-cuda",
@@ -302,8 +313,8 @@ RULES: tuple[Rule, ...] = (
         "seen on a CPU run (tests/test_rules_evidence.py)",
     ),
     # Not rules, since they ran on the H200 (results/gpu-evidence/2026-11-30_gpu-rules-h200_removed-rules.log;
-    # GPU tests in tests/test_gpu_rules.py keep them running): 1-bit with LoRA, 1-bit under the HF Trainer,
-    # QLoRA in fp32, QLoRA with ZeRO-3 parameter offload.
+    # GPU tests in tests/test_gpu_rules.py keep them running): onebitadam with LoRA, 1-bit under the HF
+    # Trainer, QLoRA in fp32, QLoRA with ZeRO-3 parameter offload.
 )
 
 

@@ -169,7 +169,7 @@ def test_a_full_run_still_runs_every_cell(replays):
     assert {h: skipped[h] for h in recorded - ran} and set(skipped[h] for h in recorded - ran) <= {
         "fusedlamb-needs-zero0",
         "bnb-over-int32",
-        "onebit-no-bf16",
+        "onebit-needs-fp16",
     }
 
 

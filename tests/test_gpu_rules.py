@@ -17,8 +17,10 @@ from bench.execute import launch
 
 pytestmark = pytest.mark.gpu
 
-# Seven steps: enough for a tiny model's loss to fall clearly, and past the 1-bit optimizers' freeze_step (2).
-SMALL = dict(model="llama-tiny", seq_len=128, micro_batch=2, warmup_steps=1, measured_steps=6, timeout_s=300)
+# 21 steps, far past the 1-bit optimizers' freeze_step (2): with 7, a tiny LoRA or QLoRA cell's loss fell by
+# only 0.03-0.05 with optimizers that train (results/gpu-evidence/2026-12-03_gpu-rules-h200_17-passed-8-failed.log),
+# too little to tell from one that does not. A tiny model's step takes milliseconds: the cell's start-up dominates.
+SMALL = dict(model="llama-tiny", seq_len=128, micro_batch=2, warmup_steps=1, measured_steps=20, timeout_s=300)
 # A 7B full fine-tune on one H200 (ZeRO-1/2 hand one rank 6.74e9 elements), at the 7B matrix's learning rate.
 BIG = dict(model="llama-7b", seq_len=128, micro_batch=1, warmup_steps=1, measured_steps=3, lr=1e-4, timeout_s=600)
 GPU = env.Platform(
@@ -50,9 +52,15 @@ CASES = [
     ("fusedlamb-needs-zero0", Cell(zero_stage=1, optimizer="fusedlamb", precision="fp16", **SMALL), "untested ZeRO"),
     ("fusedlamb-needs-zero0", Cell(zero_stage=2, optimizer="fusedlamb", precision="fp32", **SMALL), "untested ZeRO"),
     ("bnb-over-int32", Cell(zero_stage=1, optimizer="adamw_8bit", precision="bf16", **BIG), "invalid argument"),
-    ("onebit-no-bf16", Cell(zero_stage=0, optimizer="onebitadam", precision="bf16", **SMALL), ""),
-    ("onebit-no-bf16", Cell(optimizer="zerooneadam", precision="bf16", peft="lora", lora=Lora(r=8), **SMALL), ""),
-    ("onebit-no-bf16", Cell(optimizer="onebitlamb", precision="bf16", peft="lora", lora=Lora(r=8), **SMALL), ""),
+    ("onebit-needs-fp16", Cell(zero_stage=0, optimizer="onebitadam", precision="bf16", **SMALL), ""),
+    ("onebit-needs-fp16", Cell(zero_stage=0, optimizer="onebitadam", precision="fp32", **SMALL), ""),
+    ("onebit-needs-fp16", Cell(optimizer="zerooneadam", precision="bf16", peft="lora", lora=Lora(r=8), **SMALL), ""),
+    ("onebit-needs-fp16", Cell(optimizer="onebitlamb", precision="bf16", peft="lora", lora=Lora(r=8), **SMALL), ""),
+    (
+        "onebitlamb-no-adapters",
+        Cell(optimizer="onebitlamb", precision="fp16", peft="lora", lora=Lora(r=8), **SMALL),
+        "ZeroDivisionError",
+    ),
 ]
 
 # Combinations no rule forbids: they must train. Some were rules once and ran on the H200
@@ -60,9 +68,8 @@ CASES = [
 # are the other side of a rule above.
 RUNS = [
     ("onebit-fp16", Cell(zero_stage=0, optimizer="onebitadam", precision="fp16", **SMALL)),
-    ("onebit-fp32", Cell(zero_stage=0, optimizer="onebitadam", precision="fp32", **SMALL)),
     ("onebit-lora", Cell(optimizer="onebitadam", precision="fp16", peft="lora", lora=Lora(r=8), **SMALL)),
-    ("onebitlamb-lora-fp16", Cell(optimizer="onebitlamb", precision="fp16", peft="lora", lora=Lora(r=8), **SMALL)),
+    ("onebitlamb-fp16", Cell(zero_stage=0, optimizer="onebitlamb", precision="fp16", **SMALL)),
     ("fusedlamb-zero0", Cell(zero_stage=0, optimizer="fusedlamb", precision="fp16", **SMALL)),
     ("bnb-7b-zero0", Cell(zero_stage=0, optimizer="adamw_8bit", precision="bf16", **BIG)),
     ("qlora-fp32", Cell(peft="qlora", precision="fp32", optimizer="fusedadam", lora=Lora(r=8), qlora=Qlora(), **SMALL)),
@@ -89,14 +96,24 @@ RUNS = [
 
 def _trained(out) -> tuple[bool, list | None]:
     """Whether the cell trained: it ended ok, every loss finite, and its last two steps' mean loss is below its
-    first step's by more than noise; with the losses."""
+    first step's by more than noise; with the losses. A 7B cell of four steps is asked only not to run away:
+    its first Adam steps moved a random 7B model's loss 10.99 -> 11.22 -> 10.98."""
     losses = out.ranks[0].get("losses") if out.ranks else None
     if out.status.value != "ok" or not losses or not all(x is not None and math.isfinite(x) for x in losses):
         return False, losses
+    if len(losses) < 8:
+        return max(losses) < losses[0] + 1.0, losses
     return sum(losses[-2:]) / 2 < losses[0] - 0.05, losses
 
 
-@pytest.mark.parametrize("rule,cell,says", CASES, ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(CASES)])
+def _params(cases, ids):
+    """The cases as pytest params; the 7B cells share an xdist group, since two on one H200 ran out of memory
+    (`pytest -n 6 --dist loadgroup` runs them one after the other)."""
+    one = pytest.mark.xdist_group("7b")
+    return [pytest.param(*c, id=i, marks=[one] if c[1].model == "llama-7b" else []) for c, i in zip(cases, ids)]
+
+
+@pytest.mark.parametrize("rule,cell,says", _params(CASES, [f"{r}-{i}" for i, (r, _, _) in enumerate(CASES)]))
 def test_rule_holds_on_gpu(tmp_path, rule, cell, says):
     skip = rules.check(cell, GPU)
     assert skip is not None and skip.rule == rule
@@ -108,7 +125,7 @@ def test_rule_holds_on_gpu(tmp_path, rule, cell, says):
         assert says in out.reason + (out.log_tail or ""), f"{rule}: it ended otherwise: {out.reason[:300]}"
 
 
-@pytest.mark.parametrize("name,cell", RUNS, ids=[n for n, _ in RUNS])
+@pytest.mark.parametrize("name,cell", _params(RUNS, [n for n, _ in RUNS]))
 def test_formerly_ruled_out_combination_runs(tmp_path, name, cell):
     assert rules.check(cell, GPU) is None, f"{name}: a rule stops it again; show it failing on a GPU first"
     out = launch.run_cell(cell, dsconfig.build(cell), log_path=tmp_path / "log", gpus=[0])

@@ -25,7 +25,7 @@ CASES = {
         rules.BNB,
         "Error invalid argument at line 177 in file /src/csrc/ops.cu",
     ),
-    "onebit-no-bf16": ((SEVEN_B, "results/1b-axes.jsonl"), rules.ONEBIT, ""),
+    "onebit-needs-fp16": ((SEVEN_B, "results/1b-axes.jsonl"), rules.ONEBIT, ""),
 }
 
 
@@ -55,7 +55,7 @@ def test_a_rule_stops_the_cells_that_failed_on_the_h200_and_lets_through_those_t
 
 
 def test_one_bit_optimizers_in_bf16_diverged_or_failed_and_trained_in_fp16():
-    ends = list(_ends(CASES["onebit-no-bf16"][0], rules.ONEBIT))
+    ends = list(_ends(CASES["onebit-needs-fp16"][0], rules.ONEBIT))
     bf16 = [r for r, _ in ends if r["cell"]["precision"] == "bf16"]
     assert {r["cell"]["optimizer"] for r in bf16} == set(rules.ONEBIT)
     assert all(r["status"] in ("diverged", "error") for r in bf16)
