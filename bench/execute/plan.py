@@ -21,6 +21,9 @@ class Planned:
     cell: Cell
     skip: rules.Skip | None
     ds_config: dict | None
+    family: str | None = None
+    """Answer mode: the hash of the micro_batch: auto cell this one's micro-batch was searched for (its
+    siblings differ from it in micro-batch and accumulation alone); None for a cell of the matrix's own."""
 
 
 @dataclass(frozen=True)

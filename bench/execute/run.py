@@ -6,25 +6,27 @@ summary. Never imports torch. No exception escapes for a cell that failed: every
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import uuid
 from pathlib import Path
 
-from .. import cache, env, schedule
+from .. import cache, dsconfig, env, rules, schedule
 from ..axes import AUTO
 from ..estimate import DEFAULT_MARGIN
+from ..estimate.search import ladder
 from ..problems import InputError
 from ..store import Store, check_writable, read_records
 from . import launch, local
 from .answer import Settings as AnswerSettings
-from .plan import Plan, Shard, _check_faults, default_results_path, host_platform, placed_by, plan
+from .plan import Plan, Planned, Shard, _check_faults, default_results_path, host_platform, placed_by, plan
 from .registry import EXECUTORS
 from .replay import Recording
 from .session import Options, Session
 from .settings import check_folder, check_settings
 
-__all__ = ["run", "new_run_id"]
+__all__ = ["run", "new_run_id", "answer_items"]
 
 
 def new_run_id() -> str:
@@ -62,7 +64,7 @@ def run(
     pack: bool | None = None,
     executor: str = "local",
     answer: AnswerSettings | None = None,
-    replay: list[str] | None = None,
+    replay: list[str] | Recording | None = None,
     address: str | None = None,
     shard: Shard | None = None,
     slurm: dict | None = None,
@@ -92,13 +94,13 @@ def run(
     why), replay (results files: nothing runs, their recorded ends are served, by default into
     results/<matrix name>.replay.jsonl). This process writes every record, whichever executor runs the cells."""
     _check_choices(order, executor, replay)
-    recording = Recording(replay) if replay else None
+    recording = replay if isinstance(replay, Recording) else Recording(replay) if replay else None
     on_slurm = _on_slurm(matrix_path, ds_configs, slurm, gpus_available, pack) if executor == "slurm" else None
     platform = recording.platform() if recording else on_slurm[2] if on_slurm else host_platform(gpus_available)
     platform = placed_by(platform, executor)
     p = plan(matrix_path, filters, platform=platform, ds_configs=ds_configs, shard=shard)
     if answer is not None:
-        _check_answer(p)
+        p = answer_items(p, platform)
     if recording:
         p, executor = recording.restrict(p), "replay"
     environ = {**os.environ, **(extra_env or {})}
@@ -182,14 +184,29 @@ def _on_slurm(matrix_path: str, ds_configs, given: dict | None, gpus_available, 
     return block, part, slurm.platform_of(part)
 
 
-def _check_answer(p: Plan) -> None:
-    """Answer mode ranks cells by prediction: a micro-batch it must search for has none."""
-    auto = [it.cell.name for it in p.runnable if it.cell.micro_batch == AUTO]
-    if auto:
+def answer_items(p: Plan, platform: env.Platform) -> Plan:
+    """The plan answer mode searches: a micro_batch: auto cell becomes one cell per micro-batch that divides the
+    matrix's batch.size, its accumulation holding the batch (bench.estimate.search.ladder), each judged by the
+    rules; the search measures the largest the memory model fits and the neighbours that could be faster. Without
+    batch.size there is no batch to hold: refused (InputError)."""
+    size = p.matrix.batch.size
+    auto = [it.cell.name for it in p.items if it.cell.micro_batch == AUTO]
+    if auto and size is None:
         raise InputError(
-            f"{p.source}: answer mode needs each cell's micro-batch, and {auto[0]} has micro_batch: auto "
-            f"({len(auto)} cell(s)); list the micro-batches under axes: micro_batch: [...], or run without --answer"
+            f"{p.source}: answer mode searches a micro_batch: auto at a fixed batch ({auto[0]} and {len(auto) - 1} "
+            "more): set batch.size (sequences per optimizer step, e.g. batch: {micro: auto, size: 8}), or list the "
+            "micro-batches under axes: micro_batch: [...]"
         )
+    items = []
+    for it in p.items:
+        if it.cell.micro_batch != AUTO or it.skip is not None:  # a rule's skip holds for every micro-batch
+            items.append(it)
+            continue
+        for mb in ladder(size):
+            cell = dataclasses.replace(it.cell, micro_batch=mb, grad_accum=size // mb)
+            skip = rules.check(cell, platform)
+            items.append(Planned(cell, skip, None if skip else dsconfig.build(cell), family=it.cell.hash))
+    return dataclasses.replace(p, items=tuple(items))
 
 
 def _say_hardware(o: Options, s: Session) -> None:
