@@ -11,6 +11,7 @@ nox -s regress -- BASELINE MATRIX  # run MATRIX, then compare it with BASELINE (
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import nox
@@ -72,16 +73,16 @@ QUICK = "not gpu and not slow"
 SLOW = "slow and not gpu"
 
 
-def _quick_suite(session):
-    session.run("pytest", "-m", QUICK, *session.posargs)
+def _quick_suite(session, *extra):
+    session.run("pytest", "-m", QUICK, *extra, *session.posargs)
 
 
-def _slow_suite(session):
+def _slow_suite(session, *extra):
     """The `serial` slow tests first and alone (they time something, copy the machine's built DeepSpeed ops,
     or are the first to build them), then the rest two at a time, one file per pytest-xdist worker: most of
     a slow test's time is its cells' start-up in child processes, which a second worker overlaps. Exit
     code 5 (nothing selected) is fine: arguments may pick tests of only one part."""
-    session.run("pytest", "-m", f"{SLOW} and serial", *session.posargs, success_codes=[0, 5])
+    session.run("pytest", "-m", f"{SLOW} and serial", *extra, *session.posargs, success_codes=[0, 5])
     session.run(
         "pytest",
         "-m",
@@ -90,6 +91,7 @@ def _slow_suite(session):
         "2",
         "--dist",
         "loadfile",
+        *extra,
         *session.posargs,
         success_codes=[0, 5],
     )
@@ -116,10 +118,16 @@ def slow_tests(session):
 def ci(session):
     """Run what CI runs after lint: the quick suite, then the slow one, in one environment (torch, DeepSpeed
     and the rest installed once, not once per suite)."""
-    _system_packages(session)
-    _install(session, "test")
-    _quick_suite(session)
-    _slow_suite(session)
+    # Each phase's wall time, and the slowest tests' (--durations), in every CI log: a slow CI says where.
+    for name, step in (
+        ("system packages", lambda: _system_packages(session)),
+        ("install", lambda: _install(session, "test")),
+        ("quick suite", lambda: _quick_suite(session, "--durations=30")),
+        ("slow suite", lambda: _slow_suite(session, "--durations=30")),
+    ):
+        t0 = time.monotonic()
+        step()
+        session.log(f"ci: {name} took {time.monotonic() - t0:.0f} s")
 
 
 @nox.session(python="3.11")
@@ -156,7 +164,7 @@ def gpu_tests(session):
 
 @nox.session(python="3.11")
 def bench(session):
-    """Run a matrix (default: the embedded CPU smoke matrix) and write its reports."""
+    """Run a matrix (default: the embedded CPU smoke matrix, into the git-ignored results/local/) and its reports."""
     _install(session)
     session.run("zerobench", "run", *session.posargs)
 

@@ -9,6 +9,9 @@ from pathlib import Path
 from .problems import ConfigError, InputError
 
 DEFAULT_MATRIX = Path(__file__).parent / "matrices" / "smoke.yaml"
+LOCAL = "local"
+"""The embedded default's own folder under results/ and reports/ (git-ignored in this repository): what it writes
+is the user's, not the repository's committed results, so the repository's checks never read it."""
 
 
 def _matrix_arg(p):
@@ -31,7 +34,8 @@ def _filter_arg(p):
         "--filter",
         action="append",
         metavar="REGEX",
-        help="only cells whose id matches (repeatable: all must match), e.g. --filter zero=3",
+        help="only cells whose name or id (name#hash) matches (repeatable: all must match), e.g. --filter zero=3; "
+        "'mb=8$' ends the name, '#HASH$' the id",
     )
 
 
@@ -64,8 +68,9 @@ def _resolve(m: str | None) -> str:
     return str(DEFAULT_MATRIX) if m is None else m
 
 
-def _assumed_platform(n: int | None):
-    """This machine's versions, but N CUDA GPUs and the gpu extra: to plan a GPU host from anywhere."""
+def _assumed_platform(n: int | None, host_mem: int | None = None):
+    """This machine's versions, but N CUDA GPUs and the gpu extra: to plan a GPU host from anywhere. Its host
+    memory is host_mem (--host-mem), not this machine's: unknown (nothing pruned for it) when not given."""
     if not n:
         return None
     from . import env
@@ -79,36 +84,51 @@ def _assumed_platform(n: int | None):
         gpus=gpus,
         driver="assumed",
         versions=versions,
-        host_memory_bytes=real.host_memory_bytes,
+        host_memory_bytes=host_mem or 0,
         cpu_count=real.cpu_count,
     )
 
 
 def cmd_cells(args, platform=None, where: str | None = None) -> int:
-    """platform, where: judge the cells as on this platform, described so (a Slurm run's partition)."""
-    from collections import Counter
+    """platform, where: judge the cells as on this platform, described so (a Slurm run's partition). Each rule's
+    reason once, then one line per cell."""
+    p = _plan_of(args, platform)
+    print("\n".join(_skip_summary(p, args, where, reasons=True)))
+    for it in p.items:
+        print(f"  run   {it.cell.id}" if it.skip is None else f"  skip  {it.cell.id}  ({it.skip.rule})")
+    return 0
 
+
+def _plan_of(args, platform=None):
     from .execute import plan
 
-    assumed = getattr(args, "assume_gpus", None)
-    p = plan(
+    return plan(
         _resolve(args.matrix),
         args.filter,
         ds_configs=getattr(args, "ds_config", None),
-        platform=platform or _assumed_platform(assumed),
+        platform=platform or _assumed_platform(getattr(args, "assume_gpus", None)),
     )
-    n_skip = sum(1 for it in p.items if it.skip)
+
+
+def _skip_summary(p, args, where: str | None, reasons: bool) -> list[str]:
+    """How many cells, how many runnable, and how many each rule skips; reasons: each rule's why, fix and
+    source once (the first cell it skips says them)."""
+    from collections import Counter
+
+    assumed = getattr(args, "assume_gpus", None)
+    skips = [it.skip for it in p.items if it.skip]
     where = where or (f"on a host with {assumed} CUDA GPU(s)" if assumed else "here")
-    print(f"{p.source}: {len(p.items)} cells, {len(p.items) - n_skip} runnable {where}, {n_skip} skipped")
-    if n_skip:
-        for rule, n in Counter(it.skip.rule for it in p.items if it.skip).most_common():
-            print(f"  {n:6d} skipped by {rule}")
-    for it in p.items:
-        mark = "run " if it.skip is None else "skip"
-        print(f"  {mark}  {it.cell.id}")
-        if it.skip is not None:
-            print(f"        why: {it.skip.reason}\n        fix: {it.skip.fix}\n        source: {it.skip.source}")
-    return 0
+    lines = [f"{p.source}: {len(p.items)} cells, {len(p.items) - len(skips)} runnable {where}, {len(skips)} skipped"]
+    said: dict[str, dict[str, object]] = {}  # rule -> its reasons as worded for each cell (a rule may name a setting)
+    for s in skips:
+        said.setdefault(s.rule, {}).setdefault(s.reason, s)
+    for rule, n in Counter(s.rule for s in skips).most_common():
+        lines.append(f"  {n:6d} skipped by {rule}")
+        if reasons:
+            s, k = next(iter(said[rule].values())), len(said[rule])
+            more = f"  [one of its {k} wordings, by the cell's settings]" if k > 1 else ""
+            lines += [f"           why: {s.reason}{more}", f"           fix: {s.fix}", f"           source: {s.source}"]
+    return lines
 
 
 def _duration(text: str) -> float:
@@ -188,41 +208,39 @@ def _slurm_platform(args, options: dict):
     return slurm.platform_of(part), f"on Slurm partition {part.name}'s nodes"
 
 
+def _embedded_default_paths(args) -> None:
+    """No matrix given: the embedded default's results and report go to results/local/ and reports/local/."""
+    if args.matrix is not None:
+        return
+    from .execute import default_results_path
+    from .matrix import load
+
+    path = default_results_path(load(str(DEFAULT_MATRIX)).name, args.shard)
+    args.results = args.results or str(path.parent / LOCAL / path.name)
+    args.report = args.report or str(Path("reports") / LOCAL / path.stem)
+
+
 def cmd_run(args) -> int:
     from . import report as _  # noqa: F401 - fail early if the report stack is broken
     from .execute import Stopped, run, stop_on_signals
 
+    _embedded_default_paths(args)
     src = _resolve(args.matrix)
     try:
         slurm_options = _slurm_options(args)
     except ValueError as e:
         print(f"zerobench run: {e}", file=sys.stderr)
         return 2
-    gpu_mem = None
-    if args.gpu_mem:
-        from .estimate.table import parse_size
+    from .estimate.table import parse_size
 
-        try:
-            gpu_mem = parse_size(args.gpu_mem)
-        except ValueError as e:
-            print(f"zerobench run: {e}", file=sys.stderr)
-            return 2
+    try:
+        gpu_mem = parse_size(args.gpu_mem) if args.gpu_mem else None
+        host_mem = parse_size(args.host_mem) if args.host_mem else None
+    except ValueError as e:
+        print(f"zerobench run: {e}", file=sys.stderr)
+        return 2
     if args.dry_run:
-        from .execute import preview
-
-        platform, where = _slurm_platform(args, slurm_options) if slurm_options is not None else (None, None)
-        if args.executor == "ray":
-            from .execute.plan import host_platform, placed_by
-
-            platform = placed_by(
-                platform or _assumed_platform(args.assume_gpus) or host_platform(args.gpus_available), "ray"
-            )
-        code = cmd_cells(args, platform, where)
-        print("\n".join(preview(src, filters=args.filter, ds_configs=args.ds_config, gpu_mem=gpu_mem,
-                                 prune=not args.no_prune, order=args.order, gpus_available=args.gpus_available,
-                                 platform=platform or _assumed_platform(args.assume_gpus), shard=args.shard,
-                                 recorded=_recorded(args, src) if args.resume else frozenset())))  # fmt: skip
-        return code
+        return _dry_run(args, src, slurm_options, gpu_mem, host_mem)
     if args.assume_gpus:
         print("zerobench run: --assume-gpus plans a run (with --dry-run); a real run uses this host's GPUs",
               file=sys.stderr)  # fmt: skip
@@ -257,6 +275,7 @@ def cmd_run(args) -> int:
                 src,
                 prune=not args.no_prune,
                 gpu_mem=gpu_mem,
+                host_mem=host_mem,
                 results=args.results,
                 filters=args.filter,
                 resume=args.resume,
@@ -305,6 +324,25 @@ def cmd_run(args) -> int:
         return 1
     bad = [r for r in written if r["status"] not in ("ok", "skipped")]
     return 1 if (bad and args.strict) else 0
+
+
+def _dry_run(args, src: str, slurm_options: dict | None, gpu_mem: int | None, host_mem: int | None) -> int:
+    """What the run would do, its summary last: the cells and each rule's count (its reason and every cell in run
+    order with --verbose), then what would run, its predicted GPU time and frontier."""
+    from .execute import preview
+
+    platform, where = _slurm_platform(args, slurm_options) if slurm_options is not None else (None, None)
+    platform = platform or _assumed_platform(args.assume_gpus, host_mem)
+    if args.executor == "ray":
+        from .execute.plan import host_platform, placed_by
+
+        platform = placed_by(platform or host_platform(args.gpus_available), "ray")
+    print("\n".join(_skip_summary(_plan_of(args, platform), args, where, reasons=args.verbose)))
+    print("\n".join(preview(src, filters=args.filter, ds_configs=args.ds_config, gpu_mem=gpu_mem, host_mem=host_mem,
+                             prune=not args.no_prune, order=args.order, gpus_available=args.gpus_available,
+                             platform=platform, shard=args.shard, verbose=args.verbose,
+                             recorded=_recorded(args, src) if args.resume else frozenset())))  # fmt: skip
+    return 0
 
 
 def _recorded(args, src: str) -> frozenset[str]:
@@ -653,7 +691,18 @@ def main(argv: list[str] | None = None) -> int:
 
     r = sub.add_parser("run", help="run a matrix: every valid cell in its own process; results appended")
     _matrix_arg(r)
-    r.add_argument("--dry-run", action="store_true", help="validate and list the cells, run nothing")
+    r.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="run nothing: validate the matrix and say what a run would do, ending with what would run, its "
+        "predicted GPU time and frontier",
+    )
+    r.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="with --dry-run: each rule's reason, fix and source, and every cell in run order, one line each",
+    )
     _filter_arg(r)
     _assume_gpus_arg(r)
     r.add_argument(
@@ -753,9 +802,19 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument(
         "--pairs", type=_positive, metavar="N", help="with --answer: measured pairs per knob value (default 1)"
     )
-    r.add_argument("--results", metavar="PATH", help="results file (default: results/<matrix name>.jsonl)")
-    r.add_argument("--logs", metavar="DIR", help="worker logs (default: results/logs/<results name>/)")
-    r.add_argument("--report", metavar="PATH", help="report path without suffix (default: reports/<results name>)")
+    r.add_argument(
+        "--results",
+        metavar="PATH",
+        help=f"results file (default: results/<matrix name>.jsonl; the embedded default's: "
+        f"results/{LOCAL}/smoke.jsonl)",
+    )
+    r.add_argument("--logs", metavar="DIR", help="worker logs (default: logs/<results name>/ beside the results file)")
+    r.add_argument(
+        "--report",
+        metavar="PATH",
+        help=f"report path without suffix (default: reports/<results name>; the embedded default's: "
+        f"reports/{LOCAL}/smoke)",
+    )
     r.add_argument("--no-report", action="store_true", help="do not write the reports at the end")
     r.add_argument("--no-progress", action="store_true", help="no progress bar (one line per cell still printed)")
     r.add_argument("--strict", action="store_true", help="exit 1 if any cell failed (for CI jobs)")
@@ -770,6 +829,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SIZE",
         help="judge cells against this much GPU memory, e.g. 80GiB (default: NVML's total of the first GPU; "
         "with neither, nothing is pruned)",
+    )
+    r.add_argument(
+        "--host-mem",
+        metavar="SIZE",
+        help="judge cells against this much host memory, e.g. 512GiB (default: this host's; with --assume-gpus, "
+        "none: host memory is not judged)",
     )
     r.add_argument(
         "--ds-config",

@@ -80,8 +80,8 @@ NOTE = (
     "measurement), or their repeats' spread where wider. The verdict follows from the interval: faster or slower "
     "only when all of it lies beyond {min_effect:.0%} (compare's minimum effect); no significant difference when it "
     "covers ×1; not settled when it excludes ×1 but reaches inside {min_effect:.0%}. Peak memory: more or less "
-    "beyond its tolerance (NVML {nvml:.0%}, allocator {alloc:.0%}, host RSS {rss:.0%}). Final loss: the median "
-    "difference."
+    "beyond its tolerance (NVML {nvml:.0%}, allocator {alloc:.0%}, host RSS {rss:.0%}). Loss: the median "
+    "difference at the last step both cells of a pair ran."
 )
 
 

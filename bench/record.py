@@ -21,6 +21,12 @@ Versions (`schema_version` in every line):
      boot id and name, CPU model and count (`provenance.boot_id` is new). A v2 record reads with the
      machine its provenance names: its GPUs' UUIDs, the boot id unknown; `machine: null` (unknown) where
      it names no GPU UUID (a CPU run: host names repeat, "vm" on every lent machine).
+  4  a record of a cell that did not run (skipped, implied_oom, unmeasured) is compact: it names the cell
+     (`cell_id`, `matrix`, `matrix_file`) and says why it did not run (`status`, `reason`, `skip`'s rule,
+     `implied_by`, `answer`), nothing the matrix says (the cell's settings: bench.results fills them from
+     the matrix file), no provenance (nothing ran), no fixed costs; a pruned cell keeps the prediction's
+     figures, not its terms. `cell_name` and `cell_hash` are read from `cell_id` where a record leaves them
+     out. A v3 record is a valid v4 record.
 Reading goes through `upgrade`, one function per version step, so every results file ever written
 loads as the current version; the store writes only the current version.
 """
@@ -32,7 +38,7 @@ import json
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, Protocol
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 
 from . import adaptive, env
 from .status import Status
@@ -66,9 +72,10 @@ __all__ = [
     "SearchProbe",
     "ImpliedBy",
     "StepsTaken",
+    "NOT_RUN",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # The parts of a measured step whose allocator peaks the worker records (torch_max_allocated_<part>_bytes).
 STEP_PARTS = ("forward", "backward", "step")
@@ -443,10 +450,11 @@ class Skip(BaseModel):
     model_config = _CLOSED
     rule: str
     """The rule's id (bench.rules.RULES, or predicted-oom)."""
-    fix: str
-    """What to change so the cell runs."""
-    source: str
-    """What makes the rule true: a DeepSpeed version, an error seen on a run, a document."""
+    fix: str | None = None
+    """What to change so the cell runs (absent from a compact record: the rule's, docs/matrix.md#rules)."""
+    source: str | None = None
+    """What makes the rule true: a DeepSpeed version, an error seen on a run, a document (absent from a compact
+    record, as fix)."""
 
 
 class RankEnd(BaseModel):
@@ -511,7 +519,9 @@ class FixedCosts(BaseModel):
     """DeepSpeed op builder -> cached (no helper ran for it), built, loaded (found built by the helper),
     unavailable or failed."""
     ops_s: float | None = None
-    """Wall seconds of the prebuild helper; absent when the cache spared it."""
+    """Wall seconds of the prebuild helper (each op compiled in a process of its own: the slowest op's imports
+    and compile); absent when the cache spared it. Where it compiled an optimizer's op, the step-time model
+    reads it as the host's speed (bench.estimate.steptime.host_time_of)."""
     checkpoints: dict[str, str] = {}
     """QLoRA source checkpoint ("preset precision") -> cached, built or failed."""
     checkpoints_s: float | None = None
@@ -704,7 +714,13 @@ class _Cell(Protocol):
 
 
 class Record(BaseModel):
-    """One cell attempt, as the store keeps it (one JSON line)."""
+    """One cell attempt, as the store keeps it (one JSON line). The record of a cell that did not run (skipped,
+    implied_oom, unmeasured) is compact: its cell by `cell_id` within its `matrix` and `matrix_file`, and why it
+    did not run (`status`, `reason`, the rule's id in `skip`, `implied_by`, or the `answer` note; a pruned cell's
+    `predicted` figures), nothing the matrix says: reading it (`bench.results.load`) takes the cell's settings
+    from the matrix file, and a skip's fix and source from its rule. An answer run writes a cell's `unmeasured`
+    record once: a later call (`--resume`) writes another only when its reason changes, and a measurement
+    supersedes it."""
 
     model_config = _CLOSED
     schema_version: Literal[SCHEMA_VERSION]
@@ -726,20 +742,24 @@ class Record(BaseModel):
     cell_id: str
     """`cell_name#cell_hash`; the hash is stable across runs and zerobench versions."""
     cell_hash: str
-    """Short stable hash of the cell's canonical config: two runs of the same cell share it."""
+    """Short stable hash of the cell's canonical config: two runs of the same cell share it (a compact record
+    leaves it out: it is cell_id's end)."""
     cell_name: str
-    """The readable key=value name (axes off their default, in bench.axes order)."""
-    cell: dict[str, Any]
+    """The readable key=value name (axes off their default, in bench.axes order; a compact record leaves it out:
+    it is cell_id's start)."""
+    cell: dict[str, Any] | None = None
     """The cell as bench.cells.Cell.to_dict() wrote it (a field added later is absent from older records:
-    it ran at that field's default)."""
+    it ran at that field's default). Absent from a compact record (a cell that did not run): the matrix
+    file's cell of that hash (bench.results fills it in)."""
     variant: str | None = None
     """selfcheck only: reference, zerobench or no-telemetry."""
     # -- how it ended
     status: Status
     """How the attempt ended (the statuses below)."""
     reason: str
-    """Why it ended so ("" when it simply ran); for a skip, the rule's reason, fix and source; for a multi-rank
-    cell, the end of the rank that failed first (the others' lost connections are its consequence)."""
+    """Why it ended so ("" when it simply ran); for a skip, the rule's reason (before version 4 with its fix and
+    source); for a multi-rank cell, the end of the rank that failed first (the others' lost connections are its
+    consequence)."""
     warnings: list[str] | None = None
     """What makes the measurement less clean than its status says (an op compiled inside the cell, a
     relaunch after a taken port); shown in the report's notes. None when there is nothing to say."""
@@ -791,10 +811,10 @@ class Record(BaseModel):
     placement: Placement | None = None
     """Its GPUs (or CPU slots), port and neighbours (absent from records before packing existed); on a cluster its
     node and job."""
-    provenance: Provenance | None
-    """Required; null only on a record upgraded from v1 that was written without one. The machine that ran the
-    cell: on an outcome from a cluster node, that node's (its first node's; `nodes` has each node's), taken there;
-    otherwise the orchestrator's host."""
+    provenance: Provenance | None = None
+    """The machine that ran the cell: on an outcome from a cluster node, that node's (its first node's; `nodes` has
+    each node's), taken there; otherwise the orchestrator's host. Absent from a compact record (nothing ran); null
+    only on a record upgraded from v1 that was written without one."""
     machine: Machine | None = None
     """Where the attempt ran (started records and their ends; absent from records of cells that did not run):
     on a cluster, the node that ran it (its first node's). None: unknown (a record from before schema v3 that
@@ -851,73 +871,59 @@ class Record(BaseModel):
             **({"answer": answer} if answer else {}),
         )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _name_and_hash(cls, data: Any) -> Any:
+        """A compact record writes cell_id alone: cell_name and cell_hash are its two parts."""
+        if isinstance(data, dict) and not ("cell_name" in data and "cell_hash" in data):
+            cid = data.get("cell_id")
+            if isinstance(cid, str) and "#" in cid:
+                name, _, h = cid.rpartition("#")
+                data = {"cell_name": name, "cell_hash": h, **data}
+        return data
+
     @classmethod
     def skipped(
-        cls,
-        cell: _Cell,
-        skip: Any,
-        *,
-        run_id: str,
-        attempt: int,
-        matrix_file: str,
-        at: str,
+        cls, cell: _Cell, skip: Any, *, run_id: str, attempt: int, matrix_file: str, at: str,
         predicted: dict | None = None,
-        fixed_costs: dict | None = None,
-    ) -> "Record":
-        """A rule (bench.rules.Skip) says the cell cannot run here, or the memory model that it cannot fit."""
+    ) -> "Record":  # fmt: skip
+        """A rule (bench.rules.Skip) says the cell cannot run here, or the memory model that it cannot fit: a compact
+        record with the rule's id and reason (its fix and source are the rule table's); predicted, given for a
+        pruned cell, keeps its figures (the why), not its terms."""
         return cls(
-            **_identity(cell, run_id, attempt, matrix_file),
+            **_not_run(cell, run_id, attempt, matrix_file, at),
             status=Status.SKIPPED,
-            reason=skip.text(),
-            skip=Skip.model_validate(skip, from_attributes=True),
-            started_at=at,
-            ended_at=at,
-            provenance=env.provenance(),
-            **({"predicted": predicted} if predicted else {}),
-            **({"fixed_costs": fixed_costs} if fixed_costs else {}),
+            reason=skip.reason,
+            skip=Skip(rule=skip.rule),
+            **({"predicted": _figures(predicted)} if predicted else {}),
         )
 
     @classmethod
-    def implied_oom(
-        cls,
-        cell: _Cell,
-        by: dict,
-        *,
-        run_id: str,
-        attempt: int,
-        matrix_file: str,
-        at: str,
-        predicted: dict | None = None,
-    ) -> "Record":
+    def implied_oom(cls, cell: _Cell, by: dict, *, run_id: str, attempt: int, matrix_file: str, at: str) -> "Record":
         """Not run: the cell `by` (ImpliedBy's fields) ran out of memory and needs no more than this one in
         any respect. An outcome for --resume; never a measured out-of-memory. The reason is the same for every
-        cell one prover implies (so reports group them); `implied_by.how` says how each differs."""
+        cell one prover implies (so reports group them); `implied_by.how` says how each differs. Compact."""
         implied = ImpliedBy.model_validate(by)
         where = "GPU" if implied.status is Status.CUDA_OOM else "host"
         return cls(
-            **_identity(cell, run_id, attempt, matrix_file),
+            **_not_run(cell, run_id, attempt, matrix_file, at),
             status=Status.IMPLIED_OOM,
             reason=f"implied out of {where} memory, not run: {implied.cell_name} (#{implied.cell_hash}) ran out "
             f"({implied.status.value}) and needs no more {where} memory in any respect",
             implied_by=implied,
-            started_at=at,
-            ended_at=at,
-            provenance=env.provenance(),
-            **({"predicted": predicted} if predicted else {}),
         )
 
     @classmethod
     def unmeasured(
-        cls, cell: _Cell, note: dict, *, run_id: str, attempt: int, matrix_file: str, at: str,
-        predicted: dict | None = None, spent: bool = False,
+        cls, cell: _Cell, note: dict, *, run_id: str, attempt: int, matrix_file: str, at: str, spent: bool = False,
     ) -> "Record":  # fmt: skip
-        """Answer mode left it unmeasured: its answer note says why (not needed, or the budget ran out). The
-        reason is one of a few fixed sentences, so reports group these; the note has the figures. spent: a resumed
-        call whose budget afforded no attempt: it measured nothing, so it says no cell is not needed (the note's
-        `needed` and `why` keep the figures' verdict)."""
-        note = AnswerNote.model_validate({**note, "role": "unmeasured"})
+        """Answer mode left it unmeasured: its answer note says why (not needed, or the budget ran out) with its
+        predicted figures (4 significant digits). The reason is one of a few fixed sentences, so reports group
+        these. spent: a resumed call whose budget afforded no attempt: it measured nothing, so it says no cell is
+        not needed (the note's `needed` and `why` keep the figures' verdict). Compact."""
+        note = AnswerNote.model_validate({**_rounded(note), "role": "unmeasured"})
         return cls(
-            **_identity(cell, run_id, attempt, matrix_file),
+            **_not_run(cell, run_id, attempt, matrix_file, at),
             status=Status.UNMEASURED,
             reason=UNMEASURED_EXPECTED
             if note.expected_error
@@ -929,10 +935,6 @@ class Record(BaseModel):
             if note.stopped
             else UNMEASURED_NEEDED,
             answer=note,
-            started_at=at,
-            ended_at=at,
-            provenance=env.provenance(),
-            **({"predicted": predicted} if predicted else {}),
         )
 
     @classmethod
@@ -1080,8 +1082,21 @@ class Record(BaseModel):
     # -- serialisation ------------------------------------------------------------------------------
 
     def to_dict(self) -> dict:
-        """The stored form: the fields the constructor set (a started record has no metrics key at all)."""
+        """The record as read: the fields the constructor set (a started record has no metrics key at all)."""
         return self.model_dump(mode="json", exclude_unset=True)
+
+    @property
+    def compact(self) -> bool:
+        """A record of a cell that did not run (format version 4): it names its cell and says why, nothing more."""
+        return self.status in NOT_RUN
+
+    def stored(self) -> dict:
+        """The line the store writes: to_dict(), less a compact record's cell_name and cell_hash (its cell_id's)."""
+        d = self.to_dict()
+        if self.compact and d.get("cell_id") == f"{self.cell_name}#{self.cell_hash}":
+            d.pop("cell_name", None)
+            d.pop("cell_hash", None)
+        return d
 
 
 def _node_of(out: Any, rank: int) -> dict:
@@ -1114,6 +1129,44 @@ def _node_provenance(started: "Record", node: dict | None) -> dict:
     if not node or not node.get("provenance"):
         return {}
     return {"provenance": node["provenance"], "orchestrator": started.provenance}
+
+
+NOT_RUN = (Status.SKIPPED, Status.IMPLIED_OOM, Status.UNMEASURED)
+"""The statuses of cells that did not run, whose records are compact (version 4)."""
+
+
+def _not_run(cell: _Cell, run_id: str, attempt: int, matrix_file: str, at: str) -> dict:
+    """A compact record's identity: the cell by id within its matrix (its settings only where the matrix file
+    cannot give them back: a DeepSpeed config given on the command line), when it was decided."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_id,
+        "attempt": attempt,
+        "matrix": cell.matrix,
+        "matrix_file": matrix_file,
+        "cell_id": cell.id,
+        "cell_name": cell.name,
+        "cell_hash": cell.hash,
+        **({"cell": cell.to_dict()} if getattr(cell, "ds_config", None) else {}),
+        "started_at": at,
+    }
+
+
+# A pruned cell's prediction as its record keeps it: what was judged against what, not the terms.
+_FIGURES = ("gpu_bytes", "host_bytes", "gpu_memory_bytes", "host_memory_bytes", "margin", "gpu_verdict", "host_verdict")
+
+
+def _figures(predicted: dict) -> dict:
+    return {k: predicted[k] for k in _FIGURES if predicted.get(k) is not None}
+
+
+def _rounded(note: dict) -> dict:
+    """An answer note with its predicted figures to 4 significant digits (model output, not measurements)."""
+
+    def r(x):
+        return float(f"{x:.4g}") if isinstance(x, float) else x
+
+    return {k: [r(x) for x in v] if isinstance(v, list) else r(v) for k, v in note.items()}
 
 
 def _identity(cell: _Cell, run_id: str, attempt: int, matrix_file: str, repeat: int = 1) -> dict:
@@ -1239,8 +1292,12 @@ def _v2_to_v3(rec: dict) -> dict:
     return rec
 
 
+def _v3_to_v4(rec: dict) -> dict:
+    return rec  # v4 only leaves fields out of compact records: a v3 record is a v4 one
+
+
 # UPGRADES[n] turns a version-n record into a version-(n + 1) one.
-UPGRADES: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2, 2: _v2_to_v3}
+UPGRADES: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 assert set(UPGRADES) == set(range(1, SCHEMA_VERSION)), "one upgrade per version step"
 
 

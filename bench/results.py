@@ -10,17 +10,20 @@ import dataclasses
 import itertools
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 
-from . import quality
+from . import matrix, quality, rules
 from .axes import SHOWN, lora_targets_name
 from .cells import Cell
+from .problems import ConfigError, InputError
 from .record import STEP_PARTS, Provenance, Record, WorkerFacts, parse
 from .status import Status
 from .store import read_records
 
 __all__ = [
     "load",
+    "with_cells",
     "latest",
     "records_to_frame",
     "peak_memory",
@@ -144,12 +147,81 @@ def fixed_cost_s(rec: Record | dict) -> float | None:
     return rec.wall_s - sum(rec.step_times_s) - ((rec.worker.model_build_s if rec.worker else None) or 0.0)
 
 
+class _MatrixCells:
+    """The cells of the matrix files compact records name (bench.record version 4), each file expanded once,
+    by hash; where a file is missing, unreadable or no longer has a cell, said once per file."""
+
+    def __init__(self) -> None:
+        self.cells: dict[Path, dict[str, dict]] = {}
+        self.missing: dict[str, int] = {}
+
+    def find(self, rec: Record, near: Sequence[Path]) -> dict | None:
+        path = self._path(rec.matrix_file, near)
+        if path is not None and path not in self.cells:
+            self.cells[path] = self._expand(path)
+        cell = self.cells.get(path, {}).get(rec.cell_hash) if path is not None else None
+        if cell is None:
+            self.missing[rec.matrix_file or "(none)"] = self.missing.get(rec.matrix_file or "(none)", 0) + 1
+        return cell
+
+    @staticmethod
+    def _path(recorded: str | None, near: Sequence[Path]) -> Path | None:
+        """The matrix file as recorded (relative to here), else relative to a folder around the results file."""
+        if not recorded:
+            return None
+        for p in (Path(recorded), *(d / recorded for d in near if not Path(recorded).is_absolute())):
+            if p.is_file():
+                return p.resolve()
+        return None
+
+    @staticmethod
+    def _expand(path: Path) -> dict[str, dict]:
+        try:
+            return {c.hash: c.to_dict() for c in matrix.expand(matrix.load(str(path)))}
+        except (ConfigError, InputError, OSError):
+            return {}
+
+    def warn(self) -> None:
+        for f, n in self.missing.items():
+            print(
+                f"zerobench: {n} record{'s' if n != 1 else ''} of cells that did not run name matrix file {f}, "
+                "which is not here or no longer has them: their settings are unknown (shown by name)",
+                file=sys.stderr,
+            )
+        self.missing.clear()
+
+
+def with_cells(records: Iterable[Record], near: Sequence[Path] = ()) -> Iterator[Record]:
+    """The records, each compact one (a cell that did not run: bench.record version 4) with its cell's settings
+    from its matrix file, looked for as recorded and then in the folders `near` (those around its results file).
+    One whose matrix file is missing, or no longer has the cell, keeps `cell` None (said once per file)."""
+    found = _MatrixCells()
+    for rec in records:
+        if rec.cell is None:
+            cell = found.find(rec, near)
+            if cell is not None:
+                rec = rec.model_copy(update={"cell": cell})
+        yield rec
+    found.warn()
+
+
 _NO_PROVENANCE = Provenance()
 _NO_WORKER = WorkerFacts()
+_RULES = {r.name: r for r in rules.RULES}
+
+
+def _skip_text(rec: Record, cell: dict) -> tuple[str | None, str | None]:
+    """A skip's fix and source: the record's, else (a compact record) its rule's in bench.rules."""
+    if rec.skip is None:
+        return None, None
+    rule = _RULES.get(rec.skip.rule)
+    ranks = str(cell.get("gpus", 1) * cell.get("nodes", 1)) if cell else "N"
+    fix = rec.skip.fix or (rule.fix.replace("{ranks}", ranks) if rule else None)
+    return fix, rec.skip.source or (rule.source if rule else None)
 
 
 def _row(rec: Record) -> dict:
-    cell = rec.cell
+    cell = rec.cell or {}
     prov = rec.provenance or _NO_PROVENANCE  # a v1 record written without one
     worker = rec.worker or _NO_WORKER
     versions = {**prov.versions, **(worker.versions or {})}  # the worker's own, where it reported them
@@ -168,9 +240,12 @@ def _row(rec: Record) -> dict:
         "ended_at": rec.ended_at,
         "wall_s": rec.wall_s,
     }
-    # A record written before a field existed ran at that field's default (compile off, hf kernels).
-    row.update({k: cell.get(k, default) for k, default in _CELL_COLUMN_DEFAULTS})
-    row.update(axis_values(cell))
+    # A record written before a field existed ran at that field's default (compile off, hf kernels); a compact
+    # record whose matrix file is not here has no settings at all (None, filled from its matrix's other records).
+    known = rec.cell is not None
+    row.update({k: cell.get(k, default if known else None) for k, default in _CELL_COLUMN_DEFAULTS})
+    if known:
+        row.update(axis_values(cell))
     # The schedule the cell asked for (what cells must share to be compared), then the steps it took:
     # warmup_steps and measured_steps are what ran, so everything that splits step_times_s splits it right.
     row["steps_schedule"] = steps_schedule(cell)
@@ -207,8 +282,7 @@ def _row(rec: Record) -> dict:
     for lib in ("torch", "deepspeed", "transformers", "peft", "bitsandbytes"):
         row[f"{lib}_version"] = versions.get(lib)
     row["skip_rule"] = rec.skip.rule if rec.skip else None
-    row["skip_fix"] = rec.skip.fix if rec.skip else None
-    row["skip_source"] = rec.skip.source if rec.skip else None
+    row["skip_fix"], row["skip_source"] = _skip_text(rec, cell)
     row["exit_code"] = rec.exit_code
     row["phase_at_end"] = rec.phase_at_end
     row["warnings"] = list(rec.warnings) if rec.warnings else None
@@ -260,14 +334,15 @@ def _row(rec: Record) -> dict:
     return row
 
 
-def records_to_frame(records: Iterable[dict | Record]):
+def records_to_frame(records: Iterable[dict | Record], near: Sequence[Path] = ()):
     """Records (of any schema version, upgraded here, or already read as Record values) -> one row per
-    attempt; started records left out."""
+    attempt; started records left out. A compact record's cell comes from its matrix file (with_cells: as
+    recorded, else in the folders `near`)."""
     import pandas as pd
 
-    parsed = (r if isinstance(r, Record) else parse(r) for r in records)
+    parsed = with_cells((r if isinstance(r, Record) else parse(r) for r in records), near)
     rows = [_row(r) for r in parsed if r.status is not Status.STARTED]
-    df = pd.DataFrame(rows)
+    df = _settings_of_unknown_cells(pd.DataFrame(rows))
     for col in ("started_at", "ended_at"):
         if col in df:
             df[col] = pd.to_datetime(df[col], utc=True, format="ISO8601")
@@ -284,6 +359,19 @@ def records_to_frame(records: Iterable[dict | Record]):
     return df
 
 
+def _settings_of_unknown_cells(df):
+    """Rows of compact records whose matrix file was not found take the matrix-wide settings (model, sequence
+    length, steps, ...) of their matrix's other records: one matrix, one model and workload."""
+    if df.empty or "model" not in df or not df["model"].isna().any():
+        return df
+    fixed = [c for c in _CELL_COLUMNS if c not in AXIS_COLUMNS]
+    known = df[df["model"].notna()].drop_duplicates("matrix").set_index("matrix")[fixed]
+    unknown = df["model"].isna() & df["matrix"].isin(known.index)
+    for c in fixed:
+        df.loc[unknown, c] = df.loc[unknown, "matrix"].map(known[c])
+    return df
+
+
 def load(*paths: str | os.PathLike, include_all_attempts: bool = True):
     """Load one or more results files (or folders of *.jsonl) into one DataFrame."""
     files = []
@@ -293,7 +381,11 @@ def load(*paths: str | os.PathLike, include_all_attempts: bool = True):
             files += [os.path.join(p, name) for name in sorted(os.listdir(p)) if name.endswith(".jsonl")]
         else:
             files.append(p)
-    df = records_to_frame(itertools.chain.from_iterable(map(read_records, _distinct(files))))
+    # A compact record's matrix file, as recorded, relative to where the run was (usually the results folder's
+    # parent) or to the results folder.
+    files = _distinct(files)
+    near = list(dict.fromkeys(d for f in files for d in (Path(f).parent.parent, Path(f).parent)))
+    df = records_to_frame(itertools.chain.from_iterable(map(read_records, files)), near=near)
     return df if include_all_attempts else latest(df)
 
 

@@ -166,7 +166,7 @@ def _metrics_problem(rec: Record) -> str | None:
 
 
 def _range_problem(rec: Record) -> str | None:
-    cell = rec.cell
+    cell = rec.cell or {}
     if cell.get("zero_stage", 0) not in (0, 1, 2, 3):
         return f"cell.zero_stage: {cell['zero_stage']!r:.20} is not a ZeRO stage (0-3)"
     for k, low in _CELL_MIN.items():
@@ -282,7 +282,7 @@ def _parse_line(rec, path, line: int, foreign: list[str], checked: bool = False)
         foreign.append(f"line {line} ({'.'.join(map(str, err['loc'])) or 'record'}: {err['msg']})")
         return None
     # The record keeps the cell as a dict; its fields are typed and bounded here.
-    why = _field_problem(parsed.cell, _CELL_FIELDS, "cell.") or _range_problem(parsed)
+    why = _field_problem(parsed.cell or {}, _CELL_FIELDS, "cell.") or _range_problem(parsed)
     if why:
         foreign.append(f"line {line} ({why})")
         return None
@@ -397,7 +397,7 @@ class Store:
         Raises StoreWriteError when the whole line cannot be written (disk full, file too large, I/O error):
         the file is then cut back to its size before this call, so no torn record is left behind."""
         if isinstance(record, Record):
-            record = record.to_dict()
+            record = record.stored()
         record = _finite(record)
         data = (json.dumps(record, default=str, separators=(",", ":"), allow_nan=False) + "\n").encode()
         with self._lock:

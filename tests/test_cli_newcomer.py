@@ -25,14 +25,12 @@ def test_version():
 
 @pytest.mark.parametrize("cmd", ["run", "cells", "selfcheck", "estimate"])
 def test_filter_has_help_in_every_subcommand(cmd):
-    assert "only cells whose id matches" in " ".join(zb(cmd, "--help").stdout.split())
+    assert "only cells whose name or id (name#hash) matches" in " ".join(zb(cmd, "--help").stdout.split())
 
 
 def test_run_dry_run_plans_as_on_assumed_gpus_and_says_which_memory_is_short():
-    here = zb("run", "matrices/7b.yaml", "--dry-run", "--filter", "opt=fusedadam", "--gpu-mem", "10GiB")
-    there = zb(
-        "run", "matrices/7b.yaml", "--dry-run", "--filter", "opt=fusedadam", "--assume-gpus", "1", "--gpu-mem", "10GiB"
-    )
+    dry = ("run", "matrices/7b.yaml", "--dry-run", "--verbose", "--filter", "opt=fusedadam", "--gpu-mem", "10GiB")
+    here, there = zb(*dry), zb(*dry, "--assume-gpus", "1")
     assert here.returncode == there.returncode == 0, there.stderr
     assert "runnable on a host with 1 CUDA GPU(s)" in there.stdout
     # QLoRA needs CUDA (bitsandbytes): skipped by a rule here, judged by the memory model on the assumed GPU.

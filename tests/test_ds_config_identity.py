@@ -63,7 +63,7 @@ def test_dry_run_resume_does_not_list_recorded_cells(tmp_path):
     results.write_text(json.dumps(rec) + "\n")
 
     def dry(*extra):
-        args = ["run", str(mx), "--dry-run", "--results", str(results), *extra]
+        args = ["run", str(mx), "--dry-run", "--verbose", "--results", str(results), *extra]
         p = subprocess.run(
             [sys.executable, "-m", "bench", *args], capture_output=True, text=True, cwd=ROOT, timeout=120
         )

@@ -353,7 +353,8 @@ def test_an_address_nobody_answers_is_an_input_error_at_once(tmp_path):
     r = zerobench("run", "--executor", "ray", "--address", "127.0.0.1:1", "--no-report", cwd=tmp_path)
     assert r.returncode == 2 and "no Ray cluster answers there" in r.stderr, r.stderr[-2000:]
     assert time.time() - t0 < 60  # ray.init alone retries for minutes
-    assert not (tmp_path / "results" / "smoke.jsonl").exists() or not _outcomes(tmp_path / "results" / "smoke.jsonl")
+    smoke = tmp_path / "results" / "local" / "smoke.jsonl"  # where the embedded default writes
+    assert not smoke.exists() or not _outcomes(smoke)
 
 
 def test_without_ray_installed_the_error_says_what_to_install(tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from bench import cells, env, record, results, rules
+from bench import cells, env, record, results
 from bench.cli import main as cli
 from bench.execute.launch import Outcome
 from bench.record import SCHEMA_VERSION, Record, WorkerDoc, parse
@@ -190,13 +190,6 @@ def test_every_status_has_provenance():
     assert d["status"] == "started" and d["reason"] == "" and "metrics" not in d
     assert d["cell_id"] == CELL.id and d["cell_hash"] == CELL.hash and d["cell"] == CELL.to_dict()
 
-    skip = rules.Skip(rule="r", reason="no", fix="do", source="src")
-    d = _check(Record.skipped(CELL, skip, at="2026-01-01T00:00:00.000+00:00", **IDENT))
-    assert (
-        d["status"] == "skipped"
-        and d["reason"] == skip.text()
-        and d["skip"] == {"rule": "r", "fix": "do", "source": "src"}
-    )
     d = _check(Record.interrupted(started, "stopped by the user", ended_at="t", log="l"))
     assert (d["status"], d["reason"], d["log"], d["started_at"]) == (
         "interrupted",

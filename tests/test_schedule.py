@@ -192,19 +192,27 @@ def test_reports_compare_and_the_model_check_keep_implied_apart(tmp_path):
     (s,) = a.sections
     assert len(s.did_not_fit) == 1 and len(s.implied) == 1 and a.counts["implied_oom"] == 1
     md = markdown.render_analysis(a)
-    assert "1 ran out of memory. 1 more did not run: implied out of memory" in md
-    assert "**1 of 2** cells that ran" in md
+    assert "**1** ran out of memory. 1 more did not run: implied out of memory" in md
+    assert "Of the 2 cells that ran, **1** fit" in md
     base = [rec(2, 1, tps=30_000)]
     c = next(x for x in compare.compare(records_to_frame(base), records_to_frame(recs)).cells if x.key == f"{2:010x}")
     assert c.verdict == compare.NOT_RUN
     path = tmp_path / "r.jsonl"
     implied = _implied_record(BASE, cell(micro_batch=4))
-    implied["provenance"] = {**implied["provenance"], "gpu_name": "NVIDIA H200", "gpus": []}
+    implied["provenance"] = {"host": "h", "gpu_name": "NVIDIA H200", "gpus": []}  # as if a GPU run wrote it
     path.write_text(json.dumps(implied) + "\n")
     assert check.cases([path]) == []
 
 
 # -- a real run ------------------------------------------------------------------------------------
+
+
+def _with_cells(path) -> list[dict]:
+    """A results file's records, each with its cell (a compact record's from its matrix file, beside results/)."""
+    from bench.results import with_cells
+    from bench.store import read_records
+
+    return [r.to_dict() for r in with_cells(read_records(path), near=[path.parent.parent])]
 
 
 @pytest.mark.slow
@@ -222,7 +230,7 @@ def test_an_oom_implies_the_heavier_cells_and_resume_keeps_them(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = tmp_path / "results" / "implied.jsonl"
     lines = res.read_text().splitlines()
-    ends = {(x["cell"]["zero_stage"], x["cell"]["micro_batch"]): x for x in map(json.loads, lines)}
+    ends = {(x["cell"]["zero_stage"], x["cell"]["micro_batch"]): x for x in _with_cells(res)}
     assert {k: v["status"] for k, v in ends.items()} == {
         (0, 1): "cuda_oom",
         (0, 2): "implied_oom",
@@ -246,7 +254,7 @@ def test_an_oom_implies_the_heavier_cells_and_resume_keeps_them(tmp_path):
     again = ("run", "m.yaml", "--resume", "--repeats", "2", "--no-report", "--no-progress")
     r = zerobench(*again, cwd=tmp_path, env=fault)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    new = [json.loads(x) for x in res.read_text().splitlines()[len(lines) :]]
+    new = _with_cells(res)[len(lines) :]
     ran = sorted((x["cell"]["zero_stage"], x["cell"]["micro_batch"]) for x in new if x["status"] != "started")
     assert ran == [(0, 1), (1, 1), (1, 2)], ran
     assert not any(x["cell_hash"] == implied["cell_hash"] for x in new)
@@ -260,15 +268,18 @@ def test_a_dry_run_shows_the_run_order_and_what_the_memory_model_prunes(tmp_path
         TINY.replace("seq_len: 32", "seq_len: 2048")
         + "axes: {zero_stage: [0], precision: [fp32], micro_batch: [4096, 1], grad_ckpt: [false, true]}\n",
     )
-    r = zerobench("run", str(m), "--dry-run", "--gpu-mem", "16GiB", cwd=tmp_path)
+    r = zerobench("run", str(m), "--dry-run", "--verbose", "--gpu-mem", "16GiB", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout[r.stdout.index("run order (early)") :].splitlines()
-    assert "judged against 16.0 GiB of GPU memory" in lines[0]
-    rows = [ln.split() for ln in lines[1:-1]]
+    end = next(i for i, ln in enumerate(lines) if ln.startswith("memory model:"))
+    assert "judged against 16.0 GiB of GPU memory" in lines[end]
+    rows = [ln.split() for ln in lines[1:end]]
     # Cells recorded without running come first (the two micro-batch 4096 cells cannot fit in 16 GiB), then
     # no checkpointing before checkpointing; nothing ran.
     assert [(w[1], "mb=4096" in w[-1], "gc=on" in w[-1]) for w in rows] == [
         ("pruned", True, False), ("pruned", True, True), ("run", False, False), ("run", False, True),
     ]  # fmt: skip
-    assert lines[-1].strip() == "2 to run, 2 pruned"
+    # The summary last: the counts, the predicted GPU time and frontier.
+    assert lines[end + 1] == "2 to run, 2 pruned" and lines[end + 2].startswith("predicted GPU time (2 cells")
+    assert lines[end + 3].startswith("predicted memory/speed frontier") and "GiB" in lines[-1]
     assert not (tmp_path / "results").exists()

@@ -224,7 +224,9 @@ def test_the_rules_judge_a_slurm_run_by_the_partitions_nodes(slurm_cluster, monk
 def test_a_dry_run_on_slurm_says_which_partition_judged_it(slurm_cluster, tmp_path):
     m = write_matrix(tmp_path / "m.yaml", TINY + "nodes: 3\n")
     env = {"SLURM_CONF": str(slurm_cluster.conf)}
-    r = zerobench("run", str(m), "--dry-run", "--executor", "slurm", "--partition", "cells", cwd=tmp_path, env=env)
+    r = zerobench(
+        "run", str(m), "--dry-run", "-v", "--executor", "slurm", "--partition", "cells", cwd=tmp_path, env=env
+    )
     assert r.returncode == 0, r.stderr
     assert "runnable on Slurm partition cells's nodes" in r.stdout
     assert "spans 3 nodes; the cluster has 2" in r.stdout  # nodes-available, from sinfo's node count

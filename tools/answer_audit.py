@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from bench.estimate import Verdict
+from bench.results import with_cells
 from bench.rules import PRUNED
 from bench.status import Status
-from bench.store import Store
+from bench.store import read_records
 
 
 def pick(records: list[dict], unmeasured: int, oom: int) -> tuple[list[dict], list[dict]]:
@@ -58,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unmeasured", type=int, default=8)
     ap.add_argument("--oom", type=int, default=5)
     args = ap.parse_args(argv)
-    left, oom = pick(Store(args.results).records(), args.unmeasured, args.oom)
+    near = [Path(args.results).parent.parent, Path(args.results).parent]  # a compact record's cell: its matrix's
+    left, oom = pick([r.to_dict() for r in with_cells(read_records(args.results), near)], args.unmeasured, args.oom)
     if not left and not oom:
         print("nothing to audit", file=sys.stderr)
         return 1

@@ -19,7 +19,16 @@ import sys
 from collections.abc import Iterator, Sequence
 
 from bench.estimate import steptime, timecheck
-from bench.estimate.timecheck import TimeCase, TimeRow, evaluate_time, fit_time, time_cases, time_summary
+from bench.estimate.timecheck import (
+    TimeCase,
+    TimeRow,
+    evaluate_time,
+    fit_time,
+    measured_on,
+    ops_reference,
+    time_cases,
+    time_summary,
+)
 
 GRID = tuple(itertools.product((3.0, 4.0, 6.0), (0.03, 0.1), (1.0, 3.0)))
 """(OVERLAP, STEP_RIDGE, MACHINE_RIDGE) triples to pick from."""
@@ -50,13 +59,16 @@ class _Fits:
         self.cs, self.cache = cs, {}
 
     def rows(self, point: tuple[float, float, float], left_out: frozenset[str], test: str) -> list[TimeRow]:
-        """The records of file `test` (one of `left_out`) predicted without the files `left_out`."""
+        """The records of file `test` (one of `left_out`) predicted without the files `left_out`, each host's
+        time against their reference (timecheck.ops_reference)."""
         key = (point, left_out)
+        train = [c for c in self.cs if c.file not in left_out]
+        ref = ops_reference(train)
         if key not in self.cache:
             with hyperparameters(*point):
-                self.cache[key] = fit_time([c for c in self.cs if c.file not in left_out])
+                self.cache[key] = fit_time(measured_on(train, ref))
         with hyperparameters(*point):
-            return evaluate_time([c for c in self.cs if c.file == test], self.cache[key])
+            return evaluate_time(measured_on([c for c in self.cs if c.file == test], ref), self.cache[key])
 
 
 def nested(cs: Sequence[TimeCase], grid: Sequence[tuple[float, float, float]] = GRID, log=None):

@@ -10,9 +10,12 @@ a cell with a trait (bench.estimate.steptime.traits: offload to NVMe, a PEFT mod
 fewer than FAMILIAR_FILES of the fitting results files showed is "unfamiliar"; a familiar cell is
 "host-bound" when at least HOST_BOUND of its predicted step moves with the host's speed
 (bench.estimate.steptime.host_share), where machines with the same GPU differ most, else "gpu-bound".
-STEP_BAND also holds "familiar", the two familiar groups together (answer mode's prior width). The constants
-sit beside the fitted ones (steptime.STEP_BAND, TRAIT_FILES) and are regenerated with them
-(bench.estimate.timecheck.error_band)."""
+STEP_BAND also holds "familiar", the two familiar groups together (answer mode's prior width). A prediction
+for a host whose time was measured before its cells (Hardware.host_time) takes STEP_BAND_HOST, the error of
+predictions that took it; one for a host not measured, STEP_BAND, the error of predictions for the typical
+host, wider where the host's work is: it holds the machines whose hosts were far from typical
+(bands_for). The constants sit beside the fitted ones (steptime.STEP_BAND, STEP_BAND_HOST, TRAIT_FILES) and
+are regenerated with them (bench.estimate.timecheck.error_band)."""
 
 from __future__ import annotations
 
@@ -20,9 +23,9 @@ import math
 from typing import Any
 
 from .model import Hardware
-from .steptime import STEP_BAND, TRAIT_FILES, host_share, predict_step, traits
+from .steptime import STEP_BAND, STEP_BAND_HOST, TRAIT_FILES, host_share, predict_step, traits
 
-__all__ = ["BAND_COVERAGE", "FAMILIAR_FILES", "HOST_BOUND", "band_group", "group_of", "step_time_band"]
+__all__ = ["BAND_COVERAGE", "FAMILIAR_FILES", "HOST_BOUND", "band_group", "bands_for", "group_of", "step_time_band"]
 
 BAND_COVERAGE = 0.95
 """The share of held-out records, of files the band was neither derived nor calibrated on, it should hold."""
@@ -41,6 +44,12 @@ def group_of(familiar: bool, share: float | None) -> str:
     return "host-bound" if share is not None and share >= HOST_BOUND else "gpu-bound"
 
 
+def bands_for(hw: Hardware | None) -> dict[str, dict[str, float]]:
+    """The bands a prediction on this hardware carries: STEP_BAND_HOST where its host's time was measured,
+    else STEP_BAND (the typical host's prediction, with every machine's host in its error)."""
+    return STEP_BAND_HOST if hw is not None and hw.host_time else STEP_BAND
+
+
 def band_group(
     cell: Any, ds_config: dict | None = None, files: dict[str, int] | None = None, hw: Hardware | None = None
 ) -> str:
@@ -57,9 +66,9 @@ def step_time_band(
 ) -> tuple[float, float, float] | None:
     """(low, predicted, high) seconds per optimizer step; None for a model whose shape is unknown. The band
     is the calibrated percentiles of measured / predicted on held-out records of the cell's group
-    (band_group)."""
+    (band_group), for a host whose time was measured or not (bands_for)."""
     pred = predict_step(cell, hw, ds_config=ds_config)
     if pred is None:
         return None
-    b = STEP_BAND[band_group(cell, ds_config, hw=hw)]
+    b = bands_for(hw)[band_group(cell, ds_config, hw=hw)]
     return pred * math.exp(b["low"]), pred, pred * math.exp(b["high"])

@@ -60,6 +60,10 @@ class Hardware:
     gpu_name: str | None = None
     host_cores: int | None = None
     """The host's CPU cores (the step-time model's CPU optimizer under offload); the memory model reads none."""
+    host_time: float | None = None
+    """The host's time for a fixed CPU workload over the typical H200 host's, measured on it before any cell ran
+    (bench.estimate.steptime.host_time_of: 0.5 is a host twice as fast); None where unmeasured, and the
+    step-time model predicts for the typical host. The memory model reads none."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,18 +12,19 @@ trainable tensor in each micro-batch, the optimizer's per-tensor launches once p
 ZeRO stage, offload, pinning, optimizer, GPU count, engine, compile, kernels). The GPU's work and the host's
 work that feeds it overlap (a smooth maximum of the two, OVERLAP); the other parts add. The factors are
 fitted on the committed H200 records (bench.estimate.timecheck.fit_time), each machine's host speed apart
-(HOST_PARTS): a prediction is for the typical host. The literals below are that fit, and
-tests/test_steptime.py holds them to it. Setup and the rest of the wall time are log-linear in model size
-and stage. The functions are pure (cell, hardware -> seconds), so a search can rank cells by them; the
-model's error on records it was not fitted on is published beside the fit (bench.estimate.band), and
-host_share says how much of a cell's step a faster or slower host would move.
+(HOST_PARTS): the host's parts take the host's time as measured before any cell ran (host_time_of, the
+op prebuild's), and a prediction for a host not measured is for the typical host. The literals below are
+that fit, and tests/test_steptime.py holds them to it. Setup and the rest of the wall time are log-linear in
+model size and stage. The functions are pure (cell, hardware -> seconds), so a search can rank cells by
+them; the model's error on records it was not fitted on is published beside the fit (bench.estimate.band),
+and host_share says how much of a cell's step a faster or slower host would move.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
@@ -35,8 +36,11 @@ from .shapes import Shape, adapted, shape_of, trainable_params
 __all__ = [
     "FITTED_RUNS",
     "FITTED_TIME",
+    "HOST_OPS",
     "HOST_PARTS",
+    "REF_OPS_S",
     "STEP_BAND",
+    "STEP_BAND_HOST",
     "TIME_NAMES",
     "TRAIT_FILES",
     "TimeConstants",
@@ -44,6 +48,7 @@ __all__ = [
     "compute_seconds",
     "flops_per_token",
     "host_share",
+    "host_time_of",
     "peak_flops",
     "pinned",
     "predict_setup",
@@ -193,59 +198,59 @@ TIME_NAMES = tuple(f.name for f in fields(TimeConstants))
 SETUP_NAMES = SETUP_FEATURES + START_FEATURES
 # The values fitted on the committed H200 records (tests/test_steptime.py holds them to the fit).
 _FIT: dict[str, float] = {
-    "compute_one": 0.518,
-    "compute_fp16": -0.04,
-    "compute_hf_trainer": -0.048,
-    "compute_compiled": -0.189,
-    "compute_liger": -0.497,
-    "compute_grad_ckpt": -0.048,
-    "compute_zero3": -0.014,
-    "compute_multi_gpu": -0.206,
-    "activations_one": 1.611,
-    "adapter_one": 0.275,
-    "adapter_qlora": -0.034,
-    "dequant_one": -6.476,
-    "dequant_double_quant": -0.487,
-    "params_one": -3.93,
-    "params_fp16": 0.157,
-    "params_multi_gpu": 0.318,
-    "params_zero12": -0.151,
-    "params_torch_adam": 0.18,
-    "params_paged": 0.028,
-    "params_bit8": 0.492,
-    "host_one": -0.88,
-    "host_torch_adam": 1.301,
-    "host_fp16": 0.879,
-    "pcie_one": -4.158,
-    "pcie_unpinned": 1.545,
+    "compute_one": 0.557,
+    "compute_fp16": 0.042,
+    "compute_hf_trainer": -0.004,
+    "compute_compiled": -0.204,
+    "compute_liger": -0.502,
+    "compute_grad_ckpt": -0.054,
+    "compute_zero3": -0.047,
+    "compute_multi_gpu": -0.235,
+    "activations_one": 1.57,
+    "adapter_one": 0.502,
+    "adapter_qlora": -0.205,
+    "dequant_one": -6.336,
+    "dequant_double_quant": -0.437,
+    "params_one": -3.741,
+    "params_fp16": -0.101,
+    "params_multi_gpu": 0.433,
+    "params_zero12": -0.179,
+    "params_torch_adam": 0.214,
+    "params_paged": 0.102,
+    "params_bit8": 0.324,
+    "host_one": -0.911,
+    "host_torch_adam": 1.334,
+    "host_fp16": 0.85,
+    "pcie_one": -3.986,
+    "pcie_unpinned": 1.433,
     "nvme_one": -0.438,
-    "hooks_one": -4.833,
-    "hooks_zero2": 0.964,
-    "hooks_zero3": 1.746,
-    "hooks_fp16": -0.19,
-    "hooks_multi_gpu": -0.423,
-    "hooks_offload": 0.417,
-    "tensors_one": -4.129,
-    "tensors_bit8": 0.185,
-    "tensors_paged": 0.467,
-    "tensors_torch_adam": 0.225,
-    "tensors_zero12": -0.295,
-    "launch_one": -1.522,
-    "launch_qlora": 0.4,
-    "launch_hf_trainer": -0.006,
-    "launch_zero3": 1.191,
-    "launch_multi_gpu": 0.174,
-    "wrappers_one": -1.748,
-    "wrappers_qlora": 0.461,
-    "wrappers_zero3": 1.997,
-    "gather_one": -4.314,
-    "gather_offload_params": -0.076,
-    "gather_multi_gpu": 0.01,
+    "hooks_one": -4.46,
+    "hooks_zero2": 0.698,
+    "hooks_zero3": 1.487,
+    "hooks_fp16": -0.048,
+    "hooks_multi_gpu": -0.451,
+    "hooks_offload": 0.299,
+    "tensors_one": -4.424,
+    "tensors_bit8": 0.394,
+    "tensors_paged": 0.491,
+    "tensors_torch_adam": 0.238,
+    "tensors_zero12": -0.387,
+    "launch_one": -1.533,
+    "launch_qlora": 0.42,
+    "launch_hf_trainer": 0.088,
+    "launch_zero3": 1.19,
+    "launch_multi_gpu": 0.162,
+    "wrappers_one": -1.6,
+    "wrappers_qlora": 0.519,
+    "wrappers_zero3": 1.902,
+    "gather_one": -4.356,
+    "gather_offload_params": -0.066,
+    "gather_multi_gpu": 0.012,
     "gather_qlora": 0.0,
     "gather_fp16": -0.079,
-    "layers_one": -3.761,
-    "layers_zero3": 0.071,
-    "layers_offload": 0.032,
+    "layers_one": -3.56,
+    "layers_zero3": 0.062,
+    "layers_offload": 0.045,
     "setup_log": 0.187,
     "setup_size": 0.206,
     "setup_zero3": 1.082,
@@ -263,15 +268,24 @@ FITTED_TIME = TimeConstants(**_FIT)
 
 # The step-time model's error on records it was not fitted on (leave one results file out), published for a
 # search (bench.estimate.band): per group of cells, the records, the median and 95th percentile of
-# |log(predicted / measured)|, and the 2.5th and 97.5th percentiles of log(measured / predicted). "familiar":
-# every trait of the cell (traits()) was in at least FAMILIAR_FILES results files the fit saw; "unfamiliar":
-# some trait was in fewer. Regenerated with the fit (bench.estimate.timecheck.error_band); tests/
-# test_steptime.py holds them to it.
+# |log(predicted / measured)|, the edges of log(measured / predicted) at the calibrated central level, and that
+# level. "familiar": every trait of the cell (traits()) was in at least FAMILIAR_FILES results files the fit
+# saw; "unfamiliar": some trait was in fewer. STEP_BAND is the error of predictions for the typical host (a
+# host whose time was not measured: every record predicted as if its host were unmeasured, so the 7b answer's
+# fast machine is in it); STEP_BAND_HOST that of predictions that took the host's time where its record
+# measured it (the others' as in STEP_BAND). Regenerated with the fit (bench.estimate.timecheck.error_band);
+# tests/test_steptime.py holds them to it.
 STEP_BAND: dict[str, dict[str, float]] = {
-    "familiar": {"n": 313, "median": 0.0748, "p95": 0.3275, "low": -0.7457, "high": 0.3297, "level": 0.99},
-    "gpu-bound": {"n": 170, "median": 0.0472, "p95": 0.1785, "low": -0.2341, "high": 0.1856, "level": 0.97},
-    "host-bound": {"n": 143, "median": 0.1507, "p95": 0.5377, "low": -0.7707, "high": 0.3736, "level": 1.0},
-    "unfamiliar": {"n": 12, "median": 0.1382, "p95": 0.5981, "low": -0.8375, "high": 0.4022, "level": 1.0},
+    "familiar": {"n": 313, "median": 0.0647, "p95": 0.3124, "low": -0.7322, "high": 0.2955, "level": 0.99},
+    "gpu-bound": {"n": 174, "median": 0.0424, "p95": 0.1715, "low": -0.2134, "high": 0.1282, "level": 0.965},
+    "host-bound": {"n": 139, "median": 0.1423, "p95": 0.5337, "low": -0.7541, "high": 0.3153, "level": 1.0},
+    "unfamiliar": {"n": 12, "median": 0.1347, "p95": 0.5944, "low": -0.8348, "high": 0.3977, "level": 1.0},
+}
+STEP_BAND_HOST: dict[str, dict[str, float]] = {
+    "familiar": {"n": 313, "median": 0.052, "p95": 0.2712, "low": -0.2791, "high": 0.2465, "level": 0.965},
+    "gpu-bound": {"n": 189, "median": 0.0408, "p95": 0.2426, "low": -0.2955, "high": 0.1812, "level": 0.98},
+    "host-bound": {"n": 124, "median": 0.0986, "p95": 0.2732, "low": -0.2676, "high": 0.2844, "level": 0.965},
+    "unfamiliar": {"n": 12, "median": 0.1347, "p95": 0.5944, "low": -0.8348, "high": 0.3977, "level": 1.0},
 }
 # Results files each trait appears in, among those the constants were fitted on.
 TRAIT_FILES: dict[str, int] = {
@@ -357,6 +371,33 @@ FITTED_RUNS: tuple[str, ...] = (
     "20261203T075555Z-156cb4",
     "20261203T080543Z-06dc80",
 )
+
+
+# The host's speed, measured on the machine before any cell runs. H200 machines differ in their hosts, not
+# their GPUs (docs/step-time.md, "Machines"): the 7b answer's second machine ran the host's parts of a step in
+# about half the typical time, and compiled DeepSpeed's optimizer ops in about half the typical time too (35-37
+# s against 53-76 s). A run compiles them before its cells on a machine whose cache lacks them
+# (bench.execute.prepare: each op in a process of its own, so the prebuild's wall time, the record's
+# `fixed_costs.ops_s`, is the slowest op's import and compile: the same sources, compiler and flags on every
+# H200 host, single-threaded CPU work of a fixed size). Its ratio to REF_OPS_S, the median over the fitted runs
+# that compiled them, is the host's time (Hardware.host_time), and the host's parts (HOST_PARTS) take it as
+# measured: a host that compiles in half the typical time launches kernels and runs hooks in half the typical
+# time. The exponent is 1, the physics, not fitted (left free, the fit on every record puts it at 1.27:
+# bench.estimate.timecheck.host_exponent).
+HOST_OPS = ("FusedAdamBuilder", "CPUAdamBuilder", "FusedLambBuilder")
+"""The ops whose prebuild times the host (an AsyncIO or shared-memory op alone compiles far less)."""
+REF_OPS_S = 65.95
+"""The median op prebuild of the fitted runs that compiled HOST_OPS (seconds): the typical host's."""
+
+
+def host_time_of(fixed_costs: Mapping[str, Any] | None, ref: float | None = None) -> float | None:
+    """The host's time (Hardware.host_time) from a run's one-off costs (a record's `fixed_costs`): its op
+    prebuild's seconds over REF_OPS_S (`ref`), where the prebuild compiled one of HOST_OPS and none failed;
+    None otherwise (the machine's cache held them: nothing was timed)."""
+    costs = fixed_costs or {}
+    ops, seconds = costs.get("ops") or {}, costs.get("ops_s")
+    compiled = any(ops.get(op) == "built" for op in HOST_OPS) and "failed" not in ops.values()
+    return seconds / (ref or REF_OPS_S) if compiled and seconds else None
 
 
 def peak_flops(hw: Hardware | None, precision: str = "bf16") -> float:
@@ -481,7 +522,9 @@ def _bases(cell: Any, s: Shape, hw: Hardware | None) -> dict[str, float]:
     adapted_linears = s.layers * s.lora_targets(tuple(cell.lora.targets)) if adapted(cell) else 0
     # Elements each block's elementwise kernels read or write per token (16-bit, fp32 in an fp32 cell).
     elements = s.layers * (s.hidden + s.intermediate) * (4 if cell.precision == "fp32" else 2)
-    return {
+    # The host's parts in the typical host's seconds, times the host's time where it was measured.
+    host = (hw.host_time if hw else None) or 1.0
+    bases = {
         "compute": compute_seconds(cell, hw),
         "activations": tokens_per_step(cell) * elements * (passes + 1) / 1e12,
         "adapter": adapter / 1e12,
@@ -499,6 +542,7 @@ def _bases(cell: Any, s: Shape, hw: Hardware | None) -> dict[str, float]:
         "gather": (cell.zero_stage == 3) * s.params / 1e9 * mbs * passes,
         "layers": s.layers / 100 * mbs,
     }
+    return {part: base * host if part in HOST_PARTS else base for part, base in bases.items()}
 
 
 def _ranks(cell: Any) -> int:

@@ -1,19 +1,21 @@
 """The step-time model against measurement: each ok H200 record's step time and fixed cost predicted from
-its cell and its GPU alone, the constants fitted on the records (`fit_time`), and refitted leaving each
-results file out to show how well they carry (`cross_validate_time`); that held-out error published as the
-band a search reads (`error_band`, checked on files it was not derived from by `band_coverage`). A record
-with an injected fault is neither fitted nor checked on (EXCLUDED), and the check says how many."""
+its cell, its GPU and its host's time where the run measured it (bench.estimate.steptime.host_time_of), the
+constants fitted on the records (`fit_time`), and refitted leaving each results file (or machine) out to
+show how well they carry (`cross_validate_time`); that held-out error published as the band a search reads
+(`error_band`, checked on files it was not derived from by `band_coverage`). A record with an injected fault
+is neither fitted nor checked on (EXCLUDED), and the check says how many."""
 
 from __future__ import annotations
 
 import math
 import os
+import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 from ..record import parse
 from ..store import read
-from .band import BAND_COVERAGE, FAMILIAR_FILES, band_group, group_of
+from .band import BAND_COVERAGE, FAMILIAR_FILES, band_group, bands_for, group_of
 from .check import _cell, _ds_config, _pct
 from .model import Hardware
 from .shapes import shape_of
@@ -23,13 +25,14 @@ from .steptime import (
     HOST_PARTS,
     OVERLAP,
     PARTS,
+    REF_OPS_S,
     SETUP_FEATURES,
     START_FEATURES,
-    STEP_BAND,
     STEP_NAMES,
     TimeConstants,
     combine,
     host_share,
+    host_time_of,
     predict_setup,
     predict_start,
     predict_step,
@@ -50,8 +53,11 @@ __all__ = [
     "error_band",
     "file_rows",
     "fit_time",
+    "host_exponent",
     "literals",
     "machine_offsets",
+    "measured_on",
+    "ops_reference",
     "time_cases",
     "time_summary",
     "time_text",
@@ -84,6 +90,10 @@ class TimeCase:
     """The run that made it (its run id)."""
     machine: str = ""
     """The machine it ran on: its first GPU's uuid (else its run id)."""
+    ops_s: float | None = None
+    """Its run's op prebuild seconds where the prebuild compiled the ops that time the host
+    (bench.estimate.steptime.host_time_of), else None: its host's time is this over a reference
+    (ops_reference; its hardware's host_time, REF_OPS_S's)."""
 
 
 EXCLUDED = "a fault injected (ZEROBENCH_FAULT): a deliberately slowed or burdened run, not the cell's time"
@@ -120,6 +130,7 @@ def time_cases(
 
 def _case(file: str, raw: dict, rec, cell, step: float) -> TimeCase:
     prov = rec.provenance
+    ops_s = host_time_of(raw.get("fixed_costs"), ref=1.0)  # the prebuild's seconds, where it timed the host
     steps = len(raw.get("step_times_s") or []) or cell.warmup_steps + cell.measured_steps
     wall = raw.get("wall_s")
     setup = (raw.get("worker") or {}).get("setup_s")
@@ -131,6 +142,7 @@ def _case(file: str, raw: dict, rec, cell, step: float) -> TimeCase:
             gpu_memory_bytes=prov.gpus[0].memory_bytes if prov and prov.gpus else None,
             gpu_name=(prov.gpu_name if prov else None) or "",
             host_cores=(prov.cpu_count if prov else None) or None,
+            host_time=ops_s / REF_OPS_S if ops_s else None,
         ),
         step_s=step,
         setup_s=float(setup) if setup else None,
@@ -141,7 +153,20 @@ def _case(file: str, raw: dict, rec, cell, step: float) -> TimeCase:
         ds_config=_ds_config(cell, rec.ds_config),
         run=rec.run_id or "",
         machine=(prov.gpus[0].uuid if prov and prov.gpus else None) or rec.run_id or "",
+        ops_s=ops_s,
     )
+
+
+def ops_reference(cs: Sequence[TimeCase]) -> float | None:
+    """The typical host's op prebuild seconds: the median over the runs of `cs` that timed their host
+    (REF_OPS_S over the fitted runs); None where none did."""
+    by_run = {c.run: c.ops_s for c in cs if c.ops_s}
+    return round(statistics.median(by_run.values()), 2) if by_run else None
+
+
+def measured_on(cs: Sequence[TimeCase], ref: float | None) -> list[TimeCase]:
+    """The cases with their hosts' times against the reference `ref` (None: every host unmeasured)."""
+    return [replace(c, hw=replace(c.hw, host_time=c.ops_s / ref if c.ops_s and ref else None)) for c in cs]
 
 
 def fitted(cs: Sequence[TimeCase], runs: Sequence[str] = FITTED_RUNS) -> tuple[list[TimeCase], list[TimeCase]]:
@@ -199,7 +224,9 @@ PRIOR = {
 # one machine at 93% GPU utilisation, 1.11-1.56 s on four others at 49-66%). The fit gives each machine (its
 # first GPU's uuid) an offset on the parts its host runs (HOST_PARTS), pulled toward 0 by MACHINE_RIDGE
 # (about the ratio of a record's residual variance to the machines' spread), so no cell factor takes up a
-# machine's host; a prediction is for the typical host (offset 0).
+# machine's host. Where a run measured its host's time (steptime.host_time_of) the host's parts take it, and
+# the offset is what that measurement leaves; a prediction has no offset (the host's time where it is
+# measured, else the typical host's).
 MACHINE_RIDGE = 3.0
 
 
@@ -210,16 +237,17 @@ MACHINE_RIDGE = 3.0
 FACTOR_PRIOR = {"host_torch_adam": math.log(6.0), "compute_liger": -math.log(1.2)}
 
 
-def _design(cs: Sequence[TimeCase], machines: Sequence[str] = ()):
-    """The parts' bases (records x parts) and each part's features mapped onto the constants, then onto
-    one offset per machine of `machines` on the parts its host runs (HOST_PARTS): parts x records x
-    (constants + machines)."""
+def _design(cs: Sequence[TimeCase], machines: Sequence[str] = (), free: bool = False):
+    """The parts' bases (records x parts; the host's parts at the host's time where measured) and each part's
+    features mapped onto the constants, then onto one offset per machine of `machines` on the parts its host
+    runs (HOST_PARTS), then (free) onto log(host time), whose factor frees the host time's exponent: parts x
+    records x (constants + machines + free)."""
     import numpy as np
 
     index = {n: i for i, n in enumerate(STEP_NAMES)}
     parts = [step_parts(c.cell, c.hw, c.ds_config) for c in cs]
     bases = np.array([[p[part][0] for part in PARTS] for p in parts])
-    xs = np.zeros((len(PARTS), len(cs), len(STEP_NAMES) + len(machines)))
+    xs = np.zeros((len(PARTS), len(cs), len(STEP_NAMES) + len(machines) + free))
     for i, (part, names) in enumerate(PARTS.items()):
         for j, n in enumerate(names):
             xs[i, :, index[n]] = [p[part][1][j] for p in parts]
@@ -227,6 +255,8 @@ def _design(cs: Sequence[TimeCase], machines: Sequence[str] = ()):
             for r, c in enumerate(cs):
                 if c.machine in machines:
                     xs[i, r, len(STEP_NAMES) + machines.index(c.machine)] = 1.0
+                if free:
+                    xs[i, r, -1] = math.log(c.hw.host_time or 1.0)
     return bases, xs
 
 
@@ -264,16 +294,17 @@ def _levenberg_marquardt(bases, xs, y, th, prior, reg, p: float, iters: int = 10
     return th
 
 
-def _fit_parts(cs: Sequence[TimeCase]) -> tuple[dict[str, float], dict[str, float]]:
+def _fit_parts(cs: Sequence[TimeCase], free: bool = False) -> tuple[dict[str, float], dict[str, float]]:
     """The step's constants and each machine's host offset: Levenberg-Marquardt in log space (a sum of
     exponentials is not linear there), first with the parts summed, then from there with the overlap (the
     smooth maximum has flat directions a fit from the priors can stall in). The offsets (MACHINE_RIDGE pulls
-    them toward 0, the typical host) are fitted beside the constants, and a prediction leaves them out: it
-    does not know its machine."""
+    them toward 0, the host's measured time or the typical host's) are fitted beside the constants, and a
+    prediction leaves them out: it does not know its machine beyond its host's time. free: the host time's
+    exponent fitted too (offset "exponent"), from a prior of 0 (the host's time tells nothing)."""
     import numpy as np
 
     machines = sorted({c.machine for c in cs})
-    bases, xs = _design(cs, machines)
+    bases, xs = _design(cs, machines, free)
     y = np.log([c.step_s for c in cs])
     intercepts = [STEP_NAMES.index(f"{part}_one") for part in PARTS]
     prior = np.zeros(xs.shape[2])
@@ -282,18 +313,28 @@ def _fit_parts(cs: Sequence[TimeCase]) -> tuple[dict[str, float], dict[str, floa
         prior[STEP_NAMES.index(n)] = v
     reg = np.full(xs.shape[2], STEP_RIDGE)
     reg[intercepts] = PRIOR_WEIGHT
-    reg[len(STEP_NAMES) :] = MACHINE_RIDGE
+    reg[len(STEP_NAMES) : len(STEP_NAMES) + len(machines)] = MACHINE_RIDGE
+    if free:  # the bases hold the host's time to the power 1: a factor of -1 undoes it
+        prior[-1], reg[-1] = -1.0, STEP_RIDGE
     th = prior.copy()
     for p in (1.0, OVERLAP):
         th = _levenberg_marquardt(bases, xs, y, th, prior, reg, p)
     offsets = {m: round(float(v), 3) for m, v in zip(machines, th[len(STEP_NAMES) :])}
+    if free:
+        offsets["exponent"] = round(1.0 + float(th[-1]), 3)
     return {n: round(float(v), 3) for n, v in zip(STEP_NAMES, th)}, offsets
 
 
 def machine_offsets(cs: Sequence[TimeCase]) -> dict[str, float]:
-    """Each machine's host offset as the fit on `cs` found it: log of its host parts' time over the typical
-    host's (HOST_PARTS)."""
+    """Each machine's host offset as the fit on `cs` found it: log of its host parts' time over what its
+    measured host time (else the typical host's) says (HOST_PARTS)."""
     return _fit_parts(cs)[1]
+
+
+def host_exponent(cs: Sequence[TimeCase]) -> float:
+    """The exponent of the host's time on the host's parts, fitted with the rest on `cs` from a prior of 0
+    (the model holds it at 1: the physics)."""
+    return _fit_parts(cs, free=True)[1]["exponent"]
 
 
 def fit_time(cs: Sequence[TimeCase], base: TimeConstants = FITTED_TIME) -> TimeConstants:
@@ -319,6 +360,10 @@ class TimeRow:
     start: float
     share: float = 0.0
     """The predicted step's host share (bench.estimate.steptime.host_share)."""
+    typical: float = 0.0
+    """The step predicted for the typical host: as if its host's time were not measured (= step where not)."""
+    typical_share: float = 0.0
+    """That prediction's host share."""
 
     @property
     def wall(self) -> float:
@@ -335,25 +380,32 @@ class TimeRow:
 
 
 def evaluate_time(cs: Sequence[TimeCase], k: TimeConstants = FITTED_TIME) -> list[TimeRow]:
-    return [
-        TimeRow(
-            c,
-            predict_step(c.cell, c.hw, k, c.ds_config),
-            predict_setup(c.cell, c.hw, k),
-            predict_start(c.cell, c.hw, k, spawn=c.spawn),
-            host_share(c.cell, c.hw, k, c.ds_config),
-        )
-        for c in cs
-    ]
+    return [_row(c, k) for c in cs]
 
 
-def cross_validate_time(cs: Sequence[TimeCase]) -> list[TimeRow]:
-    """Each results file's records predicted with the constants fitted on the other files (none where there
-    are no others)."""
+def _row(c: TimeCase, k: TimeConstants) -> TimeRow:
+    typical = replace(c.hw, host_time=None)
+    return TimeRow(
+        c,
+        predict_step(c.cell, c.hw, k, c.ds_config),
+        predict_setup(c.cell, c.hw, k),
+        predict_start(c.cell, c.hw, k, spawn=c.spawn),
+        host_share(c.cell, c.hw, k, c.ds_config),
+        predict_step(c.cell, typical, k, c.ds_config),
+        host_share(c.cell, typical, k, c.ds_config),
+    )
+
+
+def cross_validate_time(cs: Sequence[TimeCase], by: str = "file") -> list[TimeRow]:
+    """Each results file's records (by="machine": each machine's) predicted with the constants fitted on the
+    others, each host's time against the others' reference (ops_reference); none where there are no others."""
     out = []
-    for f in sorted({c.file for c in cs}):
-        train = [c for c in cs if c.file != f]
-        out += evaluate_time([c for c in cs if c.file == f], fit_time(train)) if train else []
+    for key in sorted({getattr(c, by) for c in cs}):
+        train = [c for c in cs if getattr(c, by) != key]
+        if train:
+            ref = ops_reference(train)
+            test = measured_on([c for c in cs if getattr(c, by) == key], ref)
+            out += evaluate_time(test, fit_time(measured_on(train, ref)))
     return out
 
 
@@ -372,14 +424,17 @@ def _count_files(pairs: Sequence[tuple[str, frozenset[str]]], skip: str | None =
     return {t: len(f) for t, f in sorted(files.items())}
 
 
-def _held_out_groups(cs: Sequence[TimeCase], cv: Sequence[TimeRow]) -> list[str]:
+def _held_out_groups(cs: Sequence[TimeCase], cv: Sequence[TimeRow], host: bool = True) -> list[str]:
     """Each cross-validated row's band group as its fold saw it: traits counted over the other files, the
-    host share by the fold's constants."""
+    host share by the fold's constants (host: at its host's time where measured, else the typical host's)."""
     pairs = [(c.file, traits(c.cell, c.ds_config)) for c in cs]
     by_file = {f: _count_files(pairs, skip=f) for f in {r.case.file for r in cv}}
     mine = [traits(r.case.cell, r.case.ds_config) for r in cv]
     return [
-        group_of(all(by_file[r.case.file].get(t, 0) >= FAMILIAR_FILES for t in ts), r.share) for r, ts in zip(cv, mine)
+        group_of(
+            all(by_file[r.case.file].get(t, 0) >= FAMILIAR_FILES for t in ts), r.share if host else r.typical_share
+        )
+        for r, ts in zip(cv, mine)
     ]
 
 
@@ -398,12 +453,23 @@ class Miss:
     file: str
     group: str
     log: float
+    measured: bool = False
+    """The prediction took its host's time, measured before its run's cells (STEP_BAND_HOST's record)."""
 
 
-def misses(cs: Sequence[TimeCase], cv: Sequence[TimeRow]) -> list[Miss]:
-    """The cross-validated rows `cv` of the cases `cs` as the band reads them."""
-    groups = _held_out_groups(cs, cv)
-    return [Miss(r.case.file, g, math.log(r.case.step_s / r.step)) for r, g in zip(cv, groups)]
+def misses(cs: Sequence[TimeCase], cv: Sequence[TimeRow], host: bool = True) -> list[Miss]:
+    """The cross-validated rows `cv` of the cases `cs` as the band reads them: host, each predicted at its
+    host's time where its run measured it (STEP_BAND_HOST); else each for the typical host (STEP_BAND)."""
+    groups = _held_out_groups(cs, cv, host)
+    return [
+        Miss(
+            r.case.file,
+            g,
+            math.log(r.case.step_s / (r.step if host else r.typical)),
+            host and bool(r.case.hw.host_time),
+        )
+        for r, g in zip(cv, groups)
+    ]
 
 
 def _band_stats(logs: Sequence[float], level: float) -> dict[str, float]:
@@ -457,47 +523,73 @@ def _bands(ms: Sequence[Miss], levels: dict[str, float]) -> dict[str, dict[str, 
     return {} if wide is None else {g: b if b["n"] else {**wide, "n": 0} for g, b in band.items()}
 
 
-def error_band(cs: Sequence[TimeCase], cv: Sequence[TimeRow]) -> tuple[dict[str, dict[str, float]], dict[str, int]]:
-    """STEP_BAND and TRAIT_FILES from the cross-validated rows `cv` of the cases `cs`: per band, the held-out
-    errors and its edges at its calibrated level (calibrated_levels)."""
-    ms = misses(cs, cv)
-    return _bands(ms, calibrated_levels(ms)), trait_files(cs)
+Bands = dict[str, dict[str, float]]
+
+
+def error_band(cs: Sequence[TimeCase], cv: Sequence[TimeRow]) -> tuple[Bands, Bands, dict[str, int]]:
+    """STEP_BAND, STEP_BAND_HOST and TRAIT_FILES from the cross-validated rows `cv` of the cases `cs`: per
+    band, the held-out errors (for the typical host; at the host's time where measured) and its edges at its
+    calibrated level (calibrated_levels)."""
+    typical, host = misses(cs, cv, host=False), misses(cs, cv)
+    return _bands(typical, calibrated_levels(typical)), _bands(host, calibrated_levels(host)), trait_files(cs)
+
+
+def _judged(cs: Sequence[TimeCase], cv: Sequence[TimeRow]) -> Iterable[tuple[Miss, str, bool]]:
+    """Each held-out record, as the model publishes it (at its host's time where measured), against each band
+    that holds its group (and "all": its group's), derived from the other files' held-out errors at the
+    levels calibrated on those files alone: STEP_BAND_HOST's where its host's time was measured, else
+    STEP_BAND's. (miss, band, inside)."""
+    typical, host = misses(cs, cv, host=False), misses(cs, cv)
+    for f in sorted({m.file for m in host}):
+        derived = {}
+        for measured, ms in ((False, typical), (True, host)):
+            others = [m for m in ms if m.file != f]
+            derived[measured] = _bands(others, calibrated_levels(others))
+        for m in (m for m in host if m.file == f and derived[m.measured]):
+            for key in (*(b for b, groups in BANDS.items() if m.group in groups), "all"):
+                edges = derived[m.measured][m.group if key == "all" else key]
+                yield m, key, edges["low"] <= m.log <= edges["high"]
+
+
+HOSTS = {True: "host measured", False: "host not measured"}
+"""How band_coverage names the records whose host's time was measured (judged against STEP_BAND_HOST's
+band) and the others (STEP_BAND's)."""
 
 
 def band_coverage(cs: Sequence[TimeCase], cv: Sequence[TimeRow]) -> dict[str, tuple[int, int]]:
-    """How the band carries to records it was neither derived nor calibrated on: each file's held-out errors
-    against the bands derived from the other files' held-out errors at the levels calibrated on those files
-    alone. Per band and "all" (each record against its group's band): (records inside, records)."""
-    ms = misses(cs, cv)
+    """How the band carries to records it was neither derived nor calibrated on (_judged): per band and "all"
+    (each record against its group's band), and each of those for the records whose host's time was measured
+    or not ("all, host measured"; HOSTS): (records inside, records)."""
     out: dict[str, list[int]] = {}
-    for f in sorted({m.file for m in ms}):
-        others = [m for m in ms if m.file != f]
-        band = _bands(others, calibrated_levels(others))
-        for m in ms if band else ():
-            if m.file == f:
-                for key in (*(b for b, groups in BANDS.items() if m.group in groups), "all"):
-                    edges = band[m.group if key == "all" else key]
-                    hit = out.setdefault(key, [0, 0])
-                    hit[0] += edges["low"] <= m.log <= edges["high"]
-                    hit[1] += 1
+    for m, key, inside in _judged(cs, cv):
+        for k in (key, f"{key}, {HOSTS[m.measured]}"):
+            hit = out.setdefault(k, [0, 0])
+            hit[0] += inside
+            hit[1] += 1
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
 def literals(cs: Sequence[TimeCase]) -> str:
-    """The step-time model's literals (steptime's _FIT, STEP_BAND, TRAIT_FILES, FITTED_RUNS) fitted on `cs`,
-    as Python."""
-    k = fit_time(cs)
-    band, files = error_band(cs, cross_validate_time(cs))
+    """The step-time model's literals (steptime's REF_OPS_S, _FIT, STEP_BAND, STEP_BAND_HOST, TRAIT_FILES,
+    FITTED_RUNS) fitted on `cs`, as Python."""
+    ref = ops_reference(cs)
+    k = fit_time(measured_on(cs, ref))
+    typical, host, files = error_band(cs, cross_validate_time(cs))
     fit = "".join(f'    "{f.name}": {getattr(k, f.name)!r},\n' for f in fields(k))
-    bands = "".join(f'    "{g}": {b!r},\n'.replace("'", '"') for g, b in band.items())
     traits_ = "".join(f'    "{t}": {n},\n' for t, n in files.items())
     runs = "".join(f'    "{r}",\n' for r in sorted({c.run for c in cs}))
     return (
+        f"REF_OPS_S = {ref or REF_OPS_S!r}\n"  # no run timed its host: the reference stays
         f"_FIT: dict[str, float] = {{\n{fit}}}\n"
-        f"STEP_BAND: dict[str, dict[str, float]] = {{\n{bands}}}\n"
+        f"STEP_BAND: dict[str, dict[str, float]] = {{\n{_band_literal(typical)}}}\n"
+        f"STEP_BAND_HOST: dict[str, dict[str, float]] = {{\n{_band_literal(host)}}}\n"
         f"TRAIT_FILES: dict[str, int] = {{\n{traits_}}}\n"
         f"FITTED_RUNS: tuple[str, ...] = (\n{runs})\n"
     )
+
+
+def _band_literal(bands: Bands) -> str:
+    return "".join(f'    "{g}": {b!r},\n'.replace("'", '"') for g, b in bands.items())
 
 
 @dataclass(frozen=True)
@@ -514,6 +606,9 @@ class TimeCheck:
     """Held out: records of runs no constant was fitted on, predicted by the fitted constants."""
     excluded: list[tuple[str, str]]
     """(file, cell id) of the records left out (EXCLUDED)."""
+    by_machine: list[TimeRow] = field(default_factory=list)
+    """Held out: each machine's records predicted by constants fitted on the other machines' (a machine's
+    host is new to them, its results files too)."""
 
     @property
     def held_out(self) -> list[TimeRow]:
@@ -524,7 +619,14 @@ def time_check(paths: Iterable[str | os.PathLike], gpu: str = "H200", k: TimeCon
     """The step-time model's check over these results files (bench.cli's estimate --check, tools.docs)."""
     excluded: list[tuple[str, str]] = []
     cs, others = fitted(time_cases(paths, gpu, excluded))
-    return TimeCheck(cs, evaluate_time(cs, k), cross_validate_time(cs), evaluate_time(others, k), excluded)
+    return TimeCheck(
+        cs,
+        evaluate_time(cs, k),
+        cross_validate_time(cs),
+        evaluate_time(others, k),
+        excluded,
+        cross_validate_time(cs, by="machine"),
+    )
 
 
 def _categories(c: TimeCase) -> dict[str, str]:
@@ -562,11 +664,9 @@ def file_rows(check: TimeCheck) -> list[list[str]]:
     """Per results file: its held-out step-time errors and how many fall inside the band derived and
     calibrated without it (records of runs no constant was fitted on: inside the shipped band)."""
     inside: dict[str, list[int]] = {}
-    ms = misses(check.cases, check.cv)
-    for f in sorted({m.file for m in ms}):
-        others = [m for m in ms if m.file != f]
-        band = _bands(others, calibrated_levels(others))
-        inside[f] = [band[m.group]["low"] <= m.log <= band[m.group]["high"] for m in ms if m.file == f and band]
+    for m, key, hit in _judged(check.cases, check.cv):
+        if key == "all":
+            inside.setdefault(m.file, []).append(hit)
     for r in check.unfitted:
         inside.setdefault(r.case.file, []).append(_in_band(r))
     out = [["results file", "records", "held-out median", "held-out p95", "max", "inside the band"]]
@@ -591,7 +691,7 @@ TITLES = {
 
 
 def _band_lines(check: TimeCheck) -> list[str]:
-    band, _ = error_band(check.cases, check.cv)
+    typical, host, _ = error_band(check.cases, check.cv)
     cover = band_coverage(check.cases, check.cv)
     if not cover:
         return []  # one results file: no held-out errors to derive a band from
@@ -599,32 +699,44 @@ def _band_lines(check: TimeCheck) -> list[str]:
         "",
         "Step-time band (bench/estimate/band.py; each band's edges are the percentiles of its held-out errors "
         f"at the lowest level at which, derived from the other files, it holds {BAND_COVERAGE:.0%} of each "
-        "file's):",
+        "file's; for the typical host, and at the host's time where its run measured it):",
     ]
-    for g, b in band.items():
+    for g in typical:
         inside, n = cover.get(g, (0, 0))
-        lines.append(
-            f"  {g}: {b['n']} records, measured/predicted {math.exp(b['low']):.2f}-{math.exp(b['high']):.2f} "
-            f"(level {b['level']:.1%}), |log error| median {b['median']:.3f}, p95 {b['p95']:.3f}; held out "
-            f"(derived and calibrated without their file): {inside}/{n} inside"
+        edges = "; ".join(
+            f"{which}: {_edges(b[g])}" for which, b in (("typical host", typical), ("host measured", host))
         )
-    inside, n = cover["all"]
-    lines.append(f"  all: {inside}/{n} ({inside / n:.1%}) inside the band derived and calibrated without their file")
+        lines.append(f"  {g}: {edges}; held out: {inside}/{n} inside")
+    for key, what in (("all", "records"), ("all, host measured", "records whose host's time was measured")):
+        inside, n = cover.get(key, (0, 0))
+        if n:
+            lines.append(
+                f"  {what}: {inside}/{n} ({inside / n:.1%}) inside the band derived and calibrated without their file"
+            )
     if check.unfitted:
         hits = [_in_band(r) for r in check.unfitted]
         lines.append(f"  records of runs no constant was fitted on: {sum(hits)}/{len(hits)} inside the shipped band")
     return lines
 
 
+def _edges(b: dict[str, float]) -> str:
+    return (
+        f"{b['n']} records, measured/predicted {math.exp(b['low']):.2f}-{math.exp(b['high']):.2f} (level "
+        f"{b['level']:.1%}), |log error| median {b['median']:.3f}, p95 {b['p95']:.3f}"
+    )
+
+
 def _in_band(r: TimeRow) -> bool:
-    """A record of a run no constant was fitted on inside the band the module ships (STEP_BAND)."""
-    b = STEP_BAND[band_group(r.case.cell, r.case.ds_config, hw=r.case.hw)]
+    """A record of a run no constant was fitted on inside the band the module ships for its host (STEP_BAND,
+    or STEP_BAND_HOST where its host's time was measured)."""
+    b = bands_for(r.case.hw)[band_group(r.case.cell, r.case.ds_config, hw=r.case.hw)]
     return b["low"] <= math.log(r.case.step_s / r.step) <= b["high"]
 
 
 LABELS = {
     "rows": "in-sample (the runs the constants were fitted on)",
     "cv": "held out (leave one results file out)",
+    "by_machine": "held out (leave one machine out)",
     "unfitted": "held out (runs no constant was fitted on: {files})",
 }
 

@@ -62,7 +62,8 @@ class Plan:
 
 
 def select(cells: list[Cell], filters: list[str] | None) -> list[Cell]:
-    """Keep cells whose id matches every filter (a regular expression or plain text, e.g. zero=3)."""
+    """Keep cells whose name or id (name#hash) matches every filter (a regular expression or plain text, e.g.
+    zero=3): `mb=8$` ends the name, as before ids carried their hash, and `#HASH$` the id."""
     for f in filters or []:
         try:
             rx = re.compile(f)
@@ -77,7 +78,7 @@ def select(cells: list[Cell], filters: list[str] | None) -> list[Cell]:
                     )
                 ]
             ) from None
-        cells = [c for c in cells if rx.search(c.id)]
+        cells = [c for c in cells if rx.search(c.name) or rx.search(c.id)]
     return cells
 
 
@@ -103,13 +104,13 @@ def plan(
     return Plan(m, str(matrix_path), tuple(items), shard)
 
 
-def hardware(platform: env.Platform, gpu_mem: int | None = None) -> Hardware:
+def hardware(platform: env.Platform, gpu_mem: int | None = None, host_mem: int | None = None) -> Hardware:
     """What predictions are judged against: the first GPU's memory (NVML's total at the run's start) or
-    gpu_mem, and the host's memory. No GPU and no gpu_mem: nothing to judge a GPU cell against."""
+    gpu_mem, and the host's memory or host_mem. No GPU and no gpu_mem: nothing to judge a GPU cell against."""
     gpu = gpu_mem or (platform.gpus[0].memory_bytes if platform.cuda and platform.gpus else None)
     return Hardware(
         gpu_memory_bytes=gpu or None,
-        host_memory_bytes=(platform.host_memory_bytes or None) if gpu else None,
+        host_memory_bytes=(host_mem or platform.host_memory_bytes or None) if gpu else None,
         gpu_name=platform.gpus[0].name if platform.cuda and platform.gpus else None,
     )
 
@@ -192,6 +193,7 @@ def preview(
     filters: list[str] | None = None,
     ds_configs: list[str] | None = None,
     gpu_mem: int | None = None,
+    host_mem: int | None = None,
     margin: float = DEFAULT_MARGIN,
     prune: bool = True,
     order: str = "early",
@@ -199,43 +201,60 @@ def preview(
     platform: env.Platform | None = None,
     recorded: frozenset[str] = frozenset(),
     shard: Shard | None = None,
+    verbose: bool = False,
 ) -> list[str]:
-    """What `zerobench run` would do, without running anything: each cell in the order it would run, and
-    whether it would run, be pruned (the memory model: it cannot fit) or skipped (a rule); a cell the
-    model is unsure of is marked so (it may run out of memory and then imply the heavier ones)."""
+    """What `zerobench run` would do, without running anything; its summary last: how many cells would run,
+    may not fit (the memory model is unsure: it may run out of memory and then imply the heavier ones), be
+    pruned (the memory model: it cannot fit) or skipped (a rule), what it would cost in GPU time, and its
+    predicted frontier. verbose: first every cell in the order it would run, one line each."""
     platform = platform or host_platform(gpus_available)  # as the run would see this host (or an assumed one)
     p = plan(matrix_path, filters, platform=platform, ds_configs=ds_configs, shard=shard)
-    hw = hardware(platform, gpu_mem)
+    hw = hardware(platform, gpu_mem, host_mem)
     items, preds, free = arrange(p.items, hw, margin, prune, order)
     items = [it for it in items if it.cell.hash not in recorded]  # --resume: cells with an outcome stay as they are
-    GiB = 2**30
-    judged = f"{hw.gpu_memory_bytes / GiB:.1f} GiB of GPU memory" if hw.gpu_memory_bytes else "no GPU known"
-    runnable = [it for it in items if it.skip is None and id(it) not in free]
-    lines = [
-        run_time_line([it.cell for it in runnable], hw, max(len(platform.gpus), 1)),
-        *frontier_lines([(it.cell, it.ds_config, (preds[id(it)] or {}).get("gpu_bytes")) for it in runnable], hw),
-        f"run order ({order}), judged against {judged} (margin {margin:.0%}):",
-    ]
-    counts: dict[str, int] = {}
-    for n, it in enumerate(items, 1):
-        pred = preds[id(it)] or {}
-        what = (
-            "skip"
-            if it.skip is not None
-            else "pruned"
-            if id(it) in free
-            else "run?"
-            if _risky(pred or None, prune) and hw.gpu_memory_bytes
-            else "run"
-        )
-        counts[what] = counts.get(what, 0) + 1
-        mem = f"{pred['gpu_bytes'] / GiB:6.1f} GiB" if pred.get("gpu_bytes") else " " * 10
-        lines.append(
-            f"  {n:5d}  {what:6s} {mem}  " + (f"({short_of(pred)})  " if what == "pruned" else "") + it.cell.id
-        )
-    legend = {"run": "to run", "run?": "to run, may not fit", "pruned": "pruned", "skip": "skipped by a rule"}
-    lines.append("  " + ", ".join(f"{counts[k]} {legend[k]}" for k in legend if k in counts))
+    whats = [_what(it, preds[id(it)], free, prune, hw) for it in items]
+    lines = [f"run order ({order}), one line per cell:"] if verbose else []
+    if verbose:
+        lines += [_cell_line(n, it, what, preds[id(it)] or {}) for n, (it, what) in enumerate(zip(items, whats), 1)]
+    counts = {k: whats.count(k) for k in _LEGEND if k in whats}
+    lines.append(f"memory model: {_judged(hw)}, margin {margin:.0%}")
+    lines.append(
+        ", ".join(f"{n} {_LEGEND[k]}" for k, n in counts.items())
+        + ("" if verbose or not items else " (--verbose lists each cell in run order)")
+    )
+    runnable = [it for it, what in zip(items, whats) if what in ("run", "run?")]
+    lines.append(run_time_line([it.cell for it in runnable], hw, max(len(platform.gpus), 1)))
+    lines += frontier_lines([(it.cell, it.ds_config, (preds[id(it)] or {}).get("gpu_bytes")) for it in runnable], hw)
     return lines
+
+
+_LEGEND = {"run": "to run", "run?": "to run that may not fit", "pruned": "pruned", "skip": "skipped by a rule"}
+
+
+def _what(it: Planned, pred: dict | None, free: set[int], prune: bool, hw: Hardware) -> str:
+    """A cell's fate in the plan, as _LEGEND names it."""
+    if it.skip is not None:
+        return "skip"
+    if id(it) in free:
+        return "pruned"
+    return "run?" if _risky(pred, prune) and hw.gpu_memory_bytes else "run"
+
+
+def _cell_line(n: int, it: Planned, what: str, pred: dict) -> str:
+    mem = f"{pred['gpu_bytes'] / 2**30:6.1f} GiB" if pred.get("gpu_bytes") else " " * 10
+    why = f"({short_of(pred)})  " if what == "pruned" else ""
+    rule = f"  ({it.skip.rule})" if it.skip is not None else ""
+    return f"  {n:5d}  {what:6s} {mem}  {why}{it.cell.id}{rule}"
+
+
+def _judged(hw: Hardware) -> str:
+    """What the memory model judges cells against, in words."""
+    if not hw.gpu_memory_bytes:
+        return "no GPU memory known (--gpu-mem SIZE gives it), nothing pruned"
+    gpu = f"judged against {hw.gpu_memory_bytes / 2**30:.1f} GiB of GPU memory"
+    if hw.host_memory_bytes:
+        return f"{gpu} and {hw.host_memory_bytes / 2**30:.1f} GiB of host memory"
+    return f"{gpu}, host memory not judged (--host-mem SIZE judges it)"
 
 
 def _risky(pred: dict | None, prune: bool) -> bool:

@@ -62,12 +62,27 @@ def costs_line(c: dict) -> str:
     return f"fixed costs: {'; '.join(bits)}; setup {c['setup_s']:.1f} s in all"
 
 
+def not_run_group(rec: dict) -> str | None:
+    """What a record of a cell that did not run shares with others like it ("skipped by RULE", "unmeasured: ...",
+    the cell an implied_oom names); None for an attempt."""
+    st = rec["status"]
+    if st == Status.SKIPPED.value:
+        return f"skipped by {(rec.get('skip') or {}).get('rule', 'a rule')}"
+    if st == Status.IMPLIED_OOM.value:
+        return f"implied out of memory by {(rec.get('implied_by') or {}).get('cell_name', 'a cell')}"
+    if st == Status.UNMEASURED.value:
+        return f"unmeasured: {rec.get('reason', '')}"
+    return None
+
+
 class Progress:
-    """A bar over the matrix (current cell, ETA) on a terminal; one line per finished cell always."""
+    """A bar over the matrix (current cell, ETA) on a terminal; one line per attempt always, one line for the first
+    cell of each group of cells that did not run (a rule's skips; their count at the end)."""
 
     def __init__(self, total: int, enabled: bool, printer):
         self.total, self.printer = total, printer
         self.counts: dict[str, int] = {}  # outcomes by status, for the summary
+        self.not_run: dict[str, int] = {}  # cells that did not run, by group (not_run_group)
         self.bar = None
         if enabled and total:
             try:
@@ -101,15 +116,21 @@ class Progress:
             self.bar.update(self.task, description=f"cell {i}/{self.total}: {cell.name}")
 
     def done(self, i: int, rec: dict, elapsed: float | None = None, eta: float | None = None) -> None:
-        text = line(i, self.total, rec)
-        if elapsed is not None:
-            text += f"  [{schedule.duration(elapsed)} elapsed, ETA {schedule.duration(eta)}]"
         self.counts[rec["status"]] = self.counts.get(rec["status"], 0) + 1
+        group = not_run_group(rec)
+        if group is not None:
+            self.not_run[group] = self.not_run.get(group, 0) + 1
+        text = None
+        if group is None or self.not_run[group] == 1:
+            text = line(i, self.total, rec) + ("  (others like it are counted, not listed)" if group else "")
+            if elapsed is not None:
+                text += f"  [{schedule.duration(elapsed)} elapsed, ETA {schedule.duration(eta)}]"
         if self.bar:
             self.bar.update(self.task, total=self.total)
-            self.bar.console.print(text, markup=False, highlight=False)
+            if text:
+                self.bar.console.print(text, markup=False, highlight=False)
             self.bar.advance(self.task)
-        else:
+        elif text:
             self.printer(text)
 
     def close(self, seconds: float, recorded: int, finished: bool) -> None:
@@ -120,6 +141,9 @@ class Progress:
             f"{self.counts[st.value]} {st.value}" for st in Status if not st.ran and self.counts.get(st.value)
         ]
         what = ", ".join(parts)
+        for group, n in sorted(self.not_run.items(), key=lambda kv: -kv[1]):
+            if n > 1:
+                self.printer(f"  {n:6d} cells {group}")
         if finished:
             self.printer(f"matrix done: {self.total} cells in {seconds:.0f} s ({what})")
         else:

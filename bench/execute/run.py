@@ -57,6 +57,7 @@ def run(
     on_record=None,
     prune: bool = True,
     gpu_mem: int | None = None,
+    host_mem: int | None = None,
     margin: float = DEFAULT_MARGIN,
     repeats: int | None = None,
     order: str = "early",
@@ -79,8 +80,9 @@ def run(
     run that need at least as much in every respect (bench.schedule): each recorded once as implied_oom,
     naming it. on_record(record) is called with each outcome as it is stored (live export,
     e.g. to W&B); a failure there is printed and the run goes on. Where a GPU is known (NVML at the
-    start, or gpu_mem), each record carries the memory model's prediction, and with prune a cell
-    predicted not to fit (beyond the margin) is recorded as skipped instead of run. Raises InputError
+    start, or gpu_mem), each record carries the memory model's prediction (against that and the host's
+    memory, or host_mem), and with prune a cell predicted not to fit (beyond the margin) is recorded as
+    skipped instead of run. Raises InputError
     before anything runs when the results file cannot be written or another run holds it, and
     StoreWriteError when a record could not be written whole (a full disk): the run stops there, having
     printed what it wrote and what it lost. SIGINT and SIGTERM raise Stopped (with the results path)
@@ -116,6 +118,7 @@ def run(
         printer=printer, on_record=on_record, prune=prune, gpu_mem=gpu_mem, margin=margin,
         repeats=repeats or p.matrix.repeats, order=order, platform=platform,
         slots=slots, executor=executor, answer=answer, replay=recording, slurm=slurm_settings, address=address,
+        host_mem=host_mem,
     )  # fmt: skip
     # One run per results file: a second run (or a --resume) beside this one would measure every cell
     # twice, number both attempts 1, share their log files and take each other's started cells for dead.

@@ -84,6 +84,7 @@ class Options:
     replay: Recording | None = None  # the replay executor's recorded ends (bench.execute.replay)
     address: str | None = None  # the cluster's, for a cluster executor
     slurm: Any = None  # the slurm executor's settings (bench.execute.slurm.Settings)
+    host_mem: int | None = None  # host memory to judge cells against (default: the platform's)
 
 
 class Session:
@@ -91,7 +92,7 @@ class Session:
 
     def __init__(self, p: Plan, store: Store, o: Options, run_id: str):
         self.p, self.store, self.o, self.run_id = p, store, o, run_id
-        self.hw: Hardware = hardware(o.platform, o.gpu_mem)
+        self.hw: Hardware = hardware(o.platform, o.gpu_mem, o.host_mem)
         self.written: list[Record] = []  # the outcomes this run stored, in order
         self.attempts: dict[str, int] = {}  # cell hash -> the last attempt number used
         self.existing = store.records()
@@ -296,9 +297,8 @@ class Session:
                 self.prog.total = self.i + len(self.queue) - self.k
             else:
                 self.search.implied(c.hash)
-            pred = self.preds[id(waiting[c.hash])]
             with launch.holding_signals():
-                rec = self.save(Record.implied_oom(c, {**by, "how": how}, at=now(), predicted=pred, **ident))
+                rec = self.save(Record.implied_oom(c, {**by, "how": how}, at=now(), **ident))
             self.recorded(self.i, rec)
 
     def imply_stored(self) -> None:
@@ -365,20 +365,26 @@ class Session:
 
     def settle(self, stopped: bool = False) -> None:
         """Answer mode's end: a record for every cell it did not measure, saying why; then the answer. On a stop
-        too (the cells in flight recorded interrupted first), so every cell of the matrix has a record."""
+        too (the cells in flight recorded interrupted first), so every cell of the matrix has a record. A cell
+        whose last record already says it was left unmeasured for the same reason (an earlier call of a
+        --resume) gets no second one: a record is written when what it says changes."""
+        said = self.unmeasured_before()
         for c, note in self.search.unmeasured(stopped):
+            rec = Record.unmeasured(c.cell, note, at=now(), spent=self.search.spent_at_start, **self.ident(c.cell))
+            if said.get(c.cell.hash) == rec.reason:
+                continue
             self.i += 1
-            ident = self.ident(c.cell)
-            self.attempts[c.cell.hash] = ident["attempt"]
-            pred = self.preds[id(c.planned)]
+            self.attempts[c.cell.hash] = rec.attempt
             with launch.holding_signals():
-                rec = Record.unmeasured(
-                    c.cell, note, at=now(), predicted=pred, spent=self.search.spent_at_start, **ident
-                )
-                rec = self.save(rec)
+                self.save(rec)
             self.recorded(self.i, rec)
         for text in answer_text.summary(self.search) + (self.against_recording() if self.o.replay and self.o.replay.ends else []):
             self.o.printer(text)
+
+    def unmeasured_before(self) -> dict[str, str]:
+        """The cells whose last record in the results file (an earlier call's) is an unmeasured one, with its reason."""
+        last = {r["cell_hash"]: r for r in self.existing if r.get("status") != Status.STARTED.value}
+        return {h: r["reason"] for h, r in last.items() if r["status"] == Status.UNMEASURED.value}
 
     def against_recording(self) -> list[str]:
         """A replayed answer against the answer of every recorded end of the same cells (the full grid)."""
@@ -429,8 +435,8 @@ class Session:
     def skip(self, unit: Unit) -> None:
         """A cell recorded without running: a rule's skip, or pruned (predicted not to fit)."""
         it = unit.planned
-        pred = self.preds[id(it)]
-        ident = {**self.ident(it.cell), "fixed_costs": self.costs}
+        pred = None if it.skip else self.preds[id(it)]  # a pruned cell's: why it did not run
+        ident = self.ident(it.cell)
         self.attempts[it.cell.hash] = ident["attempt"]
         skip = it.skip or prune_skip(pred)
         with launch.holding_signals():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,7 +23,7 @@ from ..axes import AXIS as AXIS_TABLE_BY_NAME
 from ..axes import SHOWN, peft_variant
 from ..results import PEAK_MEMORY_SOURCES, latest
 from ..status import Status
-from . import stale
+from . import fmt, stale
 
 __all__ = [
     "Analysis",
@@ -35,6 +36,8 @@ __all__ = [
     "STATUS_ORDER",
     "NOT_RUN",
     "records",
+    "measured_first",
+    "causes",
     "BLOCKS_NOTE",
     "ANSWER_NOTE",
 ]
@@ -109,7 +112,8 @@ class Ablation:
     effects: list[dict]
     """Per non-reference value: `tokens` and `memory` (bench.report.effects.Effect: the ratio to the
     reference value over the pairs where both ran ok, its 95% interval, the number of pairs and the
-    verdict), `n` (pairs), `loss_delta` (median difference in final loss) and `trainable_ratio`."""
+    verdict), `n` (pairs), `loss_delta` (median difference in loss at the last step both cells of a pair ran)
+    and `trainable_ratio`."""
 
 
 SECTION_NOTE = (
@@ -159,7 +163,7 @@ class Section:
 
     model: str
     """The cells' `model`: a preset name or a local model directory, as the records name it."""
-    seq_len: int
+    seq_len: int | None
     label: str
     """The section's heading: "llama-1b, sequence length 2,048"."""
     slug: str
@@ -184,13 +188,16 @@ class Section:
     ablations: list[Ablation]
     answer: dict | None = None
     """What answer mode settled here (`_answer`); None when no record of the section came from answer mode."""
+    failed: list[dict] = field(default_factory=list)
+    """Its cells that ran and did not end ok, grouped by cause (Analysis.failure_groups' first part)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class Analysis:
     title: str
     attempts: int
-    """Rows in the input (every attempt); `cells` keeps the last attempt of each cell."""
+    """Attempts that ran (the records of cells that did not run, skipped, implied or unmeasured, are not
+    attempts); `cells` keeps the last record of each cell."""
     cells: pd.DataFrame
     """Latest attempt per cell in input order, plus `peft_variant`, `section` (its Section's slug), `pareto`
     (bool, on its section's frontier), `capacity_bytes` (the memory its peak counts against),
@@ -235,6 +242,9 @@ class Analysis:
     notes: list[tuple[str, str]] = field(default_factory=list)
     """(cell name, warning) for each cell whose last attempt's record warns that its measurement is less
     clean than its status says (an op compiled inside the cell, a relaunch after a taken port)."""
+    banner: str | None = None
+    """Said above everything when the records that ran come from a CPU or a tiny model: what their figures can and
+    cannot say (`_banner`)."""
     loss_parity: list[dict] = field(default_factory=list)
     """Pairs of ok cells that differ only in the ZeRO stage (or the engine): first loss and the loss at
     the last step both ran (`step`; the final loss when they ran the same steps) side by side, the
@@ -429,19 +439,42 @@ def _peft_variant(cells: pd.DataFrame) -> pd.Series:
 
 
 def _pareto(ok: pd.DataFrame) -> pd.Series:
-    """True for ok cells on their section's tokens/s (higher) vs peak memory (lower) frontier.
+    """True for ok cells on their section's tokens/s (higher) vs peak memory (lower) frontier, drawn only from
+    differences beyond the noise the report states (FRONTIER_NOTE): a cell is off it when another is no heavier
+    beyond the memory tolerance and faster, or lighter beyond it and no slower beyond the tokens/s bound.
 
     One frontier per section and kind of memory figure: another model's cells, and host RSS on a CPU run
     against VRAM on a GPU, are not comparable.
     """
     flag = pd.Series(False, index=ok.index)
     have = ok[ok["tokens_per_s"].notna() & ok["peak_memory_bytes"].notna()]
-    for _, g in have.groupby(["section", "peak_memory_source"], sort=True):
-        s = g.sort_values(["peak_memory_bytes", "tokens_per_s"], ascending=[True, False], kind="stable")
-        t = s["tokens_per_s"].to_numpy()
-        best_before = np.concatenate([[-np.inf], np.maximum.accumulate(t)[:-1]])
-        flag[s.index[t > best_before]] = True
+    for (_, source), g in have.groupby(["section", "peak_memory_source"], sort=True):
+        g = g.sort_values(["peak_memory_bytes", "tokens_per_s"], ascending=[True, False], kind="stable")
+        mem, tps = g["peak_memory_bytes"].to_numpy(float), g["tokens_per_s"].to_numpy(float)
+        mt = effects.MEMORY_TOLERANCE.get(source, effects.RULE.nvml_tolerance)
+        reps = g["repeats"].to_numpy() if "repeats" in g else np.ones(len(g))
+        tt = np.where(reps > 1, effects.RULE.min_effect, effects.RULE.single_run_min_effect)
+        best = np.maximum.accumulate(tps)  # the fastest of the lightest k cells
+        heavier_ok = np.searchsorted(mem, mem * (1 + mt), side="right")  # cells no heavier beyond the noise
+        lighter = np.searchsorted(mem, mem / (1 + mt), side="left")  # cells lighter beyond it
+        beaten = best[heavier_ok - 1] > tps
+        beaten |= (lighter > 0) & (best[np.maximum(lighter - 1, 0)] * (1 + tt) >= tps)
+        keep = ~beaten if (~beaten).any() else tps == tps.max()
+        flag[g.index[keep]] = True
     return flag
+
+
+FRONTIER_NOTE = (
+    "numbered as in the chart; a cell is on it only where no other is lighter beyond the memory noise without being "
+    "slower beyond the throughput noise, and none as light is faster (memory: NVML {nvml:.0%}, allocator "
+    "{alloc:.0%}, host RSS {rss:.0%}; tokens/s: {single:.0%} for a cell run once, {min_effect:.0%} with repeats)"
+).format(
+    nvml=effects.RULE.nvml_tolerance,
+    alloc=effects.RULE.memory_tolerance,
+    rss=effects.RULE.host_rss_tolerance,
+    single=effects.RULE.single_run_min_effect,
+    min_effect=effects.RULE.min_effect,
+)
 
 
 def _best_mfu(ok: pd.DataFrame) -> dict | None:
@@ -483,7 +516,7 @@ _CELL_FIELDS = ["cell_name", "cell_hash", "status", "reason", "tokens_per_s", "p
 # What _effects reads of a cell besides its axis (the last two where results carry them).
 _EFFECT_FIELDS = [
     "tokens_per_s", "tokens_log_se", "noise_sd", "peak_memory_bytes", "peak_memory_source", "cell_hash", "variant",
-    "loss_final", "params_trainable", "block_label",
+    "loss_final", "params_trainable", "block_label", "losses",
 ]  # fmt: skip
 
 
@@ -586,8 +619,7 @@ def _effects(sub: pd.DataFrame, gid: pd.Series, axis: str, values: list, samples
     cols = [axis] + [c for c in _EFFECT_FIELDS if c in sub]
     ok = sub.loc[(sub["status"] == Status.OK.value) & (sub["tokens_per_s"] > 0), cols].assign(_g=gid)
     ref = values[0]
-    # What the knob does to learning and to what trains (the PEFT settings move these, not memory alone).
-    wide_l = _wide(ok, axis, "loss_final")
+    # What the knob does to what trains (the PEFT settings move it, not memory alone).
     wide_p = _wide(ok, axis, "params_trainable")
     # Each group's first ok cell per value: a pair is a group's reference cell and its cell of the value.
     first = ok.assign(_v=ok[axis].astype(str)).drop_duplicates(["_g", "_v"]).set_index("_g")
@@ -613,7 +645,7 @@ def _effects(sub: pd.DataFrame, gid: pd.Series, axis: str, values: list, samples
                 "n": tok.n,
                 "tokens": tok,
                 "memory": effects.memory(mem_pairs, kinds.pop() if one else None),
-                "loss_delta": _median_of(wide_l, v, ref, "-"),
+                "loss_delta": _loss_delta(r, c),
                 "trainable_ratio": _median_of(wide_p, v, ref, "/"),
             }
         )
@@ -653,6 +685,21 @@ def _wide(ok: pd.DataFrame, axis: str, col: str) -> pd.DataFrame:
         return pd.DataFrame()
     firsts = ok.loc[ok[col].notna(), ["_g", axis, col]].drop_duplicates(["_g", axis])
     return firsts.set_index(["_g", axis])[col].unstack(axis)
+
+
+def _loss_delta(r: pd.DataFrame, c: pd.DataFrame) -> float | None:
+    """The median over pairs of the value cell's loss minus the reference cell's at the last step both ran (cells
+    with adaptive steps, or a short rung, ran different counts: their final losses are of different steps);
+    the final losses where a record has no curve."""
+    curves = zip(r.get("losses", [None] * len(r)), c.get("losses", [None] * len(c)), r["loss_final"], c["loss_final"])
+    d = []
+    for a, b, fa, fb in curves:
+        if isinstance(a, list) and isinstance(b, list) and a and b:
+            k = min(len(a), len(b))
+            fa, fb = a[k - 1], b[k - 1]
+        if not fmt.missing(fa) and not fmt.missing(fb) and math.isfinite(fa) and math.isfinite(fb):
+            d.append(fb - fa)
+    return float(statistics.median(d)) if d else None
 
 
 def _median_of(wide: pd.DataFrame, v, ref, op: str) -> float | None:
@@ -756,14 +803,100 @@ def _loss_cells(cells: pd.DataFrame) -> pd.DataFrame:
 
 
 def _failure_groups(failures: pd.DataFrame) -> list[dict]:
-    """Failed and skipped cells grouped by (status, reason): most statuses share a handful of reasons."""
+    """Cells that did not end ok, grouped by cause: first those that ran (error, out of memory, diverged, ...),
+    their reasons grouped as `causes` says, most cells first; then those that did not run (skipped by a rule
+    or pruned, implied out of memory, left unmeasured), by rule or reason. Each group: status, `reason` (the
+    cause: the reason with the words that vary between its cells as "…"), `n`, `cells` (names), `example` and
+    `example_reason` (its first cell and that cell's own reason), `rule` (a skip's) and `ran`."""
     if failures.empty:
         return []
-    names = failures.groupby(["status", "reason"], sort=False)["cell_name"].agg(list)
+    rows = records(failures, _GROUP_FIELDS)
+    ran = [r for r in rows if r["status"] not in NOT_RUN]
+    out = _by_cause(ran) + _by_rule([r for r in rows if r["status"] in NOT_RUN])
+    return out
+
+
+def _by_cause(rows: list[dict]) -> list[dict]:
+    """Attempts that failed, grouped by cause (causes), most cells first, then by status order."""
     rank = {s: i for i, s in enumerate(STATUS_ORDER)}
-    out = [{"status": st, "reason": reason, "n": len(cells), "cells": cells} for (st, reason), cells in names.items()]
+    groups: dict[tuple[str, str, int], list[dict]] = {}
+    for st in dict.fromkeys(r["status"] for r in rows):
+        mine = [r for r in rows if r["status"] == st]
+        for cause, members in causes([str(r["reason"] or "") for r in mine]):
+            groups[(st, cause, members[0])] = [mine[i] for i in members]
+    out = [_group(st, cause, members, ran=True) for (st, cause, _), members in groups.items()]
+    out.sort(key=lambda d: (-d["n"], rank.get(d["status"], len(rank))))
+    return out
+
+
+def _by_rule(rows: list[dict]) -> list[dict]:
+    """Cells that did not run, by status and rule (a skip) or reason, in status order, most cells first."""
+    rank = {s: i for i, s in enumerate(STATUS_ORDER)}
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        rule = r["skip_rule"] if isinstance(r["skip_rule"], str) else None
+        groups.setdefault((r["status"], rule or str(r["reason"] or "")), []).append(r)
+    out = []
+    for (st, _), members in groups.items():
+        g = _group(st, str(members[0]["reason"] or ""), members, ran=False)
+        g["rule"] = members[0]["skip_rule"] if isinstance(members[0]["skip_rule"], str) else None
+        wordings = len({m["reason"] for m in members})
+        g["wordings"] = wordings
+        out.append(g)
     out.sort(key=lambda d: (rank.get(d["status"], len(rank)), -d["n"], d["reason"]))
     return out
+
+
+def _group(status: str, cause: str, members: list[dict], ran: bool) -> dict:
+    first = members[0]
+    return {
+        "status": status, "reason": cause, "n": len(members), "cells": [m["cell_name"] for m in members],
+        "example": first["cell_name"], "example_reason": str(first["reason"] or ""), "rule": None, "ran": ran,
+    }  # fmt: skip
+
+
+_GROUP_FIELDS = ["status", "reason", "cell_name", "skip_rule"]
+_VARIES = "…"
+# What varies between reasons of one cause: numbers, addresses, quoted names, paths of one attempt.
+_MASKS = [
+    (re.compile(r"'[^']*'|\"[^\"]*\""), "'…'"),
+    (re.compile(r"(?<![\w.])(?:0x[0-9a-fA-F]+|\d+(?:\.\d+)?)(?![\w.])"), "N"),
+    (re.compile(r"(?:/[\w.+-]+){2,}/?"), "PATH"),
+]
+
+
+def causes(reasons: list[str]) -> list[tuple[str, list[int]]]:
+    """Reasons grouped by cause: after masking what varies between attempts (numbers, quoted names, paths), the
+    reasons of one cause have the same words but for at most one in ten (at least one), where they differ in
+    a name (an optimizer's class, a file). Returns each cause (its reason where all of its reasons are the
+    same; else the masked words, "…" where they differ) with the indexes of its reasons, the most first."""
+    words = [_masked(r) for r in reasons]
+    order = sorted(range(len(reasons)), key=lambda i: (-words.count(words[i]), i))
+    groups: list[tuple[list[str], list[int]]] = []
+    for i in order:
+        w = words[i].split()
+        for template, members in groups:
+            diff = [k for k, (a, b) in enumerate(zip(template, w)) if a != b]
+            if len(template) == len(w) and len(diff) <= max(1, len(w) // 10):
+                for k in diff:
+                    template[k] = _VARIES
+                members.append(i)
+                break
+        else:
+            groups.append((w, [i]))
+    groups.sort(key=lambda g: (-len(g[1]), g[1][0]))
+    out = []
+    for template, members in groups:
+        same = len({reasons[i] for i in members}) == 1
+        out.append((reasons[members[0]] if same else " ".join(template), sorted(members)))
+    return out
+
+
+def _masked(reason: str) -> str:
+    text = " ".join(reason.split())[:400]
+    for rx, to in _MASKS:
+        text = rx.sub(to, text)
+    return text
 
 
 def _distinct(cells: pd.DataFrame, col: str) -> str:
@@ -939,6 +1072,15 @@ def _pick(ok: pd.DataFrame, col: str, largest: bool) -> dict | None:
     return have.loc[i].to_dict()
 
 
+def _lighter(smallest: dict | None, fastest: dict | None) -> dict | None:
+    """The lowest-memory cell, where it is lighter than the fastest beyond the memory noise (else no headline of its
+    own: the two are as light as each other, as far as the figures tell)."""
+    if smallest is None or fastest is None or smallest["peak_memory_source"] != fastest["peak_memory_source"]:
+        return smallest
+    tol = effects.MEMORY_TOLERANCE.get(smallest["peak_memory_source"], effects.RULE.nvml_tolerance)
+    return smallest if smallest["peak_memory_bytes"] * (1 + tol) < fastest["peak_memory_bytes"] else None
+
+
 def _answer(cells: pd.DataFrame, attempts: pd.DataFrame) -> dict | None:
     """What answer mode (`zerobench run --answer`) settled among these cells, from the records, judged as its
     console judges them (bench.blocks, bench.effects): per group its fastest ok cell with a 95% interval, the
@@ -1034,16 +1176,18 @@ def _section(cells: pd.DataFrame, samples: dict, attempts: pd.DataFrame) -> Sect
     """One model at one sequence length: its headlines, what fits, its frontier and its knob effects."""
     first = cells.iloc[0]
     ok = cells[cells["status"] == Status.OK.value]
-    seq = int(first["seq_len"])
+    # Unknown only for records of cells that did not run whose matrix file is not here (bench.results).
+    seq = None if fmt.missing(first["seq_len"]) else int(first["seq_len"])
+    model = "model unknown" if fmt.missing(first["model"]) else str(first["model"])
     return Section(
-        model=str(first["model"]),
+        model=model,
         seq_len=seq,
-        label=f"{first['model']}, sequence length {seq:,}",
+        label=f"{model}, sequence length {seq:,}" if seq else f"{model} (its matrix file is not here)",
         slug=first["section"],
         cells=cells,
         ok=ok,
-        fastest=_pick(ok, "tokens_per_s", True),
-        smallest=_pick(ok, "peak_memory_bytes", False),
+        fastest=(fastest := _pick(ok, "tokens_per_s", True)),
+        smallest=_lighter(_pick(ok, "peak_memory_bytes", False), fastest),
         best_mfu=_best_mfu(ok),
         frontier=ok[ok["pareto"]].sort_values(["peak_memory_source", "peak_memory_bytes"], kind="stable"),
         peak_label=_peak_label(cells["peak_memory_source"]),
@@ -1053,6 +1197,7 @@ def _section(cells: pd.DataFrame, samples: dict, attempts: pd.DataFrame) -> Sect
         compute_metric=_compute_metric(ok),
         ablations=_ablations(cells, samples),
         answer=_answer(cells, attempts),
+        failed=_by_cause(records(cells[~cells["status"].isin([*NOT_RUN, Status.OK.value])], _GROUP_FIELDS)),
     )
 
 
@@ -1087,7 +1232,8 @@ def analyse(df: pd.DataFrame, *, title: str = "zerobench report", baseline: pd.D
     base, only = _baseline(cells, baseline) if baseline is not None else (None, [])
     return Analysis(
         title=title,
-        attempts=len(df),
+        attempts=int((~df["status"].isin(NOT_RUN)).sum()),
+        banner=_banner(cells),
         cells=cells,
         sections=_sections(cells, samples, df),
         replayed=sorted(df["replay_source"].dropna().unique()) if "replay_source" in df else [],
@@ -1112,6 +1258,34 @@ def analyse(df: pd.DataFrame, *, title: str = "zerobench report", baseline: pd.D
         baseline_only=only,
         notes=_notes(cells),
     )
+
+
+TINY_PARAMS = 100e6
+"""Below this many parameters a model is tiny: its step is overhead, not the math a real model's is."""
+
+
+def _banner(cells: pd.DataFrame) -> str | None:
+    """What the records that ran cannot say, when they come from a CPU (no GPU) or a tiny model."""
+    ran = cells[~cells["status"].isin(NOT_RUN)]
+    if ran.empty:
+        return None
+    cpu = "gpu_name" in ran and ran["gpu_name"].isna().all()
+    params = pd.to_numeric(ran.get("params_total", pd.Series(dtype=float)), errors="coerce").dropna()
+    tiny = not params.empty and params.max() < TINY_PARAMS
+    if not (cpu or tiny):
+        return None
+    what = " and ".join(w for w, on in (("on a CPU", cpu), ("of a tiny model", tiny)) if on)
+    size = f" ({_distinct(ran, 'model')}, at most {params.max() / 1e6:.1f}M parameters)" if tiny else ""
+    return (
+        f"These records come from runs {what}{size}: they show the harness working end to end. Their throughput, "
+        "memory and knob effects are not what a GPU training a real model would show (a tiny step is mostly "
+        "overhead; a CPU has no GPU memory and its timings are noisy), so the knob effects are folded away."
+    )
+
+
+def measured_first(cells: pd.DataFrame) -> pd.DataFrame:
+    """The cells table's order: the cells that ran first, then those that did not; each part in input order."""
+    return cells.iloc[np.argsort(cells["status"].isin(NOT_RUN).to_numpy(), kind="stable")]
 
 
 def _replay_counts(df: pd.DataFrame) -> dict[str, int]:

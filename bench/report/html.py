@@ -30,6 +30,7 @@ from .analysis import (
     Analysis,
     Section,
     analyse,
+    measured_first,
     records,
     replay_note,
 )
@@ -181,7 +182,7 @@ def _listed(cells, a: Analysis):
 
 
 def _cells_table(a: Analysis) -> dict:
-    cells, compute = a.cells, a.compute_metric
+    cells, compute = measured_first(a.cells), a.compute_metric
     cells, left_out = _listed(cells, a)
     extra = [(c, h) for c, h in _EXTRA if c in cells and cells[c].nunique(dropna=False) > 1]
     cols = [

@@ -1,6 +1,7 @@
 """Markdown report for pull-request comments: GitHub-flavoured tables, PNG charts beside the file.
 
-The same story as the HTML report, short: the best cells, what fits, each knob's effect, what failed
+The same story as the HTML report, short, what a reader came for first: per model the answer (answer mode)
+or the best cells, what failed by cause, what fits, the frontier, each knob's effect; then what did not run
 and why. Long lists are capped (a PR comment has a size limit); the HTML report has everything.
 """
 
@@ -12,11 +13,13 @@ from urllib.parse import quote
 
 from ..axes import AXIS
 from ..effects import NOT_SETTLED, Effect, effects_note
+from ..status import Status
 from . import fmt
 from .analysis import (
     ANSWER_NOTE,
     BLOCKS_NOTE,
     COMPARE_RULE,
+    FRONTIER_NOTE,
     LOSS_PARITY_NOTE,
     NOT_RUN,
     SECTION_NOTE,
@@ -24,6 +27,7 @@ from .analysis import (
     Analysis,
     Section,
     analyse,
+    measured_first,
     replay_note,
 )
 from .charts import tradeoff_name
@@ -62,27 +66,29 @@ def _image(alt: str, path: str) -> list[str]:
     return [f"![{escape(alt)}]({quote(path)})", ""]
 
 
-def _best(s: Section, chart: str | None, h: str) -> list[str]:
+def _best(s: Section, h: str) -> list[str]:
     lines = [f"{h} Best cells", ""]
+    mfu = s.best_mfu is not None  # no MFU column where no cell has one (a CPU, a GPU missing from the peak table)
     rows = []
     for what, r in (("fastest", s.fastest), ("lowest memory", s.smallest), ("best MFU", s.best_mfu)):
         if r:
-            rows.append(
-                [
-                    what,
-                    escape(r["cell_name"]),
-                    fmt.num(r["tokens_per_s"]),
-                    fmt.gib(r["peak_memory_bytes"]),
-                    fmt.pct(r.get("mfu")),
-                ]
-            )
+            row = [what, escape(r["cell_name"]), fmt.num(r["tokens_per_s"]), fmt.gib(r["peak_memory_bytes"])]
+            rows.append(row + ([fmt.pct(r.get("mfu"))] if mfu else []))
     if not rows:
         return lines + ["No cell ran ok.", ""]
-    lines += _table(["", "cell", "tokens/s", f"{escape(s.peak_label)} (GiB)", "MFU"], "llrrr", rows)
+    head = ["", "cell", "tokens/s", f"{escape(s.peak_label)} (GiB)"] + (["MFU"] if mfu else [])
+    return lines + _table(head, "llrrr"[: len(head)], rows)
+
+
+def _frontier(s: Section, chart: str | None, h: str) -> list[str]:
     f = s.frontier
-    lines += [
-        f"Pareto frontier ({len(f)} cell{'s' if len(f) != 1 else ''} that nothing beats on both "
-        "throughput and memory; numbered as in the chart):",
+    if f.empty:
+        return []
+    lines = [
+        f"{h} Memory/speed frontier",
+        "",
+        f"Pareto frontier ({len(f)} cell{'s' if len(f) != 1 else ''} that nothing beats on both throughput and "
+        f"memory; {FRONTIER_NOTE}):",
         "",
     ]
     shown = f.head(MAX_ROWS)
@@ -114,9 +120,13 @@ def _fits(s: Section, h: str) -> list[str]:
         if len(s.implied)
         else ""
     )
+    other = ran[~ran["status"].isin([Status.OK.value, Status.CUDA_OOM.value, Status.HOST_OOM.value])]
+    ended = ", ".join(f"{n} {escape(st)}" for st, n in other["status"].value_counts(sort=True).items())
     lines += [
-        f"**{len(s.ok)} of {len(ran)}** cells that ran fit {where}; "
-        f"{len(s.did_not_fit)} ran out of memory.{implied} Memory figure: {escape(s.peak_label)}.",
+        f"Of the {len(ran)} cells that ran, **{len(s.ok)}** fit {where} and ran ok; "
+        f"**{len(s.did_not_fit)}** ran out of memory"
+        + (f"; {len(other)} ended otherwise ({ended}: what failed, above)" if len(other) else "")
+        + f".{implied} Memory figure: {escape(s.peak_label)}.",
         "",
     ]
     ok = s.ok.sort_values("peak_memory_bytes", kind="stable")
@@ -193,7 +203,7 @@ def _ablations(s: Section, h: str, note: bool = True) -> list[str]:
             "peak memory [95%]",
             "memory",
             "trainable params",
-            "final loss",
+            "loss (same step)",
         ],
         "llrrlrlrr",
         rows,
@@ -274,17 +284,37 @@ def _v(axis: str, v) -> str:
     return ("on" if v in (True, "True") else "off") if axis == "grad_ckpt" else str(v)
 
 
-def _failures(a: Analysis) -> list[str]:
-    lines = ["## Failed and skipped", ""]
-    if not a.failure_groups:
-        return lines + ["None: every cell ran ok.", ""]
-    groups = a.failure_groups[:MAX_ROWS]
+def _failed(s: Section, h: str) -> list[str]:
+    """The cells that ran and did not end ok, by cause: how many, and one example each."""
+    if not s.failed:
+        return []
+    n = sum(g["n"] for g in s.failed)
+    lines = [f"{h} What failed", "", f"{n} cell{'s' if n != 1 else ''} that ran did not end ok, by cause:", ""]
     rows = []
-    for g in groups:
-        cells = ", ".join(escape(c) for c in g["cells"][:3]) + (f" and {g['n'] - 3} more" if g["n"] > 3 else "")
-        rows.append([escape(g["status"]), str(g["n"]), escape(_short(g["reason"]) or "(no reason recorded)"), cells])
-    lines += _table(["status", "cells", "reason", "which"], "lrll", rows)
-    return lines + _more(len(a.failure_groups), len(groups), " reasons")
+    for g in s.failed[:MAX_ROWS]:
+        example = escape(g["example"])
+        if g["example_reason"] != g["reason"]:  # the cause has words that vary: the example's own
+            example += ": " + escape(_short(g["example_reason"], 160))
+        rows.append([escape(g["status"]), str(g["n"]), escape(_short(g["reason"], 200) or "(no reason)"), example])
+    lines += _table(["status", "cells", "cause", "example"], "lrll", rows)
+    return lines + _more(len(s.failed), min(len(s.failed), MAX_ROWS), " causes")
+
+
+def _not_run(a: Analysis) -> list[str]:
+    """The cells that did not run: skipped by a rule or pruned, implied out of memory, left unmeasured."""
+    groups = [g for g in a.failure_groups if not g["ran"]]
+    if not groups:
+        return []
+    lines = ["## Not run", ""]
+    rows = []
+    for g in groups[:MAX_ROWS]:
+        why = escape(_short(g["reason"], 200))
+        if g.get("wordings", 1) > 1:
+            why += f" (one of {g['wordings']} wordings)"
+        rule = f"`{g['rule']}`" if g.get("rule") else ""
+        rows.append([escape(g["status"]), rule, str(g["n"]), why, escape(g["example"])])
+    lines += _table(["status", "rule", "cells", "reason", "example"], "llrll", rows)
+    return lines + _more(len(groups), min(len(groups), MAX_ROWS), " reasons")
 
 
 def _notes(a: Analysis) -> list[str]:
@@ -345,7 +375,7 @@ def _tokens(t, repeats, lo, hi) -> str:
 
 
 def _all_cells(a: Analysis) -> list[str]:
-    c = a.cells
+    c = measured_first(a.cells)
     shown = c.head(MAX_ALL_CELLS)
     lines = [f"<details><summary>All {len(c)} cells</summary>", ""]
     lines += _table(
@@ -456,7 +486,11 @@ def _sections(a: Analysis, charts: dict[str, str]) -> list[str]:
             lines += [f"## {escape(s.label)}", ""]
         knobs = _ablations(s, h, note=not noted)
         noted = noted or bool(knobs)
-        lines += _answer(s, h) + _best(s, charts.get(tradeoff_name(a, s)), h) + _fits(s, h) + knobs
+        if knobs and a.banner:  # CPU or tiny-model figures: folded away, as the banner says
+            knobs = ["<details><summary>One knob at a time (figures of the runs the note at the top describes)"
+                     "</summary>", "", *knobs[1:], "</details>", ""]  # fmt: skip
+        lines += _answer(s, h) if s.answer else _best(s, h)
+        lines += _failed(s, h) + _fits(s, h) + _frontier(s, charts.get(tradeoff_name(a, s)), h) + knobs
     return lines
 
 
@@ -474,12 +508,15 @@ def render_analysis(a: Analysis, charts: dict[str, str] | None = None) -> str:
         if a.pruned
         else ""
     )
-    lines += [f"{n} cells: {counts} ({a.attempts} attempts).{pruned}", ""]
+    ran = f"{a.attempts} attempt{'s' if a.attempts != 1 else ''} ran"
+    lines += [f"{n} cells: {counts}; {ran}.{pruned}", ""]
+    if a.banner:
+        lines += [f"**Not GPU figures**: {escape(a.banner)}", ""]
     if a.replayed:
         lines += [f"**Replay**: {replay_note(a)} ({escape(', '.join(a.replayed))}).", ""]
     lines += _blocks(a) + _sections(a, charts)
     lines += _zero_scaling(a) + _loss_parity(a)
-    lines += _failures(a) + _notes(a) + _baseline(a)
+    lines += _not_run(a) + _notes(a) + _baseline(a)
     if "loss" in charts:
         lines += ["## Loss curves", ""] + _image("training loss per step", charts["loss"])
     lines += _all_cells(a)

@@ -73,7 +73,9 @@ class Ledger:
         e.torn_lines += torn
 
         def matches(r: dict, key: str) -> bool:
-            return r.get("cell_name") == key or str(r.get("cell_hash", "")).startswith(key)
+            # A compact record (a cell that did not run) writes cell_id alone: name#hash.
+            name, _, h = str(r.get("cell_id", "")).rpartition("#")
+            return (r.get("cell_name") or name) == key or str(r.get("cell_hash") or h).startswith(key)
 
         e.cells += len(expect)
         for key, allowed in expect.items():

@@ -1,0 +1,57 @@
+"""A dry run a person can read: its summary last (counts, the predicted GPU time, the frontier), each cell only
+with --verbose, each rule's reason once; --host-mem judges host memory, and a plan for assumed GPUs does not
+judge this machine's; --filter anchors match the end of a cell's name."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def zb(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bench", *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def test_the_7b_dry_run_for_one_assumed_gpu_fits_a_screen_and_ends_with_its_time_and_frontier():
+    r = zb("run", "matrices/7b.yaml", "--dry-run", "--assume-gpus", "1", "--gpu-mem", "141GiB")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) <= 60, len(lines)
+    time = next(i for i, ln in enumerate(lines) if ln.startswith("predicted GPU time"))
+    assert "on 1 GPU" in lines[time] and lines[time + 1].startswith("predicted memory/speed frontier")
+    assert all(ln.startswith("  ") for ln in lines[time + 2 :]), "the frontier is the last thing printed"
+    # The counts just before, and host memory not judged: no cell pruned for this machine's RAM.
+    assert "host memory not judged" in lines[time - 2] and "to run" in lines[time - 1]
+    assert "(--verbose lists each cell in run order)" in lines[time - 1]
+    assert "why:" not in r.stdout, "rule reasons only with --verbose"
+
+
+def test_verbose_lists_each_cell_on_one_line_and_each_rule_once():
+    r = zb("run", "matrices/7b.yaml", "--dry-run", "--verbose", "--assume-gpus", "1", "--gpu-mem", "141GiB")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    rows = lines[lines.index("run order (early), one line per cell:") + 1 :][:4320]
+    assert all(ln[:7].strip().isdigit() and "#" in ln for ln in rows)
+    rules = [ln for ln in lines if ln.startswith("  ") and ln.split()[1:3] == ["skipped", "by"]]
+    assert r.stdout.count("why: ") == len(rules) >= 7
+    assert "(host short:" not in r.stdout, "--assume-gpus without --host-mem does not judge this machine's RAM"
+
+
+def test_host_mem_judges_host_memory():
+    assert "--host-mem" in zb("run", "--help").stdout
+    dry = ("run", "matrices/7b.yaml", "--dry-run", "--verbose", "--assume-gpus", "1", "--gpu-mem", "141GiB")
+    r = zb(*dry, "--host-mem", "24GiB")
+    assert r.returncode == 0, r.stderr
+    assert "judged against 141.0 GiB of GPU memory and 24.0 GiB of host memory" in r.stdout
+    assert "(host short:" in r.stdout
+
+
+def test_a_filter_anchored_at_the_end_matches_the_end_of_the_name():
+    r = zb("cells", "matrices/1b-mfu.yaml", "--filter", "mb=16$")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("matrices/1b-mfu.yaml: 5 cells"), r.stdout
+    r = zb("cells", "matrices/1b-mfu.yaml", "--filter", "#52bec20115$")
+    assert r.stdout.startswith("matrices/1b-mfu.yaml: 1 cells"), r.stdout
