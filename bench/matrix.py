@@ -21,8 +21,8 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from . import dsconfig, env, presets
-from .axes import AXES as AXIS_TABLE
 from .axes import AUTO, AXIS, Offload, lora_target_modules, lora_targets_name
+from .axes import AXES as AXIS_TABLE
 from .cells import Adaptive, Cell, Lora, Qlora
 from .problems import MAX_DEPTH, ConfigError, Problem, read_text
 
@@ -920,10 +920,15 @@ def _batch_problems(m: Matrix, file: str, lines: dict) -> list[Problem]:
         where = ("axes", "grad_accum") if m.axes.grad_accum else ("batch", "grad_accum")
         out.append(Problem(file, ".".join(where), f"batch.size {size} sets the accumulation (size / micro-batch)",
                            "remove the accumulation, or batch.size", lines.get(where)))  # fmt: skip
-    micros = [m.batch.micro, *(m.axes.micro_batch or []), *(mb for p in m.include for mb in p.values().get("micro_batch") or [])]
+    micros = [
+        m.batch.micro,
+        *(m.axes.micro_batch or []),
+        *(mb for p in m.include for mb in p.values().get("micro_batch") or []),
+    ]
     odd = sorted({mb for mb in micros if mb != AUTO and size % mb})
     if odd:
-        out.append(Problem(file, "batch.size", f"micro-batch {', '.join(map(str, odd))} does not divide batch.size {size}",
+        what = f"micro-batch {', '.join(map(str, odd))} does not divide batch.size {size}"
+        out.append(Problem(file, "batch.size", what,
                            f"use micro-batches among {', '.join(map(str, divisors(size)))}, or another size",
                            lines.get(("batch", "size"))))  # fmt: skip
     return out

@@ -133,7 +133,9 @@ class World:
             miss += OWN * _draw(self.seed, "own", cell.hash)
             peak = mem + MEMORY_OWN * _draw(self.seed, "memory", cell.hash)
             peak += sum(MEMORY_MAIN * _draw(self.seed, "memory", t) for t in terms)
-            peak += sum(MEMORY_PAIR * _draw(self.seed, "memory", a, b) for i, a in enumerate(terms) for b in terms[i + 1 :])
+            peak += sum(
+                MEMORY_PAIR * _draw(self.seed, "memory", a, b) for i, a in enumerate(terms) for b in terms[i + 1 :]
+            )
             fixed *= math.exp(SETUP_SD * _draw(self.seed, "setup", cell.hash))
             self._base[cell.hash] = (log + miss, share, peak, fixed)
         return self._base[cell.hash]
@@ -146,13 +148,21 @@ class World:
     def fate(self, cell) -> tuple[str, str, str] | None:
         """(status, phase, reason) of a cell that does not run ok, else None."""
         if math.exp(self.base(cell)[2]) > self.hw.gpu_memory_bytes:
-            return "cuda_oom", "warmup", "CUDA out of memory in phase warmup: CUDA out of memory. Tried to allocate 2.1 GiB"
+            return (
+                "cuda_oom",
+                "warmup",
+                "CUDA out of memory in phase warmup: CUDA out of memory. Tried to allocate 2.1 GiB",
+            )
         if cell.optimizer == self.diverges:
             return "diverged", "measured", f"loss became nan at step {3 + zlib.crc32(cell.hash.encode()) % 7}"
         if cell.optimizer == self.rejected and cell.engine == "hf_trainer":
-            return "error", "measured", (
-                f"RuntimeError in phase measured: optimizer '{cell.optimizer}' asked for {cell.optimizer}, but the "
-                "Trainer built AdamW: refusing to report this cell under a name it did not run"
+            return (
+                "error",
+                "measured",
+                (
+                    f"RuntimeError in phase measured: optimizer '{cell.optimizer}' asked for {cell.optimizer}, but the "
+                    "Trainer built AdamW: refusing to report this cell under a name it did not run"
+                ),
             )
         return None
 

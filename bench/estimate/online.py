@@ -202,7 +202,9 @@ class Online:
             except np.linalg.LinAlgError:
                 return -math.inf
             z = np.linalg.solve(L, y)
-            return -float(np.log(np.diag(L)).sum()) - 0.5 * float(z @ z) - 0.5 * (math.log(_GRID[k]) / MISFIT_WIDTH) ** 2
+            return (
+                -float(np.log(np.diag(L)).sum()) - 0.5 * float(z @ z) - 0.5 * (math.log(_GRID[k]) / MISFIT_WIDTH) ** 2
+            )
 
         # The score is unimodal in the misfit: narrow the bracket on the grid until it is two steps wide.
         lo, hi, seen = 0, len(_GRID) - 1, {}

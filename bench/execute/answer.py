@@ -49,8 +49,8 @@ from ..estimate.online import Online
 from ..estimate.steptime import STEP_BAND, predict_step, predict_wall
 from ..record import Record
 from ..status import Status
-from .families import park, wontfit
 from .failures import Lessons, shared
+from .families import park, wontfit
 from .plan import Planned
 from .settle import Chances, chances
 
@@ -153,7 +153,6 @@ class Request:
     why: str
     group: str = ""  # the candidate's group as key=value
     effect: tuple | None = None  # (axis, value) of the pair it is for
-    test: str | None = None  # the error signature whose lesson it tests (bench.execute.failures.Lessons.unblamed)
 
 
 def rung_cell(cell: Cell, rung: int) -> Cell:
@@ -232,7 +231,6 @@ class Search:
         self._memo: dict = {}  # speeds, offsets and memory intervals, until the next outcome
         self._turn = 0  # whose turn: who leads, the frontier, the effects (next())
         self._knobs: tuple = ((), [])  # the live cells (ids) and their knob pairs (bench.effects.knob_pairs)
-        self._tested: set[str] = set()  # error signatures whose lesson a cell was measured to test
         self._pair_failures: collections.Counter = collections.Counter()  # (axis, value) -> attempts that failed
         self._effect_of: dict[str, tuple] = {}  # cell hash -> the (axis, value) its attempt in flight is for
         self._role_of: dict[str, str] = {}  # cell hash -> the role of its attempt in flight
@@ -381,8 +379,6 @@ class Search:
         c.tries_in[self.here] += 1
         if request is not None and request.effect:
             self._effect_of[c.cell.hash] = request.effect
-        if request is not None and request.test:
-            self._tested.add(request.test)
         if request is not None:
             self._role_of[c.cell.hash] = request.role
         self.in_flight[c.cell.hash] = rung
@@ -628,35 +624,10 @@ class Search:
         return None
 
     def _contest(self):
-        """Who leads: the leader on the full schedule, overlapping cells again, a lesson that leaves out cells that
-        could lead tested, then cells that could lead."""
+        """Who leads: the leader on the full schedule, overlapping cells again, then cells that could lead."""
         yield from self._leader_again()
         yield from self._overlap()
-        yield from self._test_lessons()
         yield from self._contender()
-
-    def _test_lessons(self):
-        """An error's lesson is a guess where its failures share more than its failing settings (the HF Trainer and
-        an optimizer, say, the optimizer blamed): once per signature, the cell expected to repeat it that is
-        fastest and lacks one of those other values is measured, if it could lead its group."""
-        for sig in self.lessons.failed:
-            other = self.lessons.unblamed(sig)
-            if sig in self._tested or not other:
-                continue
-            pool = [
-                c for c in self.candidates
-                if c.state == "expected" and self.lessons.expected(c.features) == sig and c.cell.hash not in self.in_flight
-                and not self.exhausted(c) and any(c.features.get(k) != v for k, v in other.items())
-                and c.group in self._led() and self.could_lead(c)
-            ]  # fmt: skip
-            for c in sorted(pool, key=lambda c: -self.speed(c)[0]):
-                blamed = ", ".join(f"{AXIS[k].short}={v}" for k, v in (self.lessons.settings(sig) or {}).items())
-                also = ", ".join(f"{AXIS[k].short}={v}" for k, v in other.items())
-                why = (
-                    f"tests whether an error comes from {blamed} alone (its failures also share {also}): "
-                    f"{_tps(self, c)}, it could lead {_group(self.s, c.group)}"
-                )
-                yield Request(c, 0, "contender", why, _group(self.s, c.group), test=sig)
 
     def done(self) -> bool:
         return not self.in_flight and self.next() is None
@@ -741,7 +712,9 @@ class Search:
         led, ch = self._led(), self.chances
         pool = [c for c in self.open() + self.parked() if c.group in led and self.chance(c)[0] > 0]
         share = ch.share_lead
-        for c in sorted(pool, key=lambda c: (-share.get(c.cell.hash, 0.0) / max(self.cost_s(c, 0), 1e-3), -self.chance(c)[0])):
+        for c in sorted(
+            pool, key=lambda c: (-share.get(c.cell.hash, 0.0) / max(self.cost_s(c, 0), 1e-3), -self.chance(c)[0])
+        ):
             lead = self.leader(c.group)
             why = (
                 f"could lead {_group(self.s, c.group)}: {_tps(self, c)}, the leader {_tps(self, lead)}; its chance of "
@@ -758,7 +731,9 @@ class Search:
         ch = self.chances
         pool = [c for c in self.open() if self.chance(c)[1] > 0]
         share = ch.share_frontier
-        for c in sorted(pool, key=lambda c: (-share.get(c.cell.hash, 0.0) / max(self.cost_s(c, 0), 1e-3), -self.chance(c)[1])):
+        for c in sorted(
+            pool, key=lambda c: (-share.get(c.cell.hash, 0.0) / max(self.cost_s(c, 0), 1e-3), -self.chance(c)[1])
+        ):
             why = (
                 f"could be on the frontier: {_mem(self, c)}, {_tps(self, c)}; its chance of adding a point "
                 f"{self.chance(c)[1]:.1%}, of every cell left {ch.frontier:.1%}"
@@ -858,7 +833,9 @@ class Search:
         for c in self.open() + self.parked():
             p_lead, p_front = self.chance(c)
             extra = {"stopped": True} if stopped else {}
-            out.append((c, self.note(c, needed=self.needed(c), why=self._why(c, stopped), chance=[p_lead, p_front], **extra)))
+            out.append(
+                (c, self.note(c, needed=self.needed(c), why=self._why(c, stopped), chance=[p_lead, p_front], **extra))
+            )
         for c in (c for c in self.candidates if c.state == "expected"):
             sig = self.lessons.expected(c.features)
             out.append((c, self.note(c, needed=False, why=self.lessons.why(sig), expected_error=sig)))
@@ -877,7 +854,8 @@ class Search:
         if self.needed(c):
             cut = "the run was stopped first" if stopped else f"the budget ({budget}) was spent"
             return f"not measured: {cut}; {head}it could still change the answer ({_tps(self, c)}; {odds})"
-        why = f"not needed: {head}{_tps(self, c)}; {odds}; of every cell left together {ch.lead:.1%} and {ch.frontier:.1%}"
+        left = f"of every cell left together {ch.lead:.1%} and {ch.frontier:.1%}"
+        why = f"not needed: {head}{_tps(self, c)}; {odds}; {left}"
         why += f", below the {self.s.settle:.0%} the search stops at" if all(self.settled()) else ""
         if self.spent_at_start:  # this call measured nothing: it settled nothing either
             why = f"not measured: the budget ({budget}) was spent before this call measured anything; {why}"

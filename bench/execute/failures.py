@@ -114,16 +114,6 @@ class Lessons:
                 break
         return {k: v for k, v in common.items() if k in keep}  # in the axes' order
 
-    def unblamed(self, sig: str) -> dict:
-        """What a learnt signature's failures share beside its failing settings (the values some cell that ran has):
-        the error may need them too, so the lesson is a guess until a cell with the failing settings but without
-        one of these has run or failed."""
-        settings = self.settings(sig)
-        if settings is None:
-            return {}
-        common = shared(f for _, f in self.failed[sig])
-        return {k: v for k, v in common.items() if v is not None and k not in settings and (k, v) not in self.background.items()}
-
     def expected(self, features: dict) -> str | None:
         """The signature a cell with these axis values is expected to repeat (the most attempted one), or None."""
         hits = [s for s in self.failed if (c := self.settings(s)) is not None and _has(features, c)]

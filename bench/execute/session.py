@@ -333,7 +333,9 @@ class Session:
                 elif it.cell.micro_batch == AUTO:
                     size = self.p.matrix.batch.size
                     unit.search = SearchResult(
-                        template=it.cell.name, seed=seed_micro_batch(it.cell, self.hw), ladder=ladder(size) if size else ()
+                        template=it.cell.name,
+                        seed=seed_micro_batch(it.cell, self.hw),
+                        ladder=ladder(size) if size else (),
                     )
                     self.probe(unit)
                 else:
@@ -378,7 +380,9 @@ class Session:
             with launch.holding_signals():
                 self.save(rec)
             self.recorded(self.i, rec)
-        for text in answer_text.summary(self.search) + (self.against_recording() if self.o.replay and self.o.replay.ends else []):
+        for text in answer_text.summary(self.search) + (
+            self.against_recording() if self.o.replay and self.o.replay.ends else []
+        ):
             self.o.printer(text)
 
     def unmeasured_before(self) -> dict[str, str]:
@@ -420,7 +424,9 @@ class Session:
         mb = unit.search.next()
         if mb is not None:
             size = self.p.matrix.batch.size  # held: the accumulation makes up the rest of the batch
-            cell = dataclasses.replace(unit.planned.cell, micro_batch=mb, **({"grad_accum": size // mb} if size else {}))
+            cell = dataclasses.replace(
+                unit.planned.cell, micro_batch=mb, **({"grad_accum": size // mb} if size else {})
+            )
             self.probes.append(self.attempt_of(unit, cell, dsconfig.build(cell)))
             self.searching.add(id(unit))
             return

@@ -32,7 +32,7 @@ import numpy as np
 
 from .. import blocks
 
-__all__ = ["DRAWS", "FLOOR", "Chances", "chances"]
+__all__ = ["DRAWS", "FLOOR", "Chances", "chances", "exceed"]
 
 DRAWS = 1000
 """Joint draws per evaluation: the chance near a 5% level is then known to about +-0.7%."""
@@ -148,7 +148,7 @@ def _drawn(s, cells: Sequence, measured: Sequence, leaders: dict, res: np.ndarra
     beats = over > 0
     margin = _adds(s, cells, measured, u, mem, lv, res)
     adds = margin > 0
-    out["lead"], out["frontier"] = float(beats.any(axis=1).mean()), float(adds.any(axis=1).mean())
+    out["lead"], out["frontier"] = exceed(over)[0], exceed(margin)[0]
     for g in {c.group for c in cells}:
         cols = [i for i, c in enumerate(cells) if c.group == g]
         out["by_group"][g] = float(beats[:, cols].any(axis=1).mean())
@@ -157,6 +157,14 @@ def _drawn(s, cells: Sequence, measured: Sequence, leaders: dict, res: np.ndarra
     out["share_lead"] = _shares(cells, over, [c.group for c in cells])
     out["share_frontier"] = _shares(cells, margin, [None] * len(cells))
     return out
+
+
+def exceed(margin: np.ndarray) -> tuple[float, np.ndarray]:
+    """From joint draws (rows) of by how much each cell (column) passes its bar: the chance that any passes it,
+    and each one's own. The first is what the search stops on: cells that each pass rarely may together pass
+    often where they vary apart, and hardly more often than one where they vary together."""
+    hit = margin > 0
+    return (float(hit.any(axis=1).mean()) if hit.size else 0.0), hit.mean(axis=0)
 
 
 def _shares(cells: Sequence, margin: np.ndarray, groups: Sequence) -> dict[str, float]:
