@@ -355,6 +355,18 @@ def _dry_run(args, src: str, slurm_options: dict | None, gpu_mem: int | None, ho
                              prune=not args.no_prune, order=args.order, gpus_available=args.gpus_available,
                              platform=platform, shard=args.shard, verbose=args.verbose,
                              recorded=_recorded(args, src) if args.resume else frozenset())))  # fmt: skip
+    if args.answer:
+        from .execute.plan import host_platform
+        from .execute.run import answer_preview
+
+        try:
+            settings = _answer_settings(args)
+            lines = answer_preview(src, settings, platform or host_platform(args.gpus_available), args.filter,
+                                   gpu_mem, host_mem)  # fmt: skip
+        except (ValueError, InputError) as e:
+            print(f"zerobench run: {e}", file=sys.stderr)
+            return 2
+        print("\n".join(lines))
     return 0
 
 

@@ -22,8 +22,8 @@ class Planned:
     skip: rules.Skip | None
     ds_config: dict | None
     family: str | None = None
-    """Answer mode: the hash of the micro_batch: auto cell this one's micro-batch was searched for (its
-    siblings differ from it in micro-batch and accumulation alone); None for a cell of the matrix's own."""
+    """Answer mode with batch.size: its configuration (bench.execute.run.family_of), shared by the cells that
+    differ from it in micro-batch and accumulation alone; None without batch.size."""
 
 
 @dataclass(frozen=True)

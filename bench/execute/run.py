@@ -26,7 +26,7 @@ from .replay import Recording
 from .session import Options, Session
 from .settings import check_folder, check_settings
 
-__all__ = ["run", "new_run_id", "answer_items"]
+__all__ = ["run", "new_run_id", "answer_items", "answer_preview", "family_of"]
 
 
 def new_run_id() -> str:
@@ -188,10 +188,12 @@ def _on_slurm(matrix_path: str, ds_configs, given: dict | None, gpus_available, 
 
 
 def answer_items(p: Plan, platform: env.Platform) -> Plan:
-    """The plan answer mode searches: a micro_batch: auto cell becomes one cell per micro-batch that divides the
-    matrix's batch.size, its accumulation holding the batch (bench.estimate.search.ladder), each judged by the
-    rules; the search measures the largest the memory model fits and the neighbours that could be faster. Without
-    batch.size there is no batch to hold: refused (InputError)."""
+    """The plan answer mode searches. With batch.size each runnable cell belongs to a family, its configuration
+    (the cell but its micro-batch and accumulation), and a micro_batch: auto cell becomes one cell per micro-batch
+    that divides batch.size, its accumulation holding the batch (bench.estimate.search.ladder), each judged by the
+    rules; the search measures of each family the largest the memory model fits and the neighbours that could be
+    faster (bench.execute.families). Without batch.size there is no batch to hold: micro_batch: auto is refused
+    (InputError)."""
     size = p.matrix.batch.size
     auto = [it.cell.name for it in p.items if it.cell.micro_batch == AUTO]
     if auto and size is None:
@@ -200,16 +202,60 @@ def answer_items(p: Plan, platform: env.Platform) -> Plan:
             "more): set batch.size (sequences per optimizer step, e.g. batch: {micro: auto, size: 8}), or list the "
             "micro-batches under axes: micro_batch: [...]"
         )
+    if size is None:
+        return p
     items = []
     for it in p.items:
-        if it.cell.micro_batch != AUTO or it.skip is not None:  # a rule's skip holds for every micro-batch
+        if it.skip is not None:  # a rule's skip of an auto cell holds for every micro-batch
             items.append(it)
-            continue
-        for mb in ladder(size):
-            cell = dataclasses.replace(it.cell, micro_batch=mb, grad_accum=size // mb)
-            skip = rules.check(cell, platform)
-            items.append(Planned(cell, skip, None if skip else dsconfig.build(cell), family=it.cell.hash))
+        elif it.cell.micro_batch != AUTO:
+            items.append(dataclasses.replace(it, family=family_of(it.cell)))
+        else:
+            for mb in ladder(size):
+                cell = dataclasses.replace(it.cell, micro_batch=mb, grad_accum=size // mb)
+                skip = rules.check(cell, platform)
+                items.append(Planned(cell, skip, None if skip else dsconfig.build(cell), family=family_of(cell)))
     return dataclasses.replace(p, items=tuple(items))
+
+
+def answer_preview(
+    matrix_path: str, settings: AnswerSettings, platform: env.Platform, filters=None, gpu_mem=None, host_mem=None
+) -> list[str]:
+    """What answer mode would measure first (a dry run's last lines): per configuration, which micro-batches, and
+    when it stops."""
+    from .answer import Search
+    from .plan import arrange, hardware
+
+    p = answer_items(plan(matrix_path, filters, platform=platform), platform)
+    hw = hardware(platform, gpu_mem, host_mem)
+    items, _, free = arrange(list(p.items), hw, DEFAULT_MARGIN, True, "early")
+    s = Search([it for it in items if id(it) not in free], hw, settings, platform.cuda)
+    lines = [f"answer mode: {len(s.candidates)} runnable cells, grouped by {', '.join(settings.group_by)}"]
+    if s.families:
+        size = p.matrix.batch.size
+        mbs = sorted({c.cell.micro_batch for c in s.candidates})
+        first = {mb: sum(c.state == "open" for c in s.candidates if c.cell.micro_batch == mb) for mb in mbs}
+        parked = sum(c.state == "parked" for c in s.candidates)
+        lines.append(
+            f"  {len(s.families)} configurations x micro-batch {', '.join(map(str, mbs))} at {size} sequences per "
+            f"optimizer step (the accumulation makes up the rest); open to measure: "
+            + ", ".join(f"micro-batch {mb} in {n}" for mb, n in first.items())
+            + f" (per configuration the largest the memory model fits within the margin and the neighbours that "
+            f"could be faster); {parked} parked"
+        )
+    budget = f"; or once --budget {settings.budget_s:.0f} s of cell time is spent" if settings.budget_s else ""
+    lines.append(
+        f"  it stops once the chance that an unmeasured cell beats its group's fastest by more than "
+        f"{settings.speed_tolerance:.0%}, and that one adds a frontier point, are each below {settings.settle:.0%}"
+        + budget
+    )
+    return lines
+
+
+def family_of(cell) -> str:
+    """A cell's configuration: the hash of the cell with its micro-batch searched (the same for each micro-batch
+    and accumulation of one configuration)."""
+    return dataclasses.replace(cell, micro_batch=AUTO, grad_accum=1).hash
 
 
 def _say_hardware(o: Options, s: Session) -> None:
