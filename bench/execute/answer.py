@@ -64,15 +64,15 @@ MAX_MEASUREMENTS = 3  # per cell and block: past this, two cells that still over
 EXTRA_ANCHORS = 2  # anchors a new block measures besides the groups' leaders
 # How far the step-time model may miss, on the log scale, once the machine's offset is taken out: one axis value's
 # effect, one pair of axis values' (two knobs whose effects do not multiply), and a cell's own (the misfit's prior
-# guess; the run learns it from its residuals). Held-out residuals of the committed 7B H200 records, the likeliest
-# split (tools/answer_sim.py --derive prints it). Where the step-time model was not fitted (another GPU, a CPU),
-# each is wider by UNFAMILIAR.
+# guess; the run learns it from its residuals). Prior widths set by hand at the size of the step-time model's held-out
+# misses on H200 records; no committed tool derives them yet. Where the step-time model was not fitted (another GPU,
+# a CPU), each is wider by UNFAMILIAR.
 MAIN_SD = 0.05
 PAIR_SD = 0.01
 MISFIT_GUESS = 0.02
 UNFAMILIAR = 4.0
-# The same for the memory model's peak on a GPU: its held-out residuals on the committed 7B records are pair effects
-# of about 0.006 and little else (tools/answer_sim.py --derive); a CPU host's RSS is far less sure.
+# The same for the memory model's peak on a GPU (set by hand, small: its held-out p95 is 12.5% over all records, less
+# within one matrix); a CPU host's RSS is far less sure.
 MEMORY_SD = {"offset": 0.05, "main": 0.01, "pair": 0.006, "misfit": 0.01}
 MEMORY_SD_CPU = {"offset": 1.0, "main": 0.1, "pair": 0.0, "misfit": 0.05}
 
