@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from bench import results
 from bench.cli import main as cli
 from bench.estimate.online import Online
 from bench.execute.settle import exceed
+from bench.report import markdown
 from bench.store import Store
 
 COMPARE = ["results/compare-h200-a1.jsonl", "results/compare-h200-a2.jsonl", "results/compare-h200-a3.jsonl"]
@@ -69,6 +71,8 @@ def test_the_answer_states_the_chance_that_an_unmeasured_cell_beats_the_leader(t
         p_group, p_front, level = r["answer"]["settled"]
         assert level == 0.1 and p_group < 0.1 and p_front < 0.1 and len(r["answer"]["chance"]) == 2
         assert not r["answer"]["needed"] and "of every cell left together" in r["answer"]["why"]
+    text = markdown.render(results.load(out), title="replay")
+    assert "that one adds a frontier point: " in text and "(the search stops asking each below 10%)" in text
     bad = ["run", "matrices/compare-h200.yaml", "--answer", "--settle", "1.5", "--replay", *COMPARE]
     assert cli([*bad, "--results", str(tmp_path / "b.jsonl")]) == 2
     assert "--settle 1.5: a chance between 0 and 1" in capsys.readouterr().err
