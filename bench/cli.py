@@ -143,7 +143,8 @@ def _duration(text: str) -> float:
 
 def _answer_settings(args):
     """--answer and its options as bench.execute.answer.Settings; None without --answer."""
-    given = [f for f, v in (("--budget", args.budget), ("--group-by", args.group_by), ("--pairs", args.pairs)) if v]
+    options = (("--budget", args.budget), ("--group-by", args.group_by), ("--pairs", args.pairs))
+    given = [f for f, v in (*options, ("--settle", args.settle)) if v]
     if not args.answer:
         if given:
             raise ValueError(f"{', '.join(given)} only with --answer")
@@ -161,7 +162,19 @@ def _answer_settings(args):
         group_by=group_by,
         budget_s=_duration(args.budget) if args.budget else None,
         pairs=args.pairs or Settings.pairs,
+        settle=_level(args.settle) if args.settle else Settings.settle,
     )
+
+
+def _level(text: str) -> float:
+    """A chance from "5%" or "0.05", strictly between 0 and 1."""
+    try:
+        v = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        v = -1.0
+    if not 0 < v < 1:
+        raise ValueError(f"--settle {text}: a chance between 0 and 1, such as 5% or 0.05")
+    return v
 
 
 # zerobench run's Slurm options: the matrix's slurm block keys they override (bench.matrix.SlurmSettings).
@@ -342,6 +355,18 @@ def _dry_run(args, src: str, slurm_options: dict | None, gpu_mem: int | None, ho
                              prune=not args.no_prune, order=args.order, gpus_available=args.gpus_available,
                              platform=platform, shard=args.shard, verbose=args.verbose,
                              recorded=_recorded(args, src) if args.resume else frozenset())))  # fmt: skip
+    if args.answer:
+        from .execute.plan import host_platform
+        from .execute.run import answer_preview
+
+        try:
+            settings = _answer_settings(args)
+            lines = answer_preview(src, settings, platform or host_platform(args.gpus_available), args.filter,
+                                   gpu_mem, host_mem)  # fmt: skip
+        except (ValueError, InputError) as e:
+            print(f"zerobench run: {e}", file=sys.stderr)
+            return 2
+        print("\n".join(lines))
     return 0
 
 
@@ -799,6 +824,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     r.add_argument("--budget", metavar="TIME", help="with --answer: cell time to spend at most, e.g. 20m, 1h, 90s")
     r.add_argument("--group-by", metavar="AXES", help="with --answer: comma-separated axes to group by (default peft)")
+    r.add_argument(
+        "--settle",
+        metavar="P",
+        help="with --answer: stop once the chance that some unmeasured cell beats its group's fastest by more than the "
+        "minimum effect, and that one adds a frontier point, are each below P (default 5%%)",
+    )
     r.add_argument(
         "--pairs", type=_positive, metavar="N", help="with --answer: measured pairs per knob value (default 1)"
     )

@@ -209,7 +209,9 @@ def knob_pairs(feats: Sequence[Mapping[str, object]]) -> list[tuple[str, object,
     """Per ablated axis and value other than its reference (the axis's default where present, else its first
     value in the axis table's order): the pairs (reference cell's index, value cell's index) of cells that
     differ in that axis alone. An axis that means nothing for some cells (LoRA's rank beside peft: none) is
-    left out of what a pair must share: a LoRA cell and a full fine-tune pair on everything else."""
+    left out of what a pair must share: a LoRA cell and a full fine-tune pair on everything else. Micro-batches
+    pair at the same batch too: two cells whose micro-batch and accumulation differ but whose product (the
+    sequences per optimizer step) is the same (batch.size held)."""
     partial = {k for f in feats for k, v in f.items() if v is None}
     out = []
     for ax in AXES:
@@ -222,6 +224,9 @@ def knob_pairs(feats: Sequence[Mapping[str, object]]) -> list[tuple[str, object,
         for i, f in enumerate(feats):
             key = tuple((k, v) for k, v in f.items() if k != ax.name and k not in partial)
             index.setdefault(key, {})[f[ax.name]] = i
+            if ax.name == "micro_batch" and isinstance(f.get("grad_accum"), int) and isinstance(f[ax.name], int):
+                batch = (("batch", f[ax.name] * f["grad_accum"]),) + tuple(kv for kv in key if kv[0] != "grad_accum")
+                index.setdefault(batch, {})[f[ax.name]] = i
         for value in values:
             if value != ref:
                 out.append(

@@ -21,8 +21,8 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from . import dsconfig, env, presets
+from .axes import AUTO, AXIS, Offload, lora_target_modules, lora_targets_name
 from .axes import AXES as AXIS_TABLE
-from .axes import AXIS, Offload, lora_target_modules, lora_targets_name
 from .cells import Adaptive, Cell, Lora, Qlora
 from .problems import MAX_DEPTH, ConfigError, Problem, read_text
 
@@ -58,6 +58,12 @@ def _setting_field(axis: str):
 class Batch(_Strict):
     micro: Annotated[int, Field(ge=AXIS["micro_batch"].minimum)] | Literal["auto"] = _setting_field("micro_batch")
     grad_accum: Annotated[int, Field(ge=AXIS["grad_accum"].minimum)] = _setting_field("grad_accum")
+    size: Annotated[int, Field(ge=1)] | None = None
+    """Sequences per optimizer step on each rank (micro-batch x gradient accumulation), held where the micro-batch
+    varies: each cell's accumulation is size / its micro-batch, so cells of different micro-batches train on the
+    same batch. With `micro: auto` the micro-batch is searched among the divisors of size: a full run measures
+    the largest that runs, answer mode (`--answer`) the largest the memory model fits and the neighbours that
+    could be faster. Leave grad_accum unset beside it."""
 
 
 _A = {f.name: f.default for f in dataclasses.fields(Adaptive)}  # the adaptive rules' defaults, written once
@@ -862,6 +868,7 @@ def _semantic_problems(m: Matrix, file: str, lines: dict) -> list[Problem]:
                 )
             )
     out += _steps_problems(m, file, lines)
+    out += _batch_problems(m, file, lines)
     too_many = _size_problem(m, file, lines)
     if too_many:  # exclude and the emptiness check would expand it
         return out + [too_many]
@@ -901,6 +908,35 @@ def _size_problem(m: Matrix, file: str, lines: dict) -> Problem | None:
         f"narrow the axes (or split the matrix); if it is meant to be this large, set max_cells: {n} in the matrix",
         lines.get(("max_cells",)) or lines.get(("axes",)),
     )
+
+
+def _batch_problems(m: Matrix, file: str, lines: dict) -> list[Problem]:
+    """batch.size sets every cell's accumulation: no accumulation beside it, and micro-batches that divide it."""
+    size = m.batch.size
+    if size is None:
+        return []
+    out = []
+    if m.batch.grad_accum != AXIS["grad_accum"].default or m.axes.grad_accum:
+        where = ("axes", "grad_accum") if m.axes.grad_accum else ("batch", "grad_accum")
+        out.append(Problem(file, ".".join(where), f"batch.size {size} sets the accumulation (size / micro-batch)",
+                           "remove the accumulation, or batch.size", lines.get(where)))  # fmt: skip
+    micros = [
+        m.batch.micro,
+        *(m.axes.micro_batch or []),
+        *(mb for p in m.include for mb in p.values().get("micro_batch") or []),
+    ]
+    odd = sorted({mb for mb in micros if mb != AUTO and size % mb})
+    if odd:
+        what = f"micro-batch {', '.join(map(str, odd))} does not divide batch.size {size}"
+        out.append(Problem(file, "batch.size", what,
+                           f"use micro-batches among {', '.join(map(str, divisors(size)))}, or another size",
+                           lines.get(("batch", "size"))))  # fmt: skip
+    return out
+
+
+def divisors(size: int) -> list[int]:
+    """The micro-batches that divide a batch of `size` sequences, smallest first."""
+    return [k for k in range(1, size + 1) if size % k == 0]
 
 
 def _steps_problems(m: Matrix, file: str, lines: dict) -> list[Problem]:
@@ -1065,6 +1101,8 @@ def expand(m: Matrix) -> list[Cell]:
             continue
         if combo["ds_config"] is not None:
             combo = {**combo, **_described(combo["ds_config"], combo)}
+        if m.batch.size is not None:  # the accumulation holds the batch; a searched micro-batch gets its own
+            combo = {**combo, "grad_accum": 1 if combo["micro_batch"] == AUTO else m.batch.size // combo["micro_batch"]}
         cell = Cell(**{**fixed, **combo}, **_blocks(m, combo))
         if cell.hash not in seen:
             seen.add(cell.hash)

@@ -318,6 +318,12 @@ def _row(rec: Record) -> dict:
         note = rec.answer
         row |= {"answer_role": note.role, "answer_rung": note.rung, "answer_group": note.group}
         row |= {"answer_needed": note.needed, "answer_predicted_wall_s": note.predicted_wall_s}
+        if note.settled:
+            row |= {
+                "answer_p_lead": note.settled[0],
+                "answer_p_frontier": note.settled[1],
+                "answer_settle": note.settled[2],
+            }
         if note.expected_error:
             row["answer_expected_error"] = note.expected_error
     if rec.replay:

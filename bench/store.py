@@ -40,6 +40,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from .axes import AXES
 from .cells import Cell, Lora, Qlora
 from .problems import InputError
 from .record import SCHEMA_VERSION, Record, RecordVersionError, upgrade
@@ -76,6 +77,8 @@ def _json_types(cls) -> dict[str, tuple[type, ...]]:
 # A stored cell keeps its fields as a dict; each must be what bench.cells.Cell's annotation says (a plain
 # isinstance per field: reading 10k records for a report must stay cheap).
 _CELL_FIELDS = _json_types(Cell)
+# A searched axis (micro_batch: auto) reads "auto" in the records of a cell not run as a probe (a rule's skip).
+_CELL_FIELDS |= {a.name: (*_CELL_FIELDS[a.name], str) for a in AXES if a.auto}
 _NESTED = {"lora": _json_types(Lora), "qlora": _json_types(Qlora)}
 
 

@@ -55,3 +55,15 @@ def test_a_filter_anchored_at_the_end_matches_the_end_of_the_name():
     assert r.stdout.startswith("matrices/1b-mfu.yaml: 5 cells"), r.stdout
     r = zb("cells", "matrices/1b-mfu.yaml", "--filter", "#52bec20115$")
     assert r.stdout.startswith("matrices/1b-mfu.yaml: 1 cells"), r.stdout
+
+
+def test_an_answer_dry_run_shows_what_it_measures_first_per_configuration_and_when_it_stops():
+    r = zb("run", "matrices/7b.yaml", "--dry-run", "--answer", "--budget", "20m", "--assume-gpus", "1", "--gpu-mem",
+           "141GiB")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) <= 60, len(lines)
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("answer mode: "))
+    assert "configurations x micro-batch 1, 2, 4 at 4 sequences per optimizer step" in lines[head + 1]
+    assert "parked" in lines[head + 1] and "micro-batch 4 in " in lines[head + 1]
+    assert lines[head + 2].endswith("are each below 5%; or once --budget 1200 s of cell time is spent")

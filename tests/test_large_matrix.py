@@ -72,6 +72,6 @@ def test_planning_the_7b_matrix_hashes_each_cell_once_per_expansion(monkeypatch)
     monkeypatch.setattr(Cell, "canonical", counted)
     p = plan(str(ROOT / "matrices" / "7b.yaml"))
     ids = [it.cell.id for it in p.items]
-    assert len(ids) == 4320 and len(set(ids)) == 4320
+    assert len(ids) == 12960 and len(set(ids)) == 12960
     # Loading expands once to check the matrix is not empty, planning once more: two hashes per cell (was 10).
     assert len(calls) <= 2 * len(ids)

@@ -1,9 +1,10 @@
 """A model's prediction corrected by what a run has measured so far: the prior model (the step-time or the
 memory model) gives each cell a base value; this fits, on the log scale, an offset for the machine, one
-additive effect per axis value and an offset per block to the measured cells' residuals (log measured - log
-base), as a Bayesian linear model with a Gaussian prior on each. It answers, for any cell of the matrix, the
-log value and its standard deviation: where nothing was measured, the base with the prior's width; where cells
-like it were measured, what they showed.
+additive effect per axis value (and, with pair_sd, one per pair of axis values: two knobs whose effects do not
+multiply) and an offset per block to the measured cells' residuals (log measured - log base), as a Bayesian
+linear model with a Gaussian prior on each. It answers, for any cell of the matrix, the log value and its
+standard deviation: where nothing was measured, the base with the prior's width; where cells like it were
+measured, what they showed.
 
 Blocks: measurements come in blocks, one run part on one machine (bench.record.Record.block), and a machine
 is faster or slower as a whole. Each block but the reference has an offset whose prior is what the anchors
@@ -13,22 +14,34 @@ still teach the knobs' effects (their differences within the block) without sett
 is on the reference block's scale unless a block is asked for.
 
 Why additive on the log scale: a knob multiplies throughput (and, roughly, memory) by a factor that holds
-across the rest of the settings to first order; what does not (interactions) is the misfit term, which the
-fit estimates from its own residuals. numpy only (the orchestrator never imports torch).
+across the rest of the settings to first order; two knobs that do not (ZeRO-3 at a small micro-batch) are a
+pair effect, shared by every cell with both values, so measuring one such cell teaches its neighbours. What is
+left, each cell's own, is the misfit. With `learn_misfit` the misfit is estimated from the measured cells'
+residuals: the value that makes them likeliest under the model (its effects integrated out), with a weak
+prior around `misfit_sd` (MISFIT_WIDTH), so it shrinks where the cells follow the effects and grows where they
+do not; without, the residuals' spread beyond the noise, never below misfit_sd. numpy only (the orchestrator
+never imports torch).
 
-`posterior(items)` gives the joint mean and covariance of a set of unmeasured cells' values, for rules that
-judge several cells at once.
+`declare(features)` gives every axis value (and pair) of the cells a parameter before anything is measured, so
+a cell with a value no measured cell has carries that value's prior width, shared with the other cells that
+have it. `posterior(items)` gives the joint mean and covariance of a set of unmeasured cells' values and
+`draws(items, n, rng)` draws from it, for rules that judge several cells at once.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Online"]
+__all__ = ["MISFIT_WIDTH", "Online"]
+
+MISFIT_WIDTH = 1.0
+"""The learned misfit's prior: log-normal around misfit_sd with this sd (a factor e either way at one sd)."""
+_GRID = np.exp(np.linspace(-4.0, 3.0, 36))  # multiples of misfit_sd the likelihood is evaluated at
 
 
 @dataclass
@@ -45,17 +58,66 @@ class Online:
     """prior_sd: how far (log) the base may be off for one axis value's effect; offset_sd: for the machine as
     a whole (a GPU the base model never saw, a CPU); noise_sd: one measurement's spread (log) around the
     cell's true value, where observe() is not told its own; misfit_sd: the least interaction left after the
-    additive effects."""
+    effects (learn_misfit: the prior guess of it); pair_sd: how far one pair of axis values may be off (0: no
+    pair effects)."""
 
     prior_sd: float
     offset_sd: float
     noise_sd: float
     misfit_sd: float = 0.0
-    _names: list[tuple[str, object]] = field(default_factory=list)
+    pair_sd: float = 0.0
+    learn_misfit: bool = False
+    _terms: list[tuple] = field(default_factory=list)  # (axis, value) or a pair of them, in column order
+    _index: dict[tuple, int] = field(default_factory=dict)  # term -> its column (the intercept is column 0)
+    _codes: dict[int, tuple] = field(default_factory=dict)  # id(features) -> (features, columns)
     _fit: tuple | None = None
     _rows: list[_Row] = field(default_factory=list)
     _anchored: dict[Hashable, tuple[float, float]] = field(default_factory=dict)  # block -> anchors' (mean, var)
     _blocks: list[Hashable] = field(default_factory=list)  # in the order first seen
+
+    # -- the parameters ---------------------------------------------------------------------------------------
+
+    def _wanted(self, features: Mapping[str, object]) -> list[tuple]:
+        mains = sorted(((k, v) for k, v in features.items() if v is not None), key=lambda kv: kv[0])
+        pairs = list(itertools.combinations(mains, 2)) if self.pair_sd > 0 else []
+        return mains + pairs
+
+    def declare(self, cells: Sequence[Mapping[str, object]]) -> None:
+        """Give every axis value (and pair) these cells have a parameter, before anything is measured."""
+        for f in cells:
+            self._columns(f, add=True)
+
+    def _columns(self, features: Mapping[str, object], add: bool = False) -> np.ndarray:
+        """The columns of a cell's terms (the ones with a parameter; add: give the others one)."""
+        hit = self._codes.get(id(features))
+        if hit is not None and hit[0] is features:
+            return hit[1]
+        cols = []
+        for t in self._wanted(features):
+            if t not in self._index and add:
+                self._index[t] = len(self._terms) + 1
+                self._terms.append(t)
+                self._codes.clear()  # an earlier cell's columns may now be short
+                self._fit = None
+            if t in self._index:
+                cols.append(self._index[t])
+        out = np.array([0] + cols, dtype=np.intp)
+        self._codes[id(features)] = (features, out)
+        return out
+
+    def _design(self, items: Sequence[Mapping[str, object]], blocks: Sequence[Hashable] = ()) -> np.ndarray:
+        """The cells' rows of the design matrix (0/1): the machine, their terms, and each one's block if given."""
+        free = {b: i for i, b in enumerate(self._free(), start=1 + len(self._terms))}
+        cols = [self._columns(f) for f in items]
+        X = np.zeros((len(items), 1 + len(self._terms) + len(free)))
+        if cols:
+            X[np.repeat(np.arange(len(cols)), [len(c) for c in cols]), np.concatenate(cols)] = 1.0
+        for i, b in enumerate(blocks):
+            if b in free:
+                X[i, free[b]] = 1.0
+        return X
+
+    # -- what was measured ------------------------------------------------------------------------------------
 
     def observe(
         self,
@@ -70,10 +132,8 @@ class Online:
         """One measurement (the mean of n) of a cell against its base, in a block, with its noise (default
         noise_sd). Each measurement is a row of its own: a cell measured again counts again."""
         sd = self.noise_sd if noise_sd is None else noise_sd
+        self._columns(features, add=True)
         self._rows.append(_Row(features, base_log, measured_log, sd**2 / n, block))
-        for k, v in features.items():
-            if (k, v) not in self._names:
-                self._names.append((k, v))
         if block not in self._blocks:
             self._blocks.append(block)
         self._fit = None
@@ -94,86 +154,167 @@ class Online:
         ref = self.ref
         return [b for b in self._blocks if b != ref]
 
-    def _x(self, features: Mapping[str, object], block: Hashable = None) -> np.ndarray:
-        x = [1.0] + [1.0 if features.get(k) == v else 0.0 for k, v in self._names]
-        return np.array(x + [1.0 if b == block else 0.0 for b in self._free()])
-
     def _shift(self, block: Hashable) -> float:
         """The anchors' estimate of a block's offset, which its parameter is measured from."""
         return self._anchored.get(block, (0.0, 0.0))[0] if block != self.ref else 0.0
 
-    def _prior(self) -> np.ndarray:
-        p = 1 + len(self._names)
-        blocks = [self._anchored.get(b, (0.0, self.offset_sd**2))[1] for b in self._free()]
-        return np.array(
-            [1 / self.offset_sd**2] + [1 / self.prior_sd**2] * (p - 1) + [1 / max(v, 1e-12) for v in blocks]
-        )
+    def _prior_var(self) -> np.ndarray:
+        """Each parameter's prior variance: the machine, each term (an axis value, a pair), each block."""
+        terms = [(self.pair_sd if isinstance(t[0], tuple) else self.prior_sd) ** 2 for t in self._terms]
+        blocks = [max(self._anchored.get(b, (0.0, self.offset_sd**2))[1], 1e-12) for b in self._free()]
+        return np.array([self.offset_sd**2] + terms + blocks)
+
+    # -- the fit, in the measurements' space (a few rows, many parameters) ---------------------------------------
 
     def _solve(self) -> tuple:
+        """(design of the rows, prior variances, Cholesky factor of the rows' covariance, its inverse times the
+        residuals, the misfit). The parameters' posterior follows from them (_theta): with n rows and p
+        parameters this costs n^3 and n^2 p rather than p^3."""
         if self._fit is None:
-            prior = self._prior()
-            if not self._rows:
-                self._fit = (np.zeros(len(prior)), np.diag(1 / prior), self.misfit_sd)
-                return self._fit
+            v = self._prior_var()
             rows = self._rows
-            X = np.array([self._x(r.features, r.block) for r in rows])
+            X = self._design([r.features for r in rows], [r.block for r in rows])
             y = np.array([r.log - r.base - self._shift(r.block) for r in rows])
             noise = np.array([r.noise_var for r in rows])
-            mean, _ = self._gls(X, y, noise + self.misfit_sd**2, prior)
-            misfit = self._misfit(X, y, mean, noise)
-            mean, cov = self._gls(X, y, noise + misfit**2, prior)
-            self._fit = (mean, cov, misfit)
+            G = (X * v) @ X.T
+            misfit = self._learned(G, y, noise) if self.learn_misfit and rows else self.misfit_sd
+            L, alpha = self._factor(G, noise + misfit**2, y)
+            if rows and not self.learn_misfit:
+                misfit = self._misfit(X, y, (v * X).T @ alpha, noise)
+                L, alpha = self._factor(G, noise + misfit**2, y)
+            self._fit = (X, v, L, alpha, misfit)
         return self._fit
 
     @staticmethod
-    def _gls(X: np.ndarray, y: np.ndarray, var: np.ndarray, prior: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        A = X.T @ (X / var[:, None]) + np.diag(prior)
-        cov = np.linalg.inv(A)
-        return cov @ (X.T @ (y / var)), cov
+    def _factor(G: np.ndarray, var: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        L = np.linalg.cholesky(G + np.diag(var)) if len(y) else np.zeros((0, 0))
+        alpha = np.linalg.solve(L.T, np.linalg.solve(L, y)) if len(y) else np.zeros(0)
+        return L, alpha
+
+    def _learned(self, G: np.ndarray, y: np.ndarray, noise: np.ndarray) -> float:
+        """The misfit that makes the residuals likeliest, the effects integrated out (y ~ N(0, X V X' + noise +
+        misfit^2)), times its log-normal prior around misfit_sd: the most probable value on a grid."""
+
+        def score(k: int) -> float:
+            m = self.misfit_sd * _GRID[k]
+            try:
+                L = np.linalg.cholesky(G + np.diag(noise + m * m))
+            except np.linalg.LinAlgError:
+                return -math.inf
+            z = np.linalg.solve(L, y)
+            return (
+                -float(np.log(np.diag(L)).sum()) - 0.5 * float(z @ z) - 0.5 * (math.log(_GRID[k]) / MISFIT_WIDTH) ** 2
+            )
+
+        # The score is unimodal in the misfit: narrow the bracket on the grid until it is two steps wide.
+        lo, hi, seen = 0, len(_GRID) - 1, {}
+        while hi - lo > 2:
+            a, b = lo + (hi - lo) // 3, hi - (hi - lo) // 3
+            for k in (a, b):
+                seen.setdefault(k, score(k))
+            lo, hi = (lo, b) if seen[a] >= seen[b] else (a, hi)
+        best = max(range(lo, hi + 1), key=lambda k: seen.setdefault(k, score(k)))
+        return float(self.misfit_sd * _GRID[best])
 
     def _misfit(self, X: np.ndarray, y: np.ndarray, mean: np.ndarray, noise: np.ndarray) -> float:
-        """The interaction the additive effects leave: the residuals' spread beyond the measurement noise,
-        counted only once there are more cells than effects (else the fit explains everything)."""
+        """The interaction the effects leave: the residuals' spread beyond the measurement noise, counted only
+        once there are more measurements than parameters (else the fit explains everything); never below
+        misfit_sd."""
         n, p = X.shape
         if n <= p:
             return self.misfit_sd
         rss = float(((y - X @ mean) ** 2).sum()) / (n - p)
         return max(self.misfit_sd, math.sqrt(max(0.0, rss - float(noise.mean()))))
 
-    def predict(self, features: Mapping[str, object], base_log: float, block: Hashable = None) -> tuple[float, float]:
-        """The cell's true log value on the reference block's scale (or on `block`'s): mean and standard deviation
+    def _cross(self, Xm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For cells' design rows: their prior covariance with the measurements (m x n), and that times the
+        measurements' covariance's inverse root (W = L^-1 K_nm, n x m)."""
+        X, v, L, _, _ = self._solve()
+        K = (Xm * v) @ X.T
+        W = np.linalg.solve(L, K.T) if len(L) else np.zeros((0, len(Xm)))
+        return K, W
+
+    # -- what it says of a cell -------------------------------------------------------------------------------
+
+    def _items(self, items: Sequence[tuple[Mapping[str, object], float]], block: Hashable = None) -> np.ndarray:
+        return self._design([f for f, _ in items], [block] * len(items) if block is not None else ())
+
+    def marginals(
+        self, items: Sequence[tuple[Mapping[str, object], float]], block: Hashable = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each cell's true log value on the reference block's scale (or on `block`'s): mean and standard deviation
         (the effects' uncertainty and the misfit; not a future measurement's noise)."""
-        mean, cov, misfit = self._solve()
-        x = self._x(features, block)
-        return base_log + self._shift(block) + float(x @ mean), math.sqrt(float(x @ cov @ x) + misfit**2)
+        if not items:
+            return np.zeros(0), np.zeros(0)
+        _, v, _, alpha, misfit = self._solve()
+        Xm = self._items(items, block)
+        K, W = self._cross(Xm)
+        base = np.array([b for _, b in items]) + self._shift(block)
+        var = Xm @ v - (W * W).sum(axis=0) + misfit**2
+        return base + K @ alpha, np.sqrt(np.maximum(var, 0.0))
+
+    def predict(self, features: Mapping[str, object], base_log: float, block: Hashable = None) -> tuple[float, float]:
+        """One cell's marginals()."""
+        m, sd = self.marginals([(features, base_log)], block)
+        return float(m[0]), float(sd[0])
 
     def posterior(self, items: Sequence[tuple[Mapping[str, object], float]]) -> tuple[np.ndarray, np.ndarray]:
         """The joint mean and covariance of these cells' true log values, (features, base_log) each, on the
         reference block's scale: shared effects make them covary; the misfit is each cell's own."""
-        mean, cov, misfit = self._solve()
         if not items:
             return np.zeros(0), np.zeros((0, 0))
-        X = np.array([self._x(f) for f, _ in items])
-        return np.array([b for _, b in items]) + X @ mean, X @ cov @ X.T + misfit**2 * np.eye(len(items))
+        _, v, _, alpha, misfit = self._solve()
+        Xm = self._items(items)
+        K, W = self._cross(Xm)
+        cov = (Xm * v) @ Xm.T - W.T @ W + misfit**2 * np.eye(len(items))
+        return np.array([b for _, b in items]) + K @ alpha, cov
+
+    def draws(
+        self, items: Sequence[tuple[Mapping[str, object], float]], n: int, rng: np.random.Generator
+    ) -> np.ndarray:
+        """n draws (rows) of these cells' true log values from the joint posterior: the parameters they have drawn
+        together (cells that share a value share its draw), the misfit per cell."""
+        if not items:
+            return np.zeros((n, 0))
+        X, v, L, alpha, misfit = self._solve()
+        Xm = self._items(items)
+        used = np.flatnonzero(Xm.any(axis=0))
+        W = np.linalg.solve(L, X[:, used] * v[used]) if len(L) else np.zeros((0, len(used)))
+        mean = v[used] * (X[:, used].T @ alpha) if len(alpha) else np.zeros(len(used))
+        cov = np.diag(v[used]) - W.T @ W
+        root = np.linalg.cholesky(cov + 1e-12 * np.eye(len(used)))
+        theta = mean + rng.standard_normal((n, len(used))) @ root.T
+        base = np.array([b for _, b in items])
+        return base + theta @ Xm[:, used].T + misfit * rng.standard_normal((n, len(items)))
+
+    def _theta(self, cols: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The posterior mean and variance of these parameters."""
+        X, v, L, alpha, _ = self._solve()
+        cols = np.asarray(cols, dtype=np.intp)
+        mean = v[cols] * (X[:, cols].T @ alpha) if len(alpha) else np.zeros(len(cols))
+        W = np.linalg.solve(L, X[:, cols] * v[cols]) if len(L) else np.zeros((0, len(cols)))
+        return mean, v[cols] - (W * W).sum(axis=0)
 
     def offsets(self) -> dict[Hashable, tuple[float, float]]:
         """Each block's offset from the reference block (ln), as fitted: (mean, sd); the reference's is (0, 0)."""
-        mean, cov, _ = self._solve()
-        p = 1 + len(self._names)
+        free = self._free()
         out = {self.ref: (0.0, 0.0)} if self._blocks else {}
-        for i, b in enumerate(self._free(), start=p):
-            out[b] = (self._shift(b) + float(mean[i]), math.sqrt(float(cov[i, i])))
+        if free:
+            mean, var = self._theta(range(1 + len(self._terms), 1 + len(self._terms) + len(free)))
+            for b, m, s in zip(free, mean, var):
+                out[b] = (self._shift(b) + float(m), math.sqrt(max(float(s), 0.0)))
         return out
 
     @property
     def misfit(self) -> float:
-        return self._solve()[2]
+        return self._solve()[4]
 
     @property
     def cells(self) -> int:
         return len(self._rows)
 
     def effects(self) -> Sequence[tuple[tuple[str, object], float]]:
-        """The fitted effect per (axis, value), log scale, after the offset."""
-        mean = self._solve()[0]
-        return list(zip(self._names, mean[1 : 1 + len(self._names)].tolist()))
+        """The fitted effect per (axis, value), log scale, after the offset (pairs left out)."""
+        mains = [(t, i) for t, i in self._index.items() if not isinstance(t[0], tuple)]
+        mean, _ = self._theta([i for _, i in mains])
+        return [(t, float(m)) for (t, _), m in zip(mains, mean)]

@@ -4,6 +4,9 @@ real runs. Out of memory is an answer here, not a failure: each probe is its own
 From the model's largest micro-batch that fits, the search gallops up while probes run (seed+1, +2,
 +4, ...) or down while they run out of memory (seed-1, -2, -4, ...), then bisects the gap until a
 micro-batch that ran sits next to one that did not. An accurate model closes it in two probes.
+
+With a batch size held (`batch: {micro: auto, size: N}`), the micro-batches are the divisors of N (a
+ladder) and the search runs over their places on it, each probe's accumulation N / its micro-batch.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from ..cells import Cell
 from .fitted import FITTED, Constants
 from .model import Hardware, predict
 
-__all__ = ["RAN", "OUT_OF_MEMORY", "next_probe", "search_micro_batch", "seed_micro_batch", "SearchResult"]
+__all__ = ["RAN", "OUT_OF_MEMORY", "ladder", "next_probe", "search_micro_batch", "seed_micro_batch", "SearchResult"]
 
 RAN = ("ok", "diverged")  # it ran to the end: the memory fitted (a diverged loss is not a memory answer)
 OUT_OF_MEMORY = ("cuda_oom", "host_oom")
@@ -33,10 +36,21 @@ class SearchResult:
     ended: str = ""
     max_probes: int = MAX_PROBES
     cap: int = CAP
+    ladder: tuple[int, ...] = ()
+    """The micro-batches it may probe (the divisors of a held batch size), smallest first; () for any."""
+
+    def _next(self) -> tuple[int | None, str]:
+        if not self.ladder:
+            return next_probe(self.seed, [(m, s) for m, s, _ in self.probes], self.max_probes, self.cap)
+        place = {mb: i for i, mb in enumerate(self.ladder, 1)}
+        seed = max((i for mb, i in place.items() if mb <= self.seed), default=1)
+        probes = [(place[m], s) for m, s, _ in self.probes]
+        k, why = next_probe(seed, probes, self.max_probes, len(self.ladder), name=lambda i: self.ladder[i - 1])
+        return (None if k is None else self.ladder[k - 1]), why.replace("(the search's cap)", "(the batch size)")
 
     def next(self) -> int | None:
         """The micro-batch to probe next; None once the search has ended (`ended` says why)."""
-        mb, why = next_probe(self.seed, [(m, s) for m, s, _ in self.probes], self.max_probes, self.cap)
+        mb, why = self._next()
         if mb is None:
             self.ended = why
         return mb
@@ -44,7 +58,7 @@ class SearchResult:
     def add(self, mb: int, status: str, cell_hash: str | None) -> dict:
         """A probe's end, added; the record's `search` as it stands now (with why it ends, if it does)."""
         self.probes.append((mb, status, cell_hash))
-        self.ended = next_probe(self.seed, [(m, s) for m, s, _ in self.probes], self.max_probes, self.cap)[1]
+        self.ended = self._next()[1]
         return self.to_dict()
 
     @property
@@ -67,26 +81,38 @@ class SearchResult:
         }
 
 
+def ladder(size: int) -> tuple[int, ...]:
+    """The micro-batches that divide a batch of `size` sequences, smallest first."""
+    return tuple(k for k in range(1, size + 1) if size % k == 0)
+
+
 def next_probe(
-    seed: int, probes: Sequence[tuple[int, str]], max_probes: int = MAX_PROBES, cap: int = CAP
+    seed: int,
+    probes: Sequence[tuple[int, str]],
+    max_probes: int = MAX_PROBES,
+    cap: int = CAP,
+    name: Callable[[int], int] = int,
 ) -> tuple[int | None, str]:
-    """The next micro-batch to run, or (None, why the search ends)."""
+    """The next micro-batch to run, or (None, why the search ends). `name`: the micro-batch a number stands for
+    (a place on a ladder), in the reasons."""
     if not probes:
         return max(1, min(seed, cap)), ""
     mb, st = probes[-1]
     if st not in RAN and st not in OUT_OF_MEMORY:
-        return None, f"the probe at micro-batch {mb} ended {st}: not a memory answer"
+        return None, f"the probe at micro-batch {name(mb)} ended {st}: not a memory answer"
     ok = [m for m, s in probes if s in RAN]
     oom = [m for m, s in probes if s in OUT_OF_MEMORY]
     lo, hi = max(ok, default=0), min(oom, default=None)
     if hi is not None and lo >= hi:
-        return None, f"micro-batch {lo} ran but {hi} ran out of memory: not monotonic here, rerun to settle"
+        return None, f"micro-batch {name(lo)} ran but {name(hi)} ran out of memory: not monotonic here, rerun to settle"
     if hi == lo + 1:
         return None, (
-            f"micro-batch {lo} runs and {hi} runs out of memory" if lo else "even micro-batch 1 runs out of memory"
+            f"micro-batch {name(lo)} runs and {name(hi)} runs out of memory"
+            if lo
+            else f"even micro-batch {name(1)} runs out of memory"
         )
     if hi is None and lo >= cap:
-        return None, f"micro-batch {cap} (the search's cap) runs"
+        return None, f"micro-batch {name(cap)} (the search's cap) runs"
     if len(probes) >= max_probes:
         return None, f"{max_probes} probes (the limit) without closing the gap"
     if hi is None:  # only runs so far: gallop up

@@ -34,6 +34,7 @@ def summary(s: Search) -> list[str]:
         + "; ".join(f"{c.cell.name} {_mem(s, c)} {_tps(s, c)}" for c in s.frontier())
     )
     lines += _effects(s)
+    lines.append(_settled(s))
     lines += _flagged(s)
     expected = collections.Counter(s.lessons.expected(c.features) for c in s.candidates if c.state == "expected")
     lines += s.lessons.summary(expected)
@@ -46,6 +47,18 @@ def summary(s: Search) -> list[str]:
     if s.spent_at_start:
         lines.append("  the budget left afforded no attempt: this call measured nothing (a larger --budget goes on)")
     return lines
+
+
+def _settled(s: Search) -> str:
+    """The joint stopping rule's figures (bench.execute.settle): what the cells left unmeasured could change."""
+    ch, level = s.chances, s.s.settle
+    left = len(s.open() + s.parked())
+    lead, front = s.settled()
+    return (
+        f"  settled: the chance that one of the {left} unmeasured cell(s) beats its group's fastest by more than "
+        f"{s.s.speed_tolerance:.0%} is {ch.lead:.1%}, that one adds a frontier point {ch.frontier:.1%} (the search "
+        f"stops asking each below {level:.0%}: " + ("both below" if lead and front else "not both below") + ")"
+    )
 
 
 def _block_names(s: Search) -> dict[str, str]:

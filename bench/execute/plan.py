@@ -21,6 +21,9 @@ class Planned:
     cell: Cell
     skip: rules.Skip | None
     ds_config: dict | None
+    family: str | None = None
+    """Answer mode with batch.size: its configuration (bench.execute.run.family_of), shared by the cells that
+    differ from it in micro-batch and accumulation alone; None without batch.size."""
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,16 @@ class Recording:
         )
         return dataclasses.replace(p, items=items)
 
+    def here(self, run_id: str) -> str | None:
+        """The block a run's attempts measure in, where the recording knows it in advance: none here (each
+        recorded end keeps the block it was measured in). A recording that plays one machine per run (a
+        simulation's, tools/answer_sim.py) says it, so a resumed search ties its new block to the others."""
+        return None
+
+    def serve(self, attempt: Attempt) -> Replayed:
+        """What an attempt comes back with: its cell's next recorded end."""
+        return self.next_end(attempt.cell.hash)
+
     def next_end(self, cell_hash: str) -> Replayed:
         ends = self.ends[cell_hash]
         k = self.served.get(cell_hash, 0)
@@ -171,7 +181,7 @@ class ReplayExecutor:
 
     def start(self, handle: Handle) -> None:
         self._in_flight += 1
-        self._ended.put(Finished(handle, value=self.recording.next_end(handle.attempt.cell.hash)))
+        self._ended.put(Finished(handle, value=self.recording.serve(handle.attempt)))
 
     def release(self, handle: Handle) -> None:
         pass

@@ -6,25 +6,27 @@ summary. Never imports torch. No exception escapes for a cell that failed: every
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import uuid
 from pathlib import Path
 
-from .. import cache, env, schedule
+from .. import cache, dsconfig, env, rules, schedule
 from ..axes import AUTO
 from ..estimate import DEFAULT_MARGIN
+from ..estimate.search import ladder
 from ..problems import InputError
 from ..store import Store, check_writable, read_records
 from . import launch, local
 from .answer import Settings as AnswerSettings
-from .plan import Plan, Shard, _check_faults, default_results_path, host_platform, placed_by, plan
+from .plan import Plan, Planned, Shard, _check_faults, default_results_path, host_platform, placed_by, plan
 from .registry import EXECUTORS
 from .replay import Recording
 from .session import Options, Session
 from .settings import check_folder, check_settings
 
-__all__ = ["run", "new_run_id"]
+__all__ = ["run", "new_run_id", "answer_items", "answer_preview", "family_of"]
 
 
 def new_run_id() -> str:
@@ -63,7 +65,7 @@ def run(
     pack: bool | None = None,
     executor: str = "local",
     answer: AnswerSettings | None = None,
-    replay: list[str] | None = None,
+    replay: list[str] | Recording | None = None,
     address: str | None = None,
     shard: Shard | None = None,
     slurm: dict | None = None,
@@ -94,13 +96,13 @@ def run(
     why), replay (results files: nothing runs, their recorded ends are served, by default into
     results/<matrix name>.replay.jsonl). This process writes every record, whichever executor runs the cells."""
     _check_choices(order, executor, replay)
-    recording = Recording(replay) if replay else None
+    recording = replay if isinstance(replay, Recording) else Recording(replay) if replay else None
     on_slurm = _on_slurm(matrix_path, ds_configs, slurm, gpus_available, pack) if executor == "slurm" else None
     platform = recording.platform() if recording else on_slurm[2] if on_slurm else host_platform(gpus_available)
     platform = placed_by(platform, executor)
     p = plan(matrix_path, filters, platform=platform, ds_configs=ds_configs, shard=shard)
     if answer is not None:
-        _check_answer(p)
+        p = answer_items(p, platform)
     if recording:
         p, executor = recording.restrict(p), "replay"
     environ = {**os.environ, **(extra_env or {})}
@@ -185,14 +187,75 @@ def _on_slurm(matrix_path: str, ds_configs, given: dict | None, gpus_available, 
     return block, part, slurm.platform_of(part)
 
 
-def _check_answer(p: Plan) -> None:
-    """Answer mode ranks cells by prediction: a micro-batch it must search for has none."""
-    auto = [it.cell.name for it in p.runnable if it.cell.micro_batch == AUTO]
-    if auto:
+def answer_items(p: Plan, platform: env.Platform) -> Plan:
+    """The plan answer mode searches. With batch.size each runnable cell belongs to a family, its configuration
+    (the cell but its micro-batch and accumulation), and a micro_batch: auto cell becomes one cell per micro-batch
+    that divides batch.size, its accumulation holding the batch (bench.estimate.search.ladder), each judged by the
+    rules; the search measures of each family the largest the memory model fits and the neighbours that could be
+    faster (bench.execute.families). Without batch.size there is no batch to hold: micro_batch: auto is refused
+    (InputError)."""
+    size = p.matrix.batch.size
+    auto = [it.cell.name for it in p.items if it.cell.micro_batch == AUTO]
+    if auto and size is None:
         raise InputError(
-            f"{p.source}: answer mode needs each cell's micro-batch, and {auto[0]} has micro_batch: auto "
-            f"({len(auto)} cell(s)); list the micro-batches under axes: micro_batch: [...], or run without --answer"
+            f"{p.source}: answer mode searches a micro_batch: auto at a fixed batch ({auto[0]} and {len(auto) - 1} "
+            "more): set batch.size (sequences per optimizer step, e.g. batch: {micro: auto, size: 8}), or list the "
+            "micro-batches under axes: micro_batch: [...]"
         )
+    if size is None:
+        return p
+    items = []
+    for it in p.items:
+        if it.skip is not None:  # a rule's skip of an auto cell holds for every micro-batch
+            items.append(it)
+        elif it.cell.micro_batch != AUTO:
+            items.append(dataclasses.replace(it, family=family_of(it.cell)))
+        else:
+            for mb in ladder(size):
+                cell = dataclasses.replace(it.cell, micro_batch=mb, grad_accum=size // mb)
+                skip = rules.check(cell, platform)
+                items.append(Planned(cell, skip, None if skip else dsconfig.build(cell), family=family_of(cell)))
+    return dataclasses.replace(p, items=tuple(items))
+
+
+def answer_preview(
+    matrix_path: str, settings: AnswerSettings, platform: env.Platform, filters=None, gpu_mem=None, host_mem=None
+) -> list[str]:
+    """What answer mode would measure first (a dry run's last lines): per configuration, which micro-batches, and
+    when it stops."""
+    from .answer import Search
+    from .plan import arrange, hardware
+
+    p = answer_items(plan(matrix_path, filters, platform=platform), platform)
+    hw = hardware(platform, gpu_mem, host_mem)
+    items, _, free = arrange(list(p.items), hw, DEFAULT_MARGIN, True, "early")
+    s = Search([it for it in items if id(it) not in free], hw, settings, platform.cuda)
+    lines = [f"answer mode: {len(s.candidates)} runnable cells, grouped by {', '.join(settings.group_by)}"]
+    if s.families:
+        size = p.matrix.batch.size
+        mbs = sorted({c.cell.micro_batch for c in s.candidates})
+        first = {mb: sum(c.state == "open" for c in s.candidates if c.cell.micro_batch == mb) for mb in mbs}
+        parked = sum(c.state == "parked" for c in s.candidates)
+        lines.append(
+            f"  {len(s.families)} configurations x micro-batch {', '.join(map(str, mbs))} at {size} sequences per "
+            f"optimizer step (the accumulation makes up the rest); open to measure: "
+            + ", ".join(f"micro-batch {mb} in {n}" for mb, n in first.items())
+            + f" (per configuration the largest the memory model fits within the margin and the neighbours that "
+            f"could be faster); {parked} parked"
+        )
+    budget = f"; or once --budget {settings.budget_s:.0f} s of cell time is spent" if settings.budget_s else ""
+    lines.append(
+        f"  it stops once the chance that an unmeasured cell beats its group's fastest by more than "
+        f"{settings.speed_tolerance:.0%}, and that one adds a frontier point, are each below {settings.settle:.0%}"
+        + budget
+    )
+    return lines
+
+
+def family_of(cell) -> str:
+    """A cell's configuration: the hash of the cell with its micro-batch searched (the same for each micro-batch
+    and accumulation of one configuration)."""
+    return dataclasses.replace(cell, micro_batch=AUTO, grad_accum=1).hash
 
 
 def _say_hardware(o: Options, s: Session) -> None:

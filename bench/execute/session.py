@@ -23,7 +23,7 @@ from .. import dsconfig, env, quality, schedule, telemetry
 from ..axes import AUTO, AXES
 from ..cells import Cell
 from ..estimate import Hardware
-from ..estimate.search import SearchResult, seed_micro_batch
+from ..estimate.search import SearchResult, ladder, seed_micro_batch
 from ..problems import InputError
 from ..record import Record, Search, machine_of, parse
 from ..status import Status
@@ -124,7 +124,9 @@ class Session:
         """The block this run's attempts measure in (bench.record.Record.block), where it is known before any
         runs: this host under the local executor. A replay's records keep the block they were measured in, and
         a cluster's nodes are each a machine: there each record says."""
-        if self.o.replay is not None or self.o.executor != "local":
+        if self.o.replay is not None:
+            return self.o.replay.here(self.run_id)
+        if self.o.executor != "local":
             return None
         m = machine_of(env.provenance())
         return f"{self.run_id}@{m.id if m is not None else 'unknown'}"
@@ -329,7 +331,12 @@ class Session:
                 if it.skip is not None or id(it) in self.free:
                     self.skip(unit)
                 elif it.cell.micro_batch == AUTO:
-                    unit.search = SearchResult(template=it.cell.name, seed=seed_micro_batch(it.cell, self.hw))
+                    size = self.p.matrix.batch.size
+                    unit.search = SearchResult(
+                        template=it.cell.name,
+                        seed=seed_micro_batch(it.cell, self.hw),
+                        ladder=ladder(size) if size else (),
+                    )
                     self.probe(unit)
                 else:
                     if it.cell.hash not in self.begun:
@@ -373,7 +380,9 @@ class Session:
             with launch.holding_signals():
                 self.save(rec)
             self.recorded(self.i, rec)
-        for text in answer_text.summary(self.search) + (self.against_recording() if self.o.replay else []):
+        for text in answer_text.summary(self.search) + (
+            self.against_recording() if self.o.replay and self.o.replay.ends else []
+        ):
             self.o.printer(text)
 
     def unmeasured_before(self) -> dict[str, str]:
@@ -414,7 +423,10 @@ class Session:
         """The search's next probe, first in line; or, once it has ended, say what it found."""
         mb = unit.search.next()
         if mb is not None:
-            cell = dataclasses.replace(unit.planned.cell, micro_batch=mb)
+            size = self.p.matrix.batch.size  # held: the accumulation makes up the rest of the batch
+            cell = dataclasses.replace(
+                unit.planned.cell, micro_batch=mb, **({"grad_accum": size // mb} if size else {})
+            )
             self.probes.append(self.attempt_of(unit, cell, dsconfig.build(cell)))
             self.searching.add(id(unit))
             return

@@ -1105,10 +1105,22 @@ def _answer(cells: pd.DataFrame, attempts: pd.DataFrame) -> dict | None:
         "needed": len(needed),
         "expected": int(left["answer_expected_error"].notna().sum()) if "answer_expected_error" in left else 0,
         "adds_s": float(pd.to_numeric(left["answer_predicted_wall_s"], errors="coerce").sum()),
+        "chances": _answer_chances(left),
     }
 
 
 _ANSWER_FIELDS = ["cell_hash", "cell_name", "block", "tokens_per_s", "noise_sd", "answer_group", "peak_memory_source"]
+
+
+def _answer_chances(left: pd.DataFrame) -> tuple[float, float, float] | None:
+    """The joint stopping rule's figures as the search ended (bench.execute.settle): the largest group's chance
+    that an unmeasured cell beats its fastest by more than the minimum effect, the chance that one adds a frontier
+    point, and the level; None where the records carry none."""
+    if "answer_p_lead" not in left or left["answer_p_lead"].isna().all():
+        return None
+    lead = pd.to_numeric(left["answer_p_lead"], errors="coerce").max()
+    front = pd.to_numeric(left["answer_p_frontier"], errors="coerce").max()
+    return float(lead), float(front), float(pd.to_numeric(left["answer_settle"], errors="coerce").max())
 
 
 def _answer_judged(measured: pd.DataFrame, left: pd.DataFrame) -> dict:

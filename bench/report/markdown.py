@@ -413,9 +413,17 @@ def _left(ans: dict) -> str:
         if ans.get("expected")
         else ""
     )
+    chances = ""
+    if ans.get("chances"):
+        lead, front, level = ans["chances"]
+        chances = (
+            f" The chance, under the models corrected by the run, that one of them beats its group's fastest by more "
+            f"than the minimum effect: {lead:.1%} (the largest group's); that one adds a frontier point: {front:.1%} "
+            f"(the search stops asking each below {level:.0%})."
+        )
     return (
         f"Left unmeasured: {ans['unmeasured']} cells{expected}{still}. Measuring them all once would add about "
-        f"{ans['adds_s'] / 60:.0f} min (predicted)."
+        f"{ans['adds_s'] / 60:.0f} min (predicted).{chances}"
     )
 
 

@@ -205,22 +205,22 @@ def test_resume_with_another_group_by_is_refused(tmp_path, ledger):
 
 def test_resume_with_the_budget_spent_says_so(tmp_path, ledger):
     ledger.fault("resume-budget-spent", "an answer resumed with its --budget already spent")
-    first = [r for r in _lines(_replay(tmp_path, "r.jsonl", "--budget", "30s")) if r["status"] == "unmeasured"]
+    first = [r for r in _lines(_replay(tmp_path, "r.jsonl", "--budget", "15s")) if r["status"] == "unmeasured"]
     assert {r["answer"]["needed"] for r in first} == {True, False}  # some were not needed, some could still count
     n = len(_lines(tmp_path / "r.jsonl"))
-    r = zerobench("run", MATRIX, "--answer", "--resume", "--budget", "30s", "--replay", str(A1), "--results", "r.jsonl",
+    r = zerobench("run", MATRIX, "--answer", "--resume", "--budget", "15s", "--replay", str(A1), "--results", "r.jsonl",
                   "--no-report", cwd=tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     spent = sum(x.get("wall_s") or 0 for x in _lines(tmp_path / "r.jsonl")[:n] if x["status"] != "started")
-    assert f"--budget 30 s is the whole search's, {30 - spent:.0f} s of it left" in r.stdout, r.stdout
+    assert f"--budget 15 s is the whole search's, {15 - spent:.0f} s of it left" in r.stdout, r.stdout
     assert "the budget left afforded no attempt: this call measured nothing" in r.stdout
     again = [x for x in _lines(tmp_path / "r.jsonl")[n:] if x["status"] == "unmeasured"]
     assert again and not [x for x in again if "not needed" in x["reason"]], [x["reason"] for x in again]
     spent = [x for x in again if x["reason"].endswith("spent before this call could measure anything")]
     assert spent and all("not needed:" in x["answer"]["why"] and not x["answer"]["needed"] for x in spent)
-    r = zerobench("run", MATRIX, "--answer", "--resume", "--budget", "20s", "--replay", str(A1), "--results", "r.jsonl",
+    r = zerobench("run", MATRIX, "--answer", "--resume", "--budget", "10s", "--replay", str(A1), "--results", "r.jsonl",
                   "--no-report", cwd=tmp_path)  # fmt: skip
-    assert "the --budget (20 s, the whole search's) is already spent: nothing more is measured" in r.stdout
+    assert "the --budget (10 s, the whole search's) is already spent: nothing more is measured" in r.stdout
 
 
 def test_an_attempt_cut_off_by_a_kill_counts_against_the_budget(tmp_path, ledger):

@@ -1,0 +1,201 @@
+"""When answer mode's answer is settled: the joint stopping rule.
+
+The answer per group is its fastest measured cell (the leader) and the measured cells the data cannot tell from
+it; the frontier is the measured cells no other measured cell beats on both memory and speed. What could still
+change them is a cell not yet measured. Under the models corrected by the run (bench.estimate.online: the
+step-time model with its effects, pair effects and the misfit learned from the measured cells' residuals; the
+memory model likewise), the unmeasured cells' speeds are drawn jointly, so cells that share settings rise and
+fall together, beside the measured cells' levels (bench.blocks.joint), DRAWS times:
+
+- lead: the chance that some unmeasured cell beats its group's leader by more than the minimum effect;
+- frontier: the chance that some unmeasured cell adds a frontier point: no measured cell of a tied block needs
+  no more memory than it (within the memory tolerance) and is as fast within the frontier's resolution (the
+  speed difference one measurement of each tells apart).
+
+The search stops asking either question once its chance is below the level (Settings.settle, 5% unless
+`--settle` says), and measures next the cells with the largest chance per predicted second. Each cell's own
+chance (how often it beat the leader, or added a point, over the draws) is what it contributes. A cell whose
+chance is below FLOOR by its own prediction alone (the normal tail, its level against the leader's) is not
+drawn; those cells' chances are added to the total, so the stated figure never leaves them out. Draws are
+made from a fixed seed: the same records give the same figures.
+
+Pure: numpy only. `chances(search)` reads a bench.execute.answer.Search.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import blocks
+
+__all__ = ["DRAWS", "FLOOR", "Chances", "chances", "exceed"]
+
+DRAWS = 1000
+"""Joint draws per evaluation: the chance near a 5% level is then known to about +-0.7%."""
+FLOOR = 1e-6
+"""A cell whose own chance, by its prediction alone, is below this is not drawn (its chance is still added)."""
+_SEED = 20261203
+
+
+@dataclass(frozen=True)
+class Chances:
+    """What the unmeasured cells could still change, each a probability under the corrected models."""
+
+    lead: float = 0.0
+    """That some unmeasured cell beats its group's leader by more than the minimum effect (every group)."""
+    frontier: float = 0.0
+    """That some unmeasured cell adds a point to the frontier at its resolution."""
+    by_group: dict[tuple, float] = field(default_factory=dict)
+    """lead, per group."""
+    cell_lead: dict[str, float] = field(default_factory=dict)
+    """Per unmeasured cell (hash): its own chance of beating its group's leader by more than the minimum effect."""
+    cell_frontier: dict[str, float] = field(default_factory=dict)
+    """Per unmeasured cell (hash): its own chance of adding a frontier point."""
+    share_lead: dict[str, float] = field(default_factory=dict)
+    """Per unmeasured cell (hash): its share of its group's lead chance: the draws in which it beats the leader by
+    the most of all (a cell not drawn: its own chance)."""
+    share_frontier: dict[str, float] = field(default_factory=dict)
+    """The same of the frontier's chance: the draws in which it passes the measured frontier by the most."""
+
+
+def _tail(z: np.ndarray) -> np.ndarray:
+    """P(N(0, 1) > z)."""
+    return 0.5 * np.vectorize(math.erfc)(z / math.sqrt(2)) if z.size else z
+
+
+def chances(s) -> Chances:
+    """The chances of the search `s` (bench.execute.answer.Search) as its measurements stand."""
+    open_ = [c for c in s.open() + s.parked() if c.base_tps is not None]
+    unknown = [c for c in s.open() if c.base_tps is None]  # a model the step-time model cannot read: anything
+    offs = s.offsets
+    measured = [c for c in s.candidates if c.obs and set(c.obs) & offs.tied]
+    leaders = {g: lead for g in s._groups() if (lead := s.leader(g)) is not None and lead in measured}
+    lead_m, lead_sd = s.tps.marginals([(c.model, c.base_tps) for c in open_])
+    levels = [blocks.level(c.obs, offs, s.cross) for c in measured]
+    thr = math.log(1 + s.s.speed_tolerance)
+    p_lead = np.zeros(len(open_))
+    for i, c in enumerate(open_):
+        lead = leaders.get(c.group)
+        if lead is not None:
+            lm, lv = levels[measured.index(lead)]
+            p_lead[i] = float(_tail(np.array([(lm + thr - lead_m[i]) / math.sqrt(lead_sd[i] ** 2 + lv)]))[0])
+    mem_m, mem_sd, p_front, res = _frontier_bounds(s, open_, measured, levels, lead_m, lead_sd)
+    drawn = [i for i in range(len(open_)) if p_lead[i] >= FLOOR or p_front[i] >= FLOOR]
+    out = _drawn(s, [open_[i] for i in drawn], measured, leaders, res)
+    left = [i for i in range(len(open_)) if i not in set(drawn)]  # not drawn: their own chances are added
+    by_group = {}
+    for g in s._groups():
+        rest = sum(p_lead[i] for i in left if open_[i].group == g)
+        waiting = g not in leaders and any(c.group == g for c in s.open())  # nothing measured to lead it yet
+        by_group[g] = 1.0 if waiting else min(1.0, out["by_group"].get(g, 0.0) + rest)
+    lead_all = min(1.0, out["lead"] + sum(p_lead[i] for i in left))
+    lead_all = 1.0 if unknown or any(v >= 1.0 for v in by_group.values()) else lead_all
+    front_all = 1.0 if unknown or not measured else min(1.0, out["frontier"] + sum(p_front[i] for i in left))
+    cell_lead = {c.cell.hash: 1.0 for c in unknown} | out["cell_lead"]
+    cell_front = {c.cell.hash: 1.0 for c in unknown} | out["cell_frontier"]
+    share_lead = {c.cell.hash: 1.0 for c in unknown} | out.get("share_lead", {})
+    share_front = {c.cell.hash: 1.0 for c in unknown} | out.get("share_frontier", {})
+    return Chances(lead_all, front_all, by_group, cell_lead, cell_front, share_lead, share_front)
+
+
+def _frontier_bounds(s, open_, measured, levels, tps_m, tps_sd):
+    """Per open cell, a bound on its chance of adding a frontier point by its own prediction: against the best
+    measured cell that surely needs no more memory (its memory taken 2.5 sd lighter than predicted). Also the
+    memory predictions and each measured cell's resolution (log)."""
+    mem_m, mem_sd = s.memory.marginals([(c.model, c.base_mem if c.base_mem is not None else 0.0) for c in open_])
+    has_mem = np.array([c.base_mem is not None for c in open_], dtype=bool)
+    res = np.array([math.log(1 + s.resolution(None, m)) for m in measured])
+    heavy = [(m.mem, levels[i][0] + res[i], levels[i][1]) for i, m in enumerate(measured) if m.mem is not None]
+    heavy.sort()
+    mems = np.array([h[0] for h in heavy])
+    best, best_var, top, top_var = [], [], -math.inf, 0.0
+    for _, v, var in heavy:
+        if v > top:
+            top, top_var = v, var
+        best.append(top)
+        best_var.append(top_var)
+    slack = math.log(1 + s.s.memory_tolerance)
+    p = np.array([0.0 if c.state == "parked" else 1.0 for c in open_])  # a parked micro-batch is no frontier point
+    if len(mems):
+        j = np.searchsorted(mems, mem_m - 2.5 * mem_sd + slack, side="right") - 1
+        for i in np.nonzero((j >= 0) & has_mem & (p > 0))[0]:
+            z = (best[j[i]] - tps_m[i]) / math.sqrt(tps_sd[i] ** 2 + best_var[j[i]])
+            p[i] = float(_tail(np.array([z]))[0])
+    return mem_m, mem_sd, p, res
+
+
+def _drawn(s, cells: Sequence, measured: Sequence, leaders: dict, res: np.ndarray) -> dict:
+    """The chances from joint draws of these open cells' speeds and memory and the measured cells' levels."""
+    out = {"lead": 0.0, "frontier": 0.0, "by_group": {}, "cell_lead": {}, "cell_frontier": {}}
+    if not cells:
+        return out
+    rng = np.random.default_rng(_SEED)
+    u = s.tps.draws([(c.model, c.base_tps) for c in cells], DRAWS, rng)
+    mem = s.memory.draws([(c.model, c.base_mem if c.base_mem is not None else 0.0) for c in cells], DRAWS, rng)
+    mean, cov = blocks.joint([m.obs for m in measured], s.offsets, s.cross) if measured else (np.zeros(0), None)
+    lv = mean + rng.standard_normal((DRAWS, len(mean))) @ np.linalg.cholesky(cov + 1e-12 * np.eye(len(mean))).T \
+        if len(mean) else np.zeros((DRAWS, 0))  # fmt: skip
+    thr = math.log(1 + s.s.speed_tolerance)
+    over = np.full((DRAWS, len(cells)), -np.inf)  # by how much each cell beats its leader past the tolerance
+    for i, c in enumerate(cells):
+        lead = leaders.get(c.group)
+        if lead is not None:
+            over[:, i] = u[:, i] - lv[:, measured.index(lead)] - thr
+    beats = over > 0
+    margin = _adds(s, cells, measured, u, mem, lv, res)
+    adds = margin > 0
+    out["lead"], out["frontier"] = exceed(over)[0], exceed(margin)[0]
+    for g in {c.group for c in cells}:
+        cols = [i for i, c in enumerate(cells) if c.group == g]
+        out["by_group"][g] = float(beats[:, cols].any(axis=1).mean())
+    out["cell_lead"] = {c.cell.hash: float(x) for c, x in zip(cells, beats.mean(axis=0))}
+    out["cell_frontier"] = {c.cell.hash: float(x) for c, x in zip(cells, adds.mean(axis=0))}
+    out["share_lead"] = _shares(cells, over, [c.group for c in cells])
+    out["share_frontier"] = _shares(cells, margin, [None] * len(cells))
+    return out
+
+
+def exceed(margin: np.ndarray) -> tuple[float, np.ndarray]:
+    """From joint draws (rows) of by how much each cell (column) passes its bar: the chance that any passes it,
+    and each one's own. The first is what the search stops on: cells that each pass rarely may together pass
+    often where they vary apart, and hardly more often than one where they vary together."""
+    hit = margin > 0
+    return (float(hit.any(axis=1).mean()) if hit.size else 0.0), hit.mean(axis=0)
+
+
+def _shares(cells: Sequence, margin: np.ndarray, groups: Sequence) -> dict[str, float]:
+    """Each cell's share of the chance: the draws in which it is the one that beats the bar by the most (per group
+    where groups differ); the shares of a group sum to its chance."""
+    out = dict.fromkeys((c.cell.hash for c in cells), 0.0)
+    for g in dict.fromkeys(groups):
+        cols = np.array([i for i, x in enumerate(groups) if x == g])
+        sub = margin[:, cols]
+        top = sub.argmax(axis=1)
+        hit = sub[np.arange(len(sub)), top] > 0
+        for k, n in zip(*np.unique(top[hit], return_counts=True)):
+            out[cells[cols[k]].cell.hash] = n / len(sub)
+    return out
+
+
+def _adds(s, cells, measured, u, mem, lv, res) -> np.ndarray:
+    """Per draw and open cell: by how much (log) it is faster than the fastest measured cell (of a tied block)
+    that needs no more memory (within the tolerance), past that cell's resolution; positive: it adds a point
+    (a cell no measured one is light enough for, or whose memory the model cannot read: +inf)."""
+    with_mem = [i for i, m in enumerate(measured) if m.mem is not None]
+    adds = np.where(np.array([c.state == "parked" for c in cells])[None, :], -np.inf, np.full(u.shape, np.inf))
+    if not with_mem:
+        return adds
+    order = sorted(with_mem, key=lambda i: measured[i].mem)
+    mems = np.array([measured[i].mem for i in order])
+    reach = np.maximum.accumulate(lv[:, order] + res[order], axis=1)  # per draw: the fastest so far, lightest first
+    slack = math.log(1 + s.s.memory_tolerance)
+    j = np.searchsorted(mems, mem + slack, side="right") - 1  # the heaviest measured cell light enough
+    rows = np.arange(u.shape[0])[:, None]
+    margin = np.where(j >= 0, u - reach[rows, np.maximum(j, 0)], np.inf)
+    known = np.array([c.base_mem is not None for c in cells], dtype=bool)
+    parked = np.array([c.state == "parked" for c in cells], dtype=bool)
+    return np.where(parked[None, :], -np.inf, np.where(known[None, :], margin, np.inf))

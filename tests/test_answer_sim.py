@@ -1,0 +1,26 @@
+"""tools/answer_sim.py on a small matrix: synthetic truths served through the replay path, scored, and its last
+line in the stated form."""
+
+from __future__ import annotations
+
+import re
+
+from tools import answer_sim
+
+LAST = re.compile(
+    r"answer_sim: wrong leader in (\d+) of (\d+); wrong effect sign in (\d+) of (\d+); "
+    r"cell time to settle median ([\d.]+) min, p90 ([\d.]+) min"
+)
+
+
+def test_the_simulator_answers_synthetic_truths_and_prints_its_figures(tmp_path, capsys):
+    a = answer_sim.trial("matrices/compare-h200.yaml", 0, tmp_path)
+    (tmp_path / "again").mkdir()
+    b = answer_sim.trial("matrices/compare-h200.yaml", 0, tmp_path / "again")
+    assert a.spent_s > 0 and a.calls in (1, 2) and a == b  # one seed, one truth, one answer
+    assert answer_sim.main(["matrices/compare-h200.yaml", "--trials", "2", "--seed", "3"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    m = LAST.fullmatch(lines[-1])
+    assert m, lines[-1]
+    assert int(m[2]) == 2 and int(m[1]) <= 2 and int(m[3]) <= int(m[4])
+    assert float(m[5]) <= float(m[6]) and len(lines) == 3  # a line per trial, then the figures

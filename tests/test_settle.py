@@ -1,0 +1,78 @@
+"""The joint stopping rule (bench.execute.settle) and what it stands on: the online model's misfit learned from
+the measured cells' residuals, and its joint draws (bench.estimate.online)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bench import results
+from bench.cli import main as cli
+from bench.estimate.online import Online
+from bench.execute.settle import exceed
+from bench.report import markdown
+from bench.store import Store
+
+COMPARE = ["results/compare-h200-a1.jsonl", "results/compare-h200-a2.jsonl", "results/compare-h200-a3.jsonl"]
+
+
+def test_many_cells_each_unlikely_to_lead_together_keep_the_answer_open_unless_they_vary_together():
+    rng = np.random.default_rng(0)
+    z = 1.645 + 0.4  # each cell passes the bar in about 2% of draws
+    apart = rng.standard_normal((4000, 100)) - z
+    p_any, own = exceed(apart)
+    assert own.max() < 0.05 and p_any > 0.5  # one by one each is settled; together they are not
+    together = np.repeat(rng.standard_normal((4000, 1)), 100, axis=1) - z
+    p_any, own = exceed(together)
+    assert p_any < 0.05 and abs(p_any - own.mean()) < 1e-9  # cells that vary as one are one chance
+
+
+def _cells(rng, interaction: float, n: int = 40):
+    """Cells of three axes; log speed = effects + an interaction of this size, each measured once (noise 2%)."""
+    a, b, c = rng.normal(0, 0.2, 4), rng.normal(0, 0.2, 4), rng.normal(0, 0.2, 4)
+    out = []
+    for _ in range(n):
+        i, j, k = rng.integers(0, 4, 3)
+        truth = a[i] + b[j] + c[k] + interaction * rng.standard_normal()
+        out.append(({"a": int(i), "b": int(j), "c": int(k)}, truth + 0.02 * rng.standard_normal()))
+    return out
+
+
+def test_the_misfit_is_learned_from_the_residuals_small_where_effects_hold_and_large_where_they_do_not():
+    rng = np.random.default_rng(1)
+    for interaction, lo, hi in ((0.0, 0.0, 0.03), (0.2, 0.1, 0.4)):
+        on = Online(prior_sd=0.3, offset_sd=1.0, noise_sd=0.02, misfit_sd=0.05, learn_misfit=True)
+        for f, y in _cells(rng, interaction):
+            on.observe(f, 0.0, y)
+        assert lo <= on.misfit <= hi, (interaction, on.misfit)
+
+
+def test_joint_draws_move_together_where_cells_share_an_unmeasured_value():
+    on = Online(prior_sd=0.3, offset_sd=0.01, noise_sd=0.02, misfit_sd=0.01)
+    on.declare([{"a": 0, "b": 0}, {"a": 0, "b": 1}, {"a": 1, "b": 2}])
+    on.observe({"a": 0, "b": 0}, 0.0, 0.1)
+    items = [({"a": 1, "b": 1}, 0.0), ({"a": 1, "b": 2}, 0.0), ({"a": 0, "b": 2}, 0.0)]
+    u = on.draws(items, 4000, np.random.default_rng(2))
+    corr = np.corrcoef(u.T)
+    assert corr[0, 1] > 0.3 and abs(corr[0, 2]) < corr[0, 1]  # a=1 is shared by the first two alone
+    mean, cov = on.posterior(items)
+    assert np.allclose(u.mean(axis=0), mean, atol=0.03) and np.allclose(np.cov(u.T), cov, atol=0.01)
+
+
+def test_the_answer_states_the_chance_that_an_unmeasured_cell_beats_the_leader(tmp_path, capsys):
+    out = tmp_path / "a.jsonl"
+    argv = ["run", "matrices/compare-h200.yaml", "--answer", "--settle", "10%", "--replay", *COMPARE]
+    assert cli([*argv, "--results", str(out), "--no-report", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    line = next(ln for ln in printed.splitlines() if ln.startswith("  settled: the chance that one of the"))
+    assert "(the search stops asking each below 10%: both below)" in line, line
+    left = [r for r in Store(out).records() if r["status"] == "unmeasured"]
+    assert left
+    for r in left:
+        p_group, p_front, level = r["answer"]["settled"]
+        assert level == 0.1 and p_group < 0.1 and p_front < 0.1 and len(r["answer"]["chance"]) == 2
+        assert not r["answer"]["needed"] and "of every cell left together" in r["answer"]["why"]
+    text = markdown.render(results.load(out), title="replay")
+    assert "that one adds a frontier point: " in text and "(the search stops asking each below 10%)" in text
+    bad = ["run", "matrices/compare-h200.yaml", "--answer", "--settle", "1.5", "--replay", *COMPARE]
+    assert cli([*bad, "--results", str(tmp_path / "b.jsonl")]) == 2
+    assert "--settle 1.5: a chance between 0 and 1" in capsys.readouterr().err

@@ -1,0 +1,419 @@
+"""Answer mode against synthetic truths at a matrix's full scale: how often it names the wrong leader or the
+wrong sign of an effect, and how much cell time it takes to settle.
+
+    python -m tools.answer_sim matrices/7b.yaml --trials 50 [--seed 0] [--jobs 2]
+
+Each trial draws a truth for every runnable cell of the matrix (as planned on the H200 machine of
+results/7b-answer-h200.jsonl) and runs answer mode against it through the replay path: `zerobench run
+--answer` in this process, its replay executor serving synthetic records made from the truth (SimRecording, a
+bench.execute.replay.Recording). Like a real answer on lent machines, the search runs in two calls on two
+machines: the first with --budget FIRST_CALL_S, then, unless that settled it, `--resume` on a second machine
+(a new block, tied by anchors) until it is settled or CAP_S of cell time is spent. Nothing here ran on a GPU:
+every figure it prints is a simulation's.
+
+The truth, all on the log scale, with the magnitudes taken from committed records:
+
+- a cell's speed on the typical host: the step-time model's prediction (bench.estimate.steptime), missed by an
+  effect per axis value (sd MAIN, drawn once per trial and shared by every cell with that value), an effect per
+  pair of axis values (sd PAIR) and the cell's own (sd OWN). MAIN, PAIR and OWN are the split that makes the
+  held-out residuals of the committed 7B H200 records likeliest (each record predicted by constants fitted
+  without its file; a host term per machine taken out): 0.05, 0.01 per pair (about 0.05 over a cell's 28
+  pairs) and below 0.01 (OWN is taken at 0.02, the noise's size, not below it);
+- machines: each call's machine has a host offset drawn from HOST_OFFSETS (the per-machine host offsets the
+  step-time fit finds on the committed files, bench.estimate.timecheck.machine_offsets: 24 H200 machines,
+  -0.39 to +0.13), which moves a cell by its host share (bench.estimate.steptime.host_share): the 7b answer's
+  two machines, 0.45 apart, ran its LoRA cells 17-26% apart; and each cell deviates per machine by CROSS_OWN
+  (0.02: what of bench.quality.CROSS, 0.039 between blocks, the host offsets do not explain);
+- a measurement: the cell's speed on its machine with the within-block noise of bench.quality.NOISE (0.026
+  clean, 0.072 flagged); it is flagged (host-bound, unstable) with the chance FLAG_RATE gives at its host share
+  on that machine (the share of committed H200 measurements flagged, by predicted host share: 7%, 32%, 53%
+  and 91% in quarters), and then runs more steps (the adaptive rule does not converge);
+- wall time: the step-time model's start and setup (off by SETUP_SD, its held-out setup error) plus warm-up
+  and measured steps as the 7B records ran them (4 + 6 clean; 6 + 12 or the cap flagged; the time cap
+  halved on rung 0);
+- memory: the memory model's prediction off by MEMORY_SD (its held-out p95 12.5%); a cell whose true peak
+  passes the GPU's memory ends cuda_oom in warm-up (the 7b answer's five did so in 3-6 s);
+- failures with signatures: two per trial, as the 7b answer's records had them once rules covered the rest: one
+  optimizer that diverges ("loss became nan at step N", the 1-bit optimizers), and one optimizer the HF
+  Trainer does not build ("asked for X, but the Trainer built AdamW").
+
+Scored, per trial: a wrong leader (a group where some cell that runs beats the answer's fastest by more than
+the minimum effect in truth, on the answer's reference machine), each effect called faster or slower whose
+true ratio over the same pairs lies on the other side of 1, and the cell time spent until the search stopped.
+
+Left out: anything the models and these magnitudes do not hold (a cell that hangs or times out, a machine
+that slows down during a run, throttling, noise that is not normal, a third machine), the one-off
+preparation (op builds, QLoRA checkpoints: not cell time), and interactions of three or more settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+import sys
+import tempfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from bench import effects, quality, results
+from bench.estimate import predict
+from bench.estimate.steptime import host_share, predict_setup, predict_start, predict_step
+from bench.execute import answer
+from bench.execute.plan import Planned, arrange, hardware, plan
+from bench.execute.replay import Recording, Replayed
+from bench.execute.run import run
+from bench.record import machine_of, parse
+from bench.status import Status
+from bench.store import Store
+
+TEMPLATE = "results/7b-answer-h200.jsonl"
+MAIN, PAIR, OWN = 0.05, 0.01, 0.02
+CROSS_OWN = 0.02
+HOST_OFFSETS = (
+    -0.394, -0.084, -0.075, -0.047, -0.035, -0.023, -0.021, -0.010, -0.006, -0.000, 0.001, 0.003,
+    0.004, 0.015, 0.017, 0.032, 0.034, 0.053, 0.057, 0.057, 0.094, 0.099, 0.101, 0.133,
+)  # fmt: skip
+FLAG_RATE = ((0.25, 0.07), (0.5, 0.32), (0.75, 0.53), (1.01, 0.91))
+SETUP_SD = 0.2
+MEMORY_MAIN, MEMORY_PAIR, MEMORY_OWN = 0.01, 0.006, 0.01
+FIRST_CALL_S = 330.0
+CAP_S = 3600.0
+
+
+_DRAWN: dict[tuple, float] = {}
+
+
+def _draw(seed: int, *key) -> float:
+    """A standard normal fixed by the trial's seed and the key: the same whatever order cells are asked in."""
+    k = (seed, *key)
+    if k not in _DRAWN:
+        _DRAWN[k] = float(np.random.default_rng([seed, zlib.crc32(repr(key).encode())]).standard_normal())
+    return _DRAWN[k]
+
+
+@dataclasses.dataclass
+class Machine:
+    name: str
+    host: float  # log host time over the typical host's
+    provenance: dict
+    id: str
+
+
+class World:
+    """One trial's truth."""
+
+    def __init__(self, seed: int, hw, template: dict, optimizers: list[str]):
+        self.seed, self.hw = seed, hw
+        rng = np.random.default_rng(seed)
+        offsets = rng.choice(len(HOST_OFFSETS), size=2, replace=False)
+        self.machines = [self._machine(k, HOST_OFFSETS[i], template) for k, i in enumerate(offsets)]
+        picked = [str(o) for o in rng.choice(optimizers, size=min(2, len(optimizers)), replace=False)]
+        self.diverges, self.rejected = (picked + [None, None])[:2]  # a matrix of fewer optimizers: fewer failures
+        self._base: dict[str, tuple] = {}
+
+    @staticmethod
+    def _machine(k: int, host: float, template: dict) -> Machine:
+        prov = json.loads(json.dumps(template["provenance"]))
+        prov["gpus"][0]["uuid"] = f"GPU-sim{k}{zlib.crc32(repr(host).encode()) % 10**8:08d}-0000-0000-0000-000000000000"
+        prov["host"] = f"sim{k}"
+        return Machine(f"machine {k + 1}", host, prov, machine_of(prov).id)
+
+    def base(self, cell) -> tuple:
+        """(log tokens/s on the typical host, host share, log peak bytes, start + setup s) of a cell."""
+        if cell.hash not in self._base:
+            log, share, mem, fixed, terms = _model(cell, self.hw)
+            miss = sum(MAIN * _draw(self.seed, "main", t) for t in terms)
+            miss += sum(PAIR * _draw(self.seed, "pair", a, b) for i, a in enumerate(terms) for b in terms[i + 1 :])
+            miss += OWN * _draw(self.seed, "own", cell.hash)
+            peak = mem + MEMORY_OWN * _draw(self.seed, "memory", cell.hash)
+            peak += sum(MEMORY_MAIN * _draw(self.seed, "memory", t) for t in terms)
+            peak += sum(
+                MEMORY_PAIR * _draw(self.seed, "memory", a, b) for i, a in enumerate(terms) for b in terms[i + 1 :]
+            )
+            fixed *= math.exp(SETUP_SD * _draw(self.seed, "setup", cell.hash))
+            self._base[cell.hash] = (log + miss, share, peak, fixed)
+        return self._base[cell.hash]
+
+    def speed(self, cell, m: Machine) -> float:
+        """True log tokens/s of the cell on machine m."""
+        log, share, _, _ = self.base(cell)
+        return log - share * m.host + CROSS_OWN * _draw(self.seed, "cross", cell.hash, m.name)
+
+    def fate(self, cell) -> tuple[str, str, str] | None:
+        """(status, phase, reason) of a cell that does not run ok, else None."""
+        if math.exp(self.base(cell)[2]) > self.hw.gpu_memory_bytes:
+            return (
+                "cuda_oom",
+                "warmup",
+                "CUDA out of memory in phase warmup: CUDA out of memory. Tried to allocate 2.1 GiB",
+            )
+        if cell.optimizer == self.diverges:
+            return "diverged", "measured", f"loss became nan at step {3 + zlib.crc32(cell.hash.encode()) % 7}"
+        if cell.optimizer == self.rejected and cell.engine == "hf_trainer":
+            return (
+                "error",
+                "measured",
+                (
+                    f"RuntimeError in phase measured: optimizer '{cell.optimizer}' asked for {cell.optimizer}, but the "
+                    "Trainer built AdamW: refusing to report this cell under a name it did not run"
+                ),
+            )
+        return None
+
+    def flag_rate(self, cell, m: Machine) -> float:
+        share = self.base(cell)[1]
+        here = share * math.exp(m.host) / (1 - share + share * math.exp(m.host))  # the share on this host
+        return next(rate for top, rate in FLAG_RATE if here < top)
+
+
+_MODELS: dict[str, tuple] = {}
+
+
+def _model(cell, hw) -> tuple:
+    """What the models say of a cell, the same in every trial: (log tokens/s, host share, log peak bytes, start
+    and setup seconds, its axis values)."""
+    if cell.hash not in _MODELS:
+        from bench import dsconfig
+
+        step = predict_step(cell, hw)
+        feats = {k: v for k, v in effects.features(results.axis_values(cell.to_dict())).items() if v is not None}
+        _MODELS[cell.hash] = (
+            math.log(cell.tokens_per_step / step),
+            host_share(cell, hw) or 0.0,
+            math.log(predict(cell, dsconfig.build(cell), hw).gpu_bytes),
+            predict_start(cell, hw) + predict_setup(cell, hw),
+            sorted(feats.items(), key=repr),
+        )
+    return _MODELS[cell.hash]
+
+
+class SimRecording(Recording):
+    """Synthetic records served as a replay: each attempt's end drawn from the World on the current machine."""
+
+    def __init__(self, world: World, template: dict, failed: dict, oom: dict):
+        self.world, self.paths, self.ends, self.served, self.where = world, [], None, {}, {}
+        self.first, self._ok, self._failed, self._oom = template, template, failed, oom
+        self.machine = world.machines[0]
+        self.run_id = ""
+        self.attempts = 0
+
+    def restrict(self, p):
+        return p
+
+    def here(self, run_id: str) -> str:
+        self.run_id = run_id
+        return f"{run_id}@{self.machine.id}"
+
+    def serve(self, attempt) -> Replayed:
+        self.attempts += 1
+        cell, ran = attempt.cell, attempt.job.cell  # the matrix's cell, and the rung's schedule it runs
+        w, m = self.world, self.machine
+        fate = w.fate(cell)
+        k = self.served[cell.hash] = self.served.get(cell.hash, 0) + 1
+        fixed = w.base(cell)[3]
+        if fate is not None:
+            status, phase, reason = fate
+            rec = json.loads(json.dumps(self._oom if status == "cuda_oom" else self._failed))
+            step = cell.tokens_per_step / math.exp(w.speed(cell, m))
+            rec |= {"status": status, "phase_at_end": phase, "reason": reason}
+            rec["wall_s"] = fixed + (1 if status == "cuda_oom" else 4 + 4) * step
+        else:
+            rec = self._measured(cell, ran, k)
+        rec |= {"run_id": self.run_id, "attempt": k, "cell": cell.to_dict(), "cell_hash": cell.hash}
+        rec |= {"cell_name": cell.name, "cell_id": cell.id, "provenance": m.provenance}
+        rec.pop("machine", None)
+        return Replayed(rec, f"synthetic truth {w.seed}")
+
+    def _measured(self, cell, ran, k: int) -> dict:
+        w, m = self.world, self.machine
+        flagged = _draw(w.seed, "flag", cell.hash, m.name, self.attempts) < _probit(w.flag_rate(cell, m))
+        noise = quality.NOISE["gpu_flagged" if flagged else "gpu"]
+        log = w.speed(cell, m) + noise * _draw(w.seed, "noise", cell.hash, m.name, self.attempts)
+        tps = math.exp(log)
+        step = cell.tokens_per_step / tps
+        cap = ran.adaptive.max_seconds if ran.adaptive and ran.adaptive.max_seconds else None
+        warm, meas = (6, 12 if k % 2 else ran.measured_steps) if flagged else (4, 6)
+        if cap is not None:  # a fixed schedule runs its steps; an adaptive one stops at its time cap
+            warm = min(warm, max(1, int(cap / 2 / step)))
+            meas = max(1, min(meas, ran.measured_steps, int((cap - warm * step) / step)))
+        rec = json.loads(json.dumps(self._ok))
+        rec["metrics"] |= {
+            "tokens_per_s": tps, "step_time_median_s": step, "step_time_mean_s": step,
+            "step_time_p90_s": step * (1.08 if flagged else 1.02),
+            "gpu_util_mean_pct": 70.0 if flagged else 95.0, "samples_per_s": tps / cell.seq_len,
+        }  # fmt: skip
+        peak = math.exp(w.base(cell)[2])
+        rec["memory"] = {"nvml_proc_peak_bytes": int(peak), "host_rss_peak_bytes": rec["memory"]["host_rss_peak_bytes"]}
+        rec["wall_s"] = w.base(cell)[3] + (warm + meas) * step
+        for k_ in ("steps", "step_times_s", "losses", "telemetry", "log_tail"):
+            rec.pop(k_, None)
+        return rec
+
+
+def _probit(p: float) -> float:
+    """The standard normal's p-quantile (a draw below it happens with chance p)."""
+    return statistics.NormalDist().inv_cdf(p)
+
+
+# -- one trial ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Trial:
+    seed: int
+    wrong_leaders: list[str]
+    effects: int  # effects called faster or slower
+    wrong_effects: list[str]
+    spent_s: float
+    settled: bool
+    calls: int
+
+
+def _templates() -> tuple[dict, dict, dict]:
+    recs = [json.loads(line) for line in open(TEMPLATE)]
+    first = {st: next(r for r in recs if r["status"] == st) for st in ("ok", "error", "cuda_oom")}
+    return first["ok"], first["error"], first["cuda_oom"]
+
+
+def _call(matrix: str, path: Path, sim: SimRecording, budget: float, resume: bool) -> list[str]:
+    lines: list[str] = []
+    run(matrix, results=str(path), replay=sim, answer=answer.Settings(budget_s=budget), progress=False,
+        printer=lines.append, resume=resume)  # fmt: skip
+    return lines
+
+
+def _settled(path: Path) -> bool:
+    """Whether the last call left no cell that could still change the answer."""
+    recs = Store(path).records()
+    last = [r for r in recs if r["run_id"] == recs[-1]["run_id"] and r["status"] == Status.UNMEASURED.value]
+    return not any((r.get("answer") or {}).get("needed") for r in last)
+
+
+def trial(matrix: str, seed: int, workdir: Path, first_s: float = FIRST_CALL_S, cap_s: float = CAP_S) -> Trial:
+    """One synthetic truth, answered in up to two calls on two machines, and scored."""
+    ok, failed, oom = _templates()
+    platform = Recording([TEMPLATE]).platform()
+    hw = hardware(platform)
+    items = _runnable(matrix, platform, hw)
+    optimizers = sorted({it.cell.optimizer for it in items} - {"adamw", "fusedadam"})
+    world = World(seed, hw, ok, optimizers)
+    sim = SimRecording(world, ok, failed, oom)
+    path = workdir / f"trial-{seed}.jsonl"
+    _call(matrix, path, sim, first_s, resume=False)
+    calls = 1
+    if not _settled(path):
+        sim.machine = world.machines[1]
+        _call(matrix, path, sim, cap_s, resume=True)
+        calls = 2
+    recs = Store(path).records()
+    s = _search(items, hw, recs)
+    wrong, called, wrong_fx = _score(s, world, recs)
+    spent = sum(r.get("wall_s") or 0.0 for r in recs if r["status"] not in ("started", "unmeasured", "skipped"))
+    return Trial(seed, wrong, called, wrong_fx, spent, _settled(path), calls)
+
+
+def _runnable(matrix: str, platform, hw) -> list[Planned]:
+    items, _, free = arrange(answer_plan(matrix, platform).items, hw, 0.1, True, "early")
+    return [it for it in items if it.skip is None and id(it) not in free]
+
+
+def answer_plan(matrix: str, platform):
+    """The plan answer mode runs (bench.execute.run: micro-batches expanded where it searches them)."""
+    from bench.execute.run import answer_items
+
+    return answer_items(plan(matrix, platform=platform), platform)
+
+
+def _search(items: list[Planned], hw, recs: list[dict]) -> answer.Search:
+    s = answer.Search(items, hw, answer.Settings(), True)
+    for r in recs:
+        if r["status"] not in ("started", "unmeasured", "skipped", "implied_oom"):
+            s.observe(parse(r), (r.get("answer") or {}).get("rung"))
+    return s
+
+
+def _score(s: answer.Search, world: World, recs: list[dict]) -> tuple[list[str], int, list[str]]:
+    """The groups whose fastest cell is wrong in truth, the effects called, those called the wrong way."""
+    machine = {m.id: m for m in world.machines}
+    ref = machine.get((s.offsets.ref or "@").split("@")[1], world.machines[0])
+    tol = math.log(1 + s.s.speed_tolerance)
+    wrong = []
+    for g in s._groups():
+        runs = [c for c in s.candidates if c.group == g and world.fate(c.cell) is None]
+        if not runs:
+            continue
+        best = max(world.speed(c.cell, ref) for c in runs)
+        lead = s.leader(g)
+        if lead is None or best - world.speed(lead.cell, ref) > tol:
+            wrong.append(answer._group(s.s, g))
+    called, wrong_fx = 0, []
+    for (axis, value, _, pairs, _), (_, _, _, e) in zip(s.effect_pairs(), s.effects()):
+        if e.verdict not in (effects.FASTER, effects.SLOWER):
+            continue
+        called += 1
+        true = []
+        for a, b in pairs:
+            m = machine[sorted(set(a.obs) & set(b.obs))[0].split("@")[1]]
+            true.append(world.speed(b.cell, m) - world.speed(a.cell, m))
+        if (statistics.fmean(true) > 0) != (e.verdict == effects.FASTER):
+            wrong_fx.append(f"{axis}={value}")
+    return wrong, called, wrong_fx
+
+
+# -- many trials ---------------------------------------------------------------------------------------------
+
+
+def _one(args: tuple) -> Trial:
+    matrix, seed, first_s, cap_s = args
+    shm = "/dev/shm" if Path("/dev/shm").is_dir() else None  # every record is fsynced: memory is faster
+    with tempfile.TemporaryDirectory(prefix="answer-sim-", dir=shm) as d:
+        return trial(matrix, seed, Path(d), first_s, cap_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.answer_sim", description=__doc__.split("\n\n")[0])
+    ap.add_argument("matrix")
+    ap.add_argument("--trials", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=1, help="trials side by side (processes)")
+    ap.add_argument("--first-call", type=float, default=FIRST_CALL_S, help="the first call's --budget, seconds")
+    ap.add_argument("--cap", type=float, default=CAP_S, help="cell seconds after which a trial counts as not settled")
+    a = ap.parse_args(argv)
+    if not a.matrix:
+        ap.error("MATRIX is needed")
+    jobs = [(a.matrix, a.seed + k, a.first_call, a.cap) for k in range(a.trials)]
+    if a.jobs > 1:
+        import multiprocessing
+
+        with multiprocessing.get_context("spawn").Pool(a.jobs) as pool:
+            done = list(pool.imap(_one, jobs))
+    else:
+        done = []
+        for j in jobs:
+            done.append(_one(j))
+            t = done[-1]
+            print(f"trial {t.seed}: {t.spent_s / 60:.1f} min in {t.calls} call(s), settled {t.settled}; wrong leader "
+                  f"{t.wrong_leaders or 'none'}; {t.effects} effects called, wrong {t.wrong_effects or 'none'}",
+                  flush=True)  # fmt: skip
+    print(summary(done))
+    return 0
+
+
+def summary(done: list[Trial]) -> str:
+    """The last line: wrong leaders, wrong effect signs, cell time to settle (median, p90)."""
+    minutes = sorted(t.spent_s / 60 for t in done)
+    p90 = minutes[min(len(minutes) - 1, math.ceil(0.9 * len(minutes)) - 1)]
+    return (
+        f"answer_sim: wrong leader in {sum(bool(t.wrong_leaders) for t in done)} of {len(done)}; wrong effect sign in "
+        f"{sum(len(t.wrong_effects) for t in done)} of {sum(t.effects for t in done)}; cell time to settle median "
+        f"{statistics.median(minutes):.1f} min, p90 {p90:.1f} min"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
