@@ -33,11 +33,17 @@ def test_every_matrix_key_is_described():
 def test_results_catalogue_names_every_file():
     # Every committed results file (a run of the user's that wrote results/NAME.jsonl beside them is not one).
     text = (ROOT / "results" / "README.md").read_text()
-    files = docs.tracked("results", "*.jsonl") + docs.tracked("results/gpu-evidence")
+    files = docs.tracked("results", "*.jsonl") + docs.tracked("results/held-out") + docs.tracked("results/gpu-evidence")
     missing = [f.name for f in files if f"`{f.name}`" not in text]
     assert not missing, f"results/README.md does not describe {missing}"
     named = set(re.findall(r"`([\w][\w.+-]*\.(?:jsonl|log|py|txt))`", text))
-    where = [ROOT / "results", ROOT / "results" / "gpu-evidence", ROOT / "results" / "ci-cpu-gate", ROOT / "reports"]
+    where = [
+        ROOT / "results",
+        ROOT / "results" / "held-out",
+        ROOT / "results" / "gpu-evidence",
+        ROOT / "results" / "ci-cpu-gate",
+        ROOT / "reports",
+    ]
     gone = sorted(n for n in named if not any((d / n).exists() for d in where))
     assert not gone, f"results/README.md names files that do not exist: {gone}"
 
