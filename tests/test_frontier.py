@@ -94,5 +94,5 @@ def test_dry_run_of_the_7b_matrix_with_its_time_and_frontier_takes_under_10_seco
     out = _zerobench("run", "matrices/7b.yaml", "--dry-run", "--assume-gpus", gpus, "--gpu-mem", "143771MiB")
     assert time.monotonic() - t0 < 10
     # Host memory is not judged (no --host-mem): only the GPU's 140.4 GiB prunes.
-    assert "predicted GPU time (982 cells" in out and _frontier_block(out)
+    assert "predicted GPU time (2778 cells" in out and _frontier_block(out)
     assert (f"on {gpus} GPUs side by side" in out) == (gpus == "8")
