@@ -96,14 +96,14 @@ RUNS = [
 ]
 
 
-def _trained(out) -> tuple[bool, list | None]:
+def _trained(out, runaway_only: bool = False) -> tuple[bool, list | None]:
     """Whether the cell trained: it ended ok, every loss finite, and its last two steps' mean loss is below its
     first step's by more than noise; with the losses. A 7B cell of four steps is asked only not to run away:
     its first Adam steps moved a random 7B model's loss 10.99 -> 11.22 -> 10.98."""
     losses = out.ranks[0].get("losses") if out.ranks else None
     if out.status.value != "ok" or not losses or not all(x is not None and math.isfinite(x) for x in losses):
         return False, losses
-    if len(losses) < 8:
+    if runaway_only:
         return max(losses) < losses[0] + 1.0, losses
     return sum(losses[-2:]) / 2 < losses[0] - 0.05, losses
 
@@ -120,7 +120,7 @@ def test_rule_holds_on_gpu(tmp_path, rule, cell, says):
     skip = rules.check(cell, GPU)
     assert skip is not None and skip.rule == rule
     out = launch.run_cell(cell, dsconfig.build(cell), log_path=tmp_path / "log", gpus=[0])
-    trained, losses = _trained(out)
+    trained, losses = _trained(out, runaway_only=cell.model == BIG["model"])
     print(rule, out.status.value, losses, out.reason[:300])
     assert not trained, f"{rule}: the combination trained on this GPU (losses {losses}); the rule must go"
     if out.status.value != "ok":
@@ -131,7 +131,7 @@ def test_rule_holds_on_gpu(tmp_path, rule, cell, says):
 def test_formerly_ruled_out_combination_runs(tmp_path, name, cell):
     assert rules.check(cell, GPU) is None, f"{name}: a rule stops it again; show it failing on a GPU first"
     out = launch.run_cell(cell, dsconfig.build(cell), log_path=tmp_path / "log", gpus=[0])
-    trained, losses = _trained(out)
+    trained, losses = _trained(out, runaway_only=cell.model == BIG["model"])
     assert trained, f"{name}: {out.status.value}, losses {losses}: {out.reason[:300]}"
     spec = OPTIMIZERS[cell.optimizer]
     assert out.ranks[0]["optimizer_class"].rsplit(".", 1)[-1] in (spec.cls, *spec.built_as)
