@@ -6,8 +6,9 @@ failure in two cells reads the same ("RuntimeError in phase measured: optimizer 
 (bench.schedule).
 
 The failing settings of a signature are the axis values every cell that failed with it shares, narrowed by the
-cells that ran: the values none of them has, or where each value is in some cell that ran, the fewest of
-them (rarest among those cells first) that no cell that ran has together. A cell with all of them is expected
+cells that ran: those the error's message names ('paged_adamw', "the Trainer": what the code that failed knew
+of), where no cell that ran has them together; else the values none of them has, or where each value is in
+some cell that ran, the fewest of them (rarest among those cells first) that no cell that ran has together. A cell with all of them is expected
 to repeat the error. One failure says nothing about which of its values caused it, so a signature teaches from
 its second attempt on: the search spends two attempts on a signature, then measures no cell expected to repeat
 it, and each such cell's record names the error. Where a cell that ran has every value the failures share,
@@ -104,6 +105,9 @@ class Lessons:
         common = {k: v for k, v in shared(failed).items() if v is not None and (k, v) not in self.background.items()}
         if not common or any(_has(r, common) for r in self.ran):
             return None
+        named = {k: v for k, v in common.items() if _named(v, sig)}
+        if named and not any(_has(r, named) for r in self.ran):
+            return named
         count = collections.Counter((k, r.get(k)) for r in self.ran for k in common)
         keep = {k: v for k, v in common.items() if not count[(k, v)]}
         if keep:
@@ -140,6 +144,15 @@ class Lessons:
             )
             lines.append(f"  error, {len(seen)} attempt(s): {sig} ({what})")
         return lines
+
+
+def _named(value: Any, sig: str) -> bool:
+    """Whether an error's signature names an axis value: the value, or a word of four letters or more of it, as a
+    word of the message ('paged_adamw'; "Trainer" for hf_trainer). Numbers and flags are not names."""
+    if not isinstance(value, str):
+        return False
+    words = [value, *(w for w in re.split(r"[_.-]", value) if len(w) >= 4 and w.isalpha())]
+    return any(re.search(rf"(?<![\w-]){re.escape(w)}(?![\w-])", sig, re.IGNORECASE) for w in words)
 
 
 def _text(settings: dict) -> str:
