@@ -8,11 +8,11 @@ failure in two cells reads the same ("RuntimeError in phase measured: optimizer 
 The failing settings of a signature are the axis values every cell that failed with it shares, narrowed by the
 cells that ran: those the error's message names ('paged_adamw', "the Trainer": what the code that failed knew
 of), where no cell that ran has them together; else the values none of them has, or where each value is in
-some cell that ran, the fewest of them (rarest among those cells first) that no cell that ran has together.
-A cell with all of them is expected to repeat the error. One failure says nothing about which of its values
-caused it, so a signature teaches from its second attempt on: the search spends two attempts on a signature, then measures no cell expected to repeat
-it, and each such cell's record names the error. Where a cell that ran has every value the failures share,
-the error is not a matter of settings, and nothing is expected of it.
+some cell that ran, the fewest of them (rarest among those cells first) that no cell that ran has together. A
+cell with all of them is expected to repeat the error. One failure says nothing about which of its values
+caused it, so a signature teaches from its second attempt on: the search spends two attempts on a signature,
+then measures no cell expected to repeat it, and each such cell's record names the error. Where a cell that
+ran has every value the failures share, the error is not a matter of settings, and nothing is expected of it.
 
 Pure: no I/O. The search (bench.execute.answer) feeds it outcomes and asks which cells to leave.
 """
