@@ -496,14 +496,15 @@ class Search:
         return max(sds) if sds else self.noise
 
     def tie(self, m: Candidate, lead: Candidate) -> bool:
-        """Two cells measured in one block that even MAX_MEASUREMENTS of each there could not tell apart by more
-        than the speed tolerance: measuring them again is futile, and the answer names both."""
+        """Two cells measured in one block whose gap even MAX_MEASUREMENTS of each there could not place on either
+        side of the speed tolerance (m over the leader by more, or surely not): measuring them again is futile,
+        and the answer names both. A gap well inside the tolerance is not a tie: more measurements can show it."""
         if not set(m.obs) & set(lead.obs):
             return False  # measured again in one block, they compare directly
-        gap = abs(self.gap(m, lead)[0])
+        gap = self.gap(m, lead)[0]
         noise = math.hypot(self._noise_of(m), self._noise_of(lead))
         best = Z1 * noise / math.sqrt(MAX_MEASUREMENTS)  # the noise left after MAX measurements each
-        return gap < math.log(1 + self.s.speed_tolerance) + best
+        return abs(gap - math.log(1 + self.s.speed_tolerance)) < best
 
     def could_lead(self, c: Candidate) -> bool:
         lead = self.leader(c.group)
