@@ -184,6 +184,8 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = MappingProxyType(
         ),
         # No bf16 path: "lamb_cuda_kernel" not implemented for 'BFloat16' (H200, deepspeed 0.19.6).
         # Not among the optimizers DeepSpeed's ZeRO takes (runtime/zero/utils.py ZERO_SUPPORTED_OPTIMIZERS).
+        # Its trust ratio scales each layer's step to lr x the layer's weight norm: at an AdamW learning rate its
+        # loss barely moves (results/gpu-evidence/2026-12-03_lamb-lr-*); a LAMB matrix wants a LAMB rate.
         "fusedlamb": OptimizerSpec(
             cls="FusedLamb",
             ds_section=_section("Lamb"),

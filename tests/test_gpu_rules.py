@@ -63,14 +63,15 @@ CASES = [
     ),
 ]
 
-# Combinations no rule forbids: they must train. FusedLamb in fp16 at ZeRO-0 is not among them: it ends ok, but its
-# loss went 7.65 -> 7.61 in 21 steps on the tiny model and 10.77 -> 10.72 in 11 on the 1.1B (results/gpu-evidence/
-# 2026-12-03_gpu-rules-h200_24-passed-2-failed.log, results/1b-axes-2.jsonl): neither trained nor failed, with no
-# cause found, so neither a rule nor a requirement. Some were rules once and ran on the H200
+# Combinations no rule forbids: they must train. Some were rules once and ran on the H200
 # (results/gpu-evidence/2026-11-30_gpu-rules-h200.log and 2026-11-30_gpu-rules-h200_removed-rules.log); the others
-# are the other side of a rule above.
+# are the other side of a rule above. FusedLamb trains at a LAMB learning rate: its trust ratio scales each layer's
+# step to lr times the layer's weight norm, so at an AdamW rate it barely moves (fp16, ZeRO-0, tiny model, 21
+# steps on one H200: 7.65 -> 7.62 at 1e-3, 7.50 at 1e-2, 6.18 at 1e-1, where FusedAdam went to 6.82, 6.33 and NaN:
+# results/gpu-evidence/2026-12-03_lamb-lr-*).
 RUNS = [
     ("onebit-fp16", Cell(zero_stage=0, optimizer="onebitadam", precision="fp16", **SMALL)),
+    ("fusedlamb-zero0", Cell(zero_stage=0, optimizer="fusedlamb", precision="fp16", lr=1e-1, **SMALL)),
     ("onebit-lora", Cell(optimizer="onebitadam", precision="fp16", peft="lora", lora=Lora(r=8), **SMALL)),
     ("onebitlamb-fp16", Cell(zero_stage=0, optimizer="onebitlamb", precision="fp16", **SMALL)),
     ("bnb-7b-zero0", Cell(zero_stage=0, optimizer="adamw_8bit", precision="bf16", **BIG)),
