@@ -3,12 +3,16 @@
 - `gpu`-marked tests need CUDA: they skip without it (a skip is never evidence; run them on the GPU host).
 - Every other test runs with CUDA hidden (CUDA_VISIBLE_DEVICES=""), inherited by the workers it
   starts, so an unmarked test cannot quietly use a GPU: on a GPU host it would fail instead.
+- Ctrl-C reaches the processes the tests start: a suite started in the background of a shell without job
+  control (`bash .ci/run &`) inherits SIGINT ignored, and so would every `zerobench` a test then stops with
+  SIGINT (it would run on and exit 0). A handler, unlike "ignored", is not inherited past exec.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +21,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @functools.cache
