@@ -49,6 +49,7 @@ preparation (op builds, QLoRA checkpoints: not cell time), and interactions of t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -387,16 +388,17 @@ def main(argv: list[str] | None = None) -> int:
     if not a.matrix:
         ap.error("MATRIX is needed")
     jobs = [(a.matrix, a.seed + k, a.first_call, a.cap) for k in range(a.trials)]
-    if a.jobs > 1:
-        import multiprocessing
+    done: list[Trial] = []
+    with contextlib.ExitStack() as stack:
+        if a.jobs > 1:
+            import multiprocessing
 
-        with multiprocessing.get_context("spawn").Pool(a.jobs) as pool:
-            done = list(pool.imap(_one, jobs))
-    else:
-        done = []
-        for j in jobs:
-            done.append(_one(j))
-            t = done[-1]
+            pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(a.jobs))
+            trials = pool.imap(_one, jobs)
+        else:
+            trials = map(_one, jobs)
+        for t in trials:  # each as it ends: a 50-trial run takes an hour, and says where it is
+            done.append(t)
             print(f"trial {t.seed}: {t.spent_s / 60:.1f} min in {t.calls} call(s), settled {t.settled}; wrong leader "
                   f"{t.wrong_leaders or 'none'}; {t.effects} effects called, wrong {t.wrong_effects or 'none'}",
                   flush=True)  # fmt: skip
