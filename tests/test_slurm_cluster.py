@@ -79,8 +79,20 @@ def _raise() -> None:
 
 
 def _sleep(s: float) -> str:
+    print(SLEEPING, flush=True)  # submitit calls this after it installed its signal handlers
     time.sleep(s)
     return "slept"
+
+
+SLEEPING = "zerobench-test: sleeping"
+
+
+def _sleeping(job, timeout_s: float = 180.0) -> None:
+    """Wait until the job's function runs: submitit's handlers are in place (an event, not a guess in seconds)."""
+    deadline = time.time() + timeout_s
+    while SLEEPING not in (job.stdout() or ""):
+        assert time.time() < deadline, f"job {job.job_id} did not start its function: {job.stdout()}"
+        time.sleep(0.3)
 
 
 def _sleep_through_usr2(s: float) -> str:
@@ -128,8 +140,7 @@ def test_scancel_memory_and_preemption_leave_no_result(slurm_cluster, submitit_o
     c = slurm_cluster
     cancelled = submitit_on(slurm_additional_parameters={"nodelist": "n1"}).submit(_sleep, 300)
     hog = submitit_on(slurm_mem="200M", slurm_additional_parameters={"nodelist": "n1"}).submit(_hog)
-    c.wait_state(cancelled.job_id, "RUNNING")
-    time.sleep(2)  # past submitit's start: its signal handlers are installed
+    _sleeping(cancelled)
     c.run("scancel", cancelled.job_id)
     info = c.wait_ended(cancelled.job_id)
     assert (info["JobState"], info["ExitCode"]) == ("CANCELLED", "0:15")
@@ -143,8 +154,7 @@ def test_scancel_memory_and_preemption_leave_no_result(slurm_cluster, submitit_o
 
     # Preemption: a job of the higher-tier partition takes both CPUs of n2 from a job of `cells`.
     low = submitit_on(cpus_per_task=os.cpu_count(), slurm_additional_parameters={"nodelist": "n2"}).submit(_sleep, 300)
-    c.wait_state(low.job_id, "RUNNING")
-    time.sleep(2)
+    _sleeping(low)
     c.run(
         "sbatch", "-p", "urgent", "-w", "n2", f"-c{os.cpu_count()}", "--mem=100M", "-o", "/dev/null", "--wrap", "true"
     )
