@@ -127,6 +127,14 @@ def test_the_values_an_error_names_are_its_failing_settings_before_values_not_ye
     assert lessons.settings(sig) == {"optimizer": "paged_adamw", "engine": "hf_trainer"}
     assert lessons.expected(_cell(gc=False, optimizer="paged_adamw", peft="lora", engine="hf_trainer")) == sig
     assert lessons.expected(_cell(gc=True, optimizer="adamw", peft="qlora")) is None
+    # "None" in a message names no setting: with only LoRA cells run so far, "expected a Tensor, got None" does not
+    # make peft=none alone the failing settings (every full fine-tune would be left), only with the optimizer.
+    got_none = "TypeError: expected a Tensor, got None"
+    fresh = Lessons()
+    fresh.observe(_end("ok"), "lora", _cell(peft="lora"))
+    for z in (0, 1):
+        fresh.observe(_end("error", got_none), f"n{z}", _cell(zero_stage=z, optimizer="fusedadam"))
+    assert fresh.settings(signature(_end("error", got_none))) == {"optimizer": "fusedadam", "peft": "none"}
     # Where the named values ran together, they are not the cause: the values no cell that ran has are.
     lessons.observe(_end("ok"), "both", _cell(optimizer="paged_adamw", engine="hf_trainer"))
     assert lessons.settings(sig) == {"gc": True}

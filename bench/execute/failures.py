@@ -148,8 +148,9 @@ class Lessons:
 
 def _named(value: Any, sig: str) -> bool:
     """Whether an error's signature names an axis value: the value, or a word of four letters or more of it, as a
-    word of the message ('paged_adamw'; "Trainer" for hf_trainer). Numbers and flags are not names."""
-    if not isinstance(value, str):
+    word of the message ('paged_adamw'; "Trainer" for hf_trainer). Numbers, flags and "none" (peft, offload: a
+    Python error's "got None" names no setting) are not names."""
+    if not isinstance(value, str) or value == "none":
         return False
     words = [value, *(w for w in re.split(r"[_.-]", value) if len(w) >= 4 and w.isalpha())]
     return any(re.search(rf"(?<![\w-]){re.escape(w)}(?![\w-])", sig, re.IGNORECASE) for w in words)
