@@ -90,6 +90,20 @@ def agree_across_nodes(across: dict, within: dict) -> None:
     assert "nodes" not in within and all("node" not in r for r in within["ranks"])
 
 
+def ends_as_planned(matrix: Path, ends: list[dict]) -> list[dict]:
+    """The ends of a whole run of `matrix` through another executor, as `local` ends it: the same cells skipped by
+    the same rules, every other one ok (local's ends of the whole matrix: tests/test_e2e_cpu.py; running it again
+    would prove that twice). The ok records."""
+    from bench.execute.plan import host_platform, plan
+
+    planned = plan(str(matrix), platform=host_platform(None))
+    expected = {it.cell.hash: ("skipped", it.skip.rule) if it.skip else ("ok", None) for it in planned.items}
+    got = {x["cell_hash"]: (x["status"], (x.get("skip") or {}).get("rule")) for x in ends}
+    assert got == expected, [(x["cell_name"], x["reason"]) for x in ends if x["status"] not in ("ok", "skipped")]
+    assert len(ends) == len(got)  # one end per cell: nothing ran twice
+    return [x for x in ends if x["status"] == "ok"]
+
+
 def blamed_on_the_second_node(rec: dict) -> dict:
     """The record of a 2 nodes x 1 rank cell whose rank 1 SIGKILLed itself at step 2 (ZEROBENCH_FAULT sigkill@2#1):
     killed, blamed on rank 1 on node 1 and its host; that node ended by itself. Its nodes, by node."""

@@ -154,7 +154,7 @@ class SlurmCluster:
     def resume(self, node: str) -> None:
         """Bring a node set down by a test back, and wait until it takes jobs again."""
         self.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
-        _wait(lambda: self.node_states().get(node) == "idle", 30, f"node {node} back to idle", self)
+        wait_until(lambda: self.node_states().get(node) == "idle", 30, f"node {node} back to idle", self)
 
     def logs(self, lines: int = 15) -> str:
         parts = []
@@ -168,7 +168,7 @@ class SlurmCluster:
         try:
             if self.procs.get("slurmctld") and self.procs["slurmctld"].poll() is None:
                 self.run("scancel", "--full", "--user", getpass.getuser(), check=False, timeout=30)
-                _wait(lambda: not self.run("squeue", "-h", check=False).stdout.strip(), 30, "no job left", None)
+                wait_until(lambda: not self.run("squeue", "-h", check=False).stdout.strip(), 30, "no job left", None)
         except (subprocess.SubprocessError, TimeoutError, OSError):
             pass  # stopping regardless: whatever is left is ended below
         for name in sorted(self.procs, key=lambda n: ("slurmd" not in n, n != "slurmctld")):  # slurmd, ctld, munge
@@ -206,7 +206,7 @@ def _end_strays(conf: str) -> None:
     psutil.wait_procs(strays, timeout=10)
 
 
-def _wait(ok, timeout: float, what: str, cluster: SlurmCluster | None) -> None:
+def wait_until(ok, timeout: float, what: str, cluster: SlurmCluster | None) -> None:
     deadline = time.time() + timeout
     while not ok():
         if time.time() > deadline:
@@ -294,7 +294,7 @@ def start(
     cluster = SlurmCluster(root=root, nodes=names, gpus_per_node=gpus_per_node, conf=conf)
     try:
         _launch(cluster, key)
-        _wait(lambda: all(cluster.node_states().get(n) == "idle" for n in names), timeout_s, "idle nodes", cluster)
+        wait_until(lambda: all(cluster.node_states().get(n) == "idle" for n in names), timeout_s, "idle nodes", cluster)
     except BaseException:
         cluster.stop()
         raise
@@ -316,7 +316,7 @@ def _launch(cluster: SlurmCluster, key: Path) -> None:
     munged = [_binary("munged"), "-F", "--force", f"--key-file={key}", f"--socket={sock}"]
     munged += [f"--pid-file={root}/run/munged.pid", f"--log-file={root}/log/munged.log"]
     daemon("munged", [*munged, f"--seed-file={root}/run/munge.seed"])
-    _wait(sock.exists, 15, "munged's socket", cluster)
+    wait_until(sock.exists, 15, "munged's socket", cluster)
     daemon("slurmctld", [_binary("slurmctld"), "-D", "-i", "-f", str(cluster.conf)])
     for n in cluster.nodes:
         daemon(f"slurmd-{n}", [_binary("slurmd"), "-D", "-N", n, "-f", str(cluster.conf)])

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from .slurm_cluster import wait_until
+
 
 def test_sbatch_and_srun_run_on_both_nodes(slurm_cluster, tmp_path):
     c = slurm_cluster
@@ -89,10 +91,7 @@ SLEEPING = "zerobench-test: sleeping"
 
 def _sleeping(job, timeout_s: float = 180.0) -> None:
     """Wait until the job's function runs: submitit's handlers are in place (an event, not a guess in seconds)."""
-    deadline = time.time() + timeout_s
-    while SLEEPING not in (job.stdout() or ""):
-        assert time.time() < deadline, f"job {job.job_id} did not start its function: {job.stdout()}"
-        time.sleep(0.3)
+    wait_until(lambda: SLEEPING in (job.stdout() or ""), timeout_s, f"job {job.job_id} to start its function", None)
 
 
 def _sleep_through_usr2(s: float) -> str:
