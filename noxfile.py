@@ -155,7 +155,7 @@ def lint(session):
 def ds_tables(session):
     """Regenerate bench/dsconfig_keys.json from the pinned DeepSpeed's config models (`-- --check`: compare only)."""
     _install(session)
-    session.run("python", "-m", "bench.dsconfig_gen", *session.posargs)
+    session.run("python", "-m", "bench.matrix.dsconfig_gen", *session.posargs)
 
 
 @nox.session(python=False)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .problems import ConfigError, InputError
+from .matrix.problems import ConfigError, InputError
 
 DEFAULT_MATRIX = Path(__file__).parent / "matrices" / "smoke.yaml"
 LOCAL = "local"
@@ -73,7 +73,7 @@ def _assumed_platform(n: int | None, host_mem: int | None = None):
     memory is host_mem (--host-mem), not this machine's: unknown (nothing pruned for it) when not given."""
     if not n:
         return None
-    from . import env
+    from .host import env
 
     real = env.probe()
     versions = {**real.versions, **{d: real.versions.get(d) or "assumed" for d in ("bitsandbytes", "liger-kernel")}}
@@ -133,7 +133,7 @@ def _skip_summary(p, args, where: str | None, reasons: bool) -> list[str]:
 
 def _duration(text: str) -> float:
     """Seconds from "90", "90s", "20m", "1h", "1h30m"."""
-    from .matrix import duration_s
+    from .matrix.spec import duration_s
 
     try:
         return duration_s(text)
@@ -151,8 +151,8 @@ def _answer_settings(args):
         return None
     if args.repeats:
         raise ValueError("--repeats with --answer: answer mode measures a cell again only while it is in contention")
-    from .axes import AXIS
     from .execute.answer import Settings
+    from .matrix.axes import AXIS
 
     group_by = tuple(g.strip() for g in (args.group_by or "peft").split(",") if g.strip())
     unknown = [g for g in group_by if g not in AXIS]
@@ -177,7 +177,7 @@ def _level(text: str) -> float:
     return v
 
 
-# zerobench run's Slurm options: the matrix's slurm block keys they override (bench.matrix.SlurmSettings).
+# zerobench run's Slurm options: the matrix's slurm block keys they override (bench.matrix.spec.SlurmSettings).
 _SLURM_OPTIONS = {
     "partition": "--partition",
     "account": "--account",
@@ -201,7 +201,7 @@ def _slurm_options(args) -> dict | None:
         raise ValueError("--assume-gpus with --executor slurm: the partition's nodes say what a cell has (sinfo)")
     from pydantic import ValidationError
 
-    from .matrix import SlurmSettings
+    from .matrix.spec import SlurmSettings
 
     try:
         SlurmSettings.model_validate(given)
@@ -214,7 +214,7 @@ def _slurm_options(args) -> dict | None:
 def _slurm_platform(args, options: dict):
     """A Slurm dry run: the partition's platform (the matrix's slurm block under the command line's options)."""
     from .execute import slurm
-    from .matrix import load
+    from .matrix.spec import load
 
     block = load(_resolve(args.matrix), ds_configs=args.ds_config).slurm.model_copy(update=options)
     part = slurm.partition(block.partition)
@@ -226,7 +226,7 @@ def _embedded_default_paths(args) -> None:
     if args.matrix is not None:
         return
     from .execute import default_results_path
-    from .matrix import load
+    from .matrix.spec import load
 
     path = default_results_path(load(str(DEFAULT_MATRIX)).name, args.shard)
     args.results = args.results or str(path.parent / LOCAL / path.name)
@@ -272,7 +272,7 @@ def cmd_run(args) -> int:
             to_wandb([rec], project=args.wandb_project, directory=args.wandb_dir)
 
     from .execute import HarnessError
-    from .store import StoreWriteError
+    from .records.store import StoreWriteError
 
     try:
         answer = _answer_settings(args)
@@ -373,11 +373,11 @@ def _dry_run(args, src: str, slurm_options: dict | None, gpu_mem: int | None, ho
 def _recorded(args, src: str) -> frozenset[str]:
     """Hashes of the cells the results file already has an outcome for (their first repeat): what --resume
     leaves as it is."""
-    from . import matrix
     from .execute import default_results_path
-    from .store import Store
+    from .matrix import spec
+    from .records.store import Store
 
-    path = Path(args.results or default_results_path(matrix.load(src, args.ds_config).name, args.shard))
+    path = Path(args.results or default_results_path(spec.load(src, args.ds_config).name, args.shard))
     if not path.is_file():
         return frozenset()
     done, _ = Store(path).resume_state()
@@ -419,8 +419,8 @@ def cmd_report(args) -> int:
     try:
         written = write_reports(paths, out, formats=args.format, baseline=baseline or None)
         if args.csv or args.parquet:
+            from .judge.results import load
             from .report import export
-            from .results import load
 
             df = load(*paths)
             written += [export.to_csv(df, args.csv)] if args.csv else []
@@ -434,7 +434,7 @@ def cmd_report(args) -> int:
 
 def _latest_records(paths: list[str]) -> list[dict]:
     """The last attempt of each cell (per matrix), in first-seen order."""
-    from .store import read
+    from .records.store import read
 
     last: dict[tuple, dict] = {}
     for path in paths:
@@ -445,16 +445,16 @@ def _latest_records(paths: list[str]) -> list[dict]:
 
 
 def cmd_export(args) -> int:
+    from .records.store import read
     from .report.tracking import TrackerError, to_wandb
-    from .store import read
 
     missing = [p for p in args.results if not Path(p).is_file()]
     if missing:
         print(f"zerobench export: no such results file: {', '.join(missing)}", file=sys.stderr)
         return 2
     if args.pytest_benchmark:
+        from .judge.results import load
         from .report.export import to_pytest_benchmark
-        from .results import load
 
         df = load(*args.results)
         path, n, left = to_pytest_benchmark(df, args.pytest_benchmark)
@@ -497,9 +497,9 @@ def _results_files(path: str) -> list[Path]:
 def cmd_compare(args) -> int:
     """Exit 0: no regression; 1: a regression; 2: bad input (no such file, no records, bad thresholds); 3: it
     compared too little (compare.Comparison.too_little)."""
-    from . import compare
-    from .results import load
-    from .store import read
+    from .judge import compare
+    from .judge.results import load
+    from .records.store import read
 
     sides = {}
     for name, path in (("baseline", args.baseline), ("current", args.current)):
@@ -531,7 +531,7 @@ def cmd_compare(args) -> int:
     text = compare.markdown(cmp)
     if args.md:
         Path(args.md).parent.mkdir(parents=True, exist_ok=True)
-        from .safefile import write_atomic
+        from .host.safefile import write_atomic
 
         with write_atomic(args.md) as f:  # a link at the path is replaced, not written through
             f.write(text)
@@ -549,8 +549,8 @@ def cmd_compare(args) -> int:
 
 
 def cmd_selfcheck(args) -> int:
-    from .selfcheck import selfcheck
-    from .store import StoreWriteError
+    from .execute.selfcheck import selfcheck
+    from .records.store import StoreWriteError
 
     try:
         path, _ = selfcheck(_resolve(args.matrix), filters=args.filter, results=args.results)
@@ -573,16 +573,17 @@ def cmd_estimate(args) -> int:
         return 2
     if args.check:
         return _estimate_check(args)
-    from . import env, matrix
     from .estimate.table import as_json, estimate_cells, text
     from .execute.plan import select
+    from .host import env
+    from .matrix import spec
 
     if gpu_mem is None or host_mem is None:
         here = env.probe()  # this machine's GPU and host memory, unless given
         gpu_mem = gpu_mem or (here.gpus[0].memory_bytes if here.gpus else None)
         host_mem = host_mem or here.host_memory_bytes or None
-    m = matrix.load(_resolve(args.matrix), ds_configs=args.ds_config)
-    cells = select(matrix.expand(m), args.filter)
+    m = spec.load(_resolve(args.matrix), ds_configs=args.ds_config)
+    cells = select(spec.expand(m), args.filter)
     hw = Hardware(gpu_memory_bytes=gpu_mem, host_memory_bytes=host_mem)
     rows = estimate_cells(cells, hw, gpus=args.gpus)
     print(as_json(rows, hw, args.margin) if args.json else text(rows, hw, args.margin))
@@ -696,7 +697,7 @@ def _time_check(files: list[str], gpu: str) -> None:
 def cmd_schema(args) -> int:
     import json
 
-    from .record import json_schema
+    from .records.record import json_schema
 
     text = json.dumps(json_schema(), indent=2) + "\n"
     if args.output:
@@ -708,7 +709,8 @@ def cmd_schema(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import __version__, schedule
+    from . import __version__
+    from .execute import schedule
 
     ap = argparse.ArgumentParser(prog="zerobench", description="Benchmark and ablate DeepSpeed/PEFT training setups.")
     ap.add_argument("--version", action="version", version=f"zerobench {__version__}")
@@ -1009,7 +1011,7 @@ def main(argv: list[str] | None = None) -> int:
     sp.set_defaults(func=cmd_schema)
 
     args = ap.parse_args(argv)
-    from .record import RecordVersionError
+    from .records.record import RecordVersionError
 
     try:
         return args.func(args)

@@ -12,7 +12,7 @@ median step time) and a within-run interval, and only repeats enter the tests.
 The one rule for a noisy figure (tokens/s, step time), wherever two are compared (`zerobench compare`, the
 reports' knob effects and fastest cells, answer mode's console): on the log scale, the difference of the two
 sides' mean logs, with a variance that is the larger of what the measurements' noise allows (each
-measurement's noise, measured on the committed runs: bench.quality) and what their own spread shows (the
+measurement's noise, measured on the committed runs: bench.records.quality) and what their own spread shows (the
 pooled sample variance, from one degree of freedom up); the interval is normal at the confidence it states
 (`interval`). The verdict follows from that interval alone (`beyond`): a change is called only when the whole
 interval lies beyond the minimum effect (above 1 + min_effect, or below 1 / (1 + min_effect)); an interval
@@ -335,7 +335,7 @@ def judge_noisy(
     """A noisy figure (tokens/s, step time) by the one rule (the module's docstring): the ratio of the sides'
     geometric means with its interval at `conf`, called changed only when the interval lies beyond the minimum
     effect. base_sd, cur_sd: each value's noise on the log scale (one figure: the same for every value).
-    offset, offset_var: a difference between the sides' machines (ln, and its variance; bench.blocks), taken
+    offset, offset_var: a difference between the sides' machines (ln, and its variance; bench.judge.blocks), taken
     out of the ratio and added to its uncertainty."""
     pairs = [(x, s) for x, s in zip(base, _each(base_sd, base)) if _positive(x)]
     cpairs = [(x, s) for x, s in zip(cur, _each(cur_sd, cur)) if _positive(x)]

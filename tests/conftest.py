@@ -119,7 +119,7 @@ def blamed_on_the_second_node(rec: dict) -> dict:
 def slurm_cluster():
     """A real Slurm cluster of two nodes on this machine (tests/slurm_cluster.py), for the whole session;
     stopped, with its jobs and folder, when the session ends however it ends."""
-    from . import slurm_cluster as sc
+    from tests import slurm_cluster as sc
 
     why = sc.missing()
     if why:

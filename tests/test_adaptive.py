@@ -1,5 +1,5 @@
 """Adaptive steps (`steps: {warmup: auto, measured: auto}`): the settle and stop rules on known step-time
-sequences (bench/adaptive.py), the matrix syntax and its errors, the identity of cells with fixed steps,
+sequences (bench/records/adaptive.py), the matrix syntax and its errors, the identity of cells with fixed steps,
 the record's `steps`, losses compared at a common step, and real cells run through `zerobench run`."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from bench import adaptive, compare
-from bench.adaptive import Schedule
-from bench.cells import Adaptive, Cell
-from bench.matrix import MatrixError, expand, load, loads
-from bench.record import parse
+from bench.judge import compare
+from bench.judge.results import records_to_frame
+from bench.matrix.cells import Adaptive, Cell
+from bench.matrix.spec import MatrixError, expand, load, loads
+from bench.records import adaptive
+from bench.records.adaptive import Schedule
+from bench.records.record import parse
 from bench.report import analysis
-from bench.results import records_to_frame
-
-from .conftest import TINY, write_matrix, zerobench
+from tests.conftest import TINY, write_matrix, zerobench
 
 ROOT = Path(__file__).resolve().parent.parent
 

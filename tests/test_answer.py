@@ -10,16 +10,16 @@ import random
 
 import pytest
 
-from bench import matrix
-from bench.cells import Cell
 from bench.cli import main as cli
 from bench.estimate.online import Online
 from bench.execute import answer
 from bench.execute.plan import hardware, plan
 from bench.execute.replay import Recording
-from bench.record import parse
-from bench.status import Status
-from bench.store import Store
+from bench.matrix import spec
+from bench.matrix.cells import Cell
+from bench.records.record import parse
+from bench.records.status import Status
+from bench.records.store import Store
 
 # -- the constants and pieces -----------------------------------------------------------------------------
 
@@ -46,8 +46,8 @@ def test_online_learns_the_machine_and_the_knobs_from_a_few_cells():
 def test_rung_zero_is_the_short_schedule_and_rung_one_the_matrixs():
     fixed = Cell(matrix="m", model="llama-tiny", measured_steps=8)
     assert answer.rung_cell(fixed, 0).measured_steps == 4 and answer.rung_cell(fixed, 1) == fixed
-    m = matrix.load("matrices/7b.yaml")
-    c = matrix.expand(m)[0]
+    m = spec.load("matrices/7b.yaml")
+    c = spec.expand(m)[0]
     short = answer.rung_cell(c, 0)
     assert short.adaptive.tolerance == 2 * c.adaptive.tolerance
     assert short.adaptive.max_seconds == c.adaptive.max_seconds / 2

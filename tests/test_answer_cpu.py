@@ -14,9 +14,9 @@ from bench.cli import main as cli
 from bench.execute import answer
 from bench.execute.plan import arrange, hardware, host_platform, plan
 from bench.execute.run import answer_items
-from bench.record import parse
-from bench.status import Status
-from bench.store import Store
+from bench.records.record import parse
+from bench.records.status import Status
+from bench.records.store import Store
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]  # alone: its verdicts are about throughput
 

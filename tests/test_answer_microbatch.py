@@ -9,14 +9,14 @@ import math
 
 import pytest
 
-from bench import matrix
 from bench.estimate import DEFAULT_MARGIN
 from bench.execute import answer
 from bench.execute.plan import hardware, plan
 from bench.execute.replay import Recording
 from bench.execute.run import answer_items, family_of
-from bench.problems import ConfigError, InputError
-from bench.record import parse
+from bench.matrix import spec
+from bench.matrix.problems import ConfigError, InputError
+from bench.records.record import parse
 
 ANSWER_7B = "results/7b-answer-h200.jsonl"
 
@@ -97,5 +97,5 @@ def test_batch_size_is_checked_against_the_micro_batches_and_the_accumulation(tm
     m = tmp_path / "m.yaml"
     m.write_text(f"name: m\nmodel: llama-tiny\nbatch: {batch}\naxes: {{zero_stage: [0, 3]}}\n")
     with pytest.raises(ConfigError) as e:
-        matrix.load(str(m))
+        spec.load(str(m))
     assert says in str(e.value)

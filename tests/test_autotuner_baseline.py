@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import dsconfig, matrix
+from bench.matrix import dsconfig, spec
 from tests.conftest import ROOT, write_matrix
 from tools import autotuner_baseline as tb
 
@@ -101,7 +101,7 @@ def test_the_choice_is_a_one_cell_matrix_of_the_autotuners_file(tmp_path):
     del cfg["autotuning"]
     optimal = tmp_path / "ds_config_optimal.json"
     optimal.write_text(json.dumps(cfg))
-    cells = matrix.expand(matrix.load(tb.choice_matrix(b, {"ds_config_path": str(optimal)}, tmp_path)))
+    cells = spec.expand(spec.load(tb.choice_matrix(b, {"ds_config_path": str(optimal)}, tmp_path)))
     assert len(cells) == 1
     c = cells[0]
     assert (c.zero_stage, c.micro_batch, c.grad_accum, c.grad_ckpt) == (3, 2, 2, True)

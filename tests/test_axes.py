@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 
-from bench import axes, dsconfig, matrix, results, rules
-from bench.cells import AxisValues, Cell
 from bench.execute import prepare
+from bench.judge import results
+from bench.matrix import axes, dsconfig, rules, spec
+from bench.matrix.cells import AxisValues, Cell
 from bench.report import analysis
 
 
 def test_every_list_of_axes_is_the_table():
     names = [a.name for a in axes.AXES]
     assert [f.name for f in dataclasses.fields(AxisValues)] == names
-    assert list(matrix.Axes.model_fields) == names and list(matrix.Pick.model_fields) == names
+    assert list(spec.Axes.model_fields) == names and list(spec.Pick.model_fields) == names
     assert results.AXIS_COLUMNS == [a.name for a in axes.SHOWN]
     assert [c for c, _, _ in analysis.AXES][:-1] == [
         "peft_variant" if a.name == "peft" else a.name for a in axes.SHOWN if a.ablate

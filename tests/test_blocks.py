@@ -1,5 +1,6 @@
-"""Measurements from several machines (bench.blocks, bench.quality, answer mode's blocks): a block is one run part
-on one machine; cells compare within a block, and across blocks only through anchors, cells measured in both.
+"""Measurements from several machines (bench.judge.blocks, bench.records.quality, answer mode's blocks): a block is
+one run part on one machine; cells compare within a block, and across blocks only through anchors, cells measured in
+both.
 
 Inputs: the real CPU records of the embedded smoke matrix (tests/data/smoke_cpu.jsonl: 13 cells measured on the
 CI machine), replayed as two blocks on two machines, one of them running every cell 1.6 times as fast; and the
@@ -15,18 +16,20 @@ from pathlib import Path
 
 import pytest
 
-from bench import blocks, effects, quality, stats
-from bench.blocks import Obs
-from bench.cells import Cell
+from bench import stats
 from bench.cli import main as cli
 from bench.estimate.online import Online
 from bench.execute import answer, answer_text
 from bench.execute.plan import Planned, hardware, plan
 from bench.execute.replay import Recording
-from bench.record import parse
+from bench.judge import blocks, effects
+from bench.judge.blocks import Obs
+from bench.judge.results import records_to_frame
+from bench.matrix.cells import Cell
+from bench.records import quality
+from bench.records.record import parse
+from bench.records.store import Store
 from bench.report.analysis import analyse
-from bench.results import records_to_frame
-from bench.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "tests" / "data" / "smoke_cpu.jsonl"

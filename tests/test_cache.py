@@ -1,4 +1,4 @@
-"""The per-machine cache (bench.cache): what it vouches for is checked against real files, and whatever
+"""The per-machine cache (bench.records.cache): what it vouches for is checked against real files, and whatever
 does not check out is built again. The slow test runs `zerobench run` twice on one machine."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import cache, env
-from bench.cells import Cell
 from bench.execute import prepare, progress, run
-
-from .conftest import TINY, write_matrix, zerobench
+from bench.host import env
+from bench.matrix.cells import Cell
+from bench.records import cache
+from tests.conftest import TINY, write_matrix, zerobench
 
 ENV = {"TORCH_EXTENSIONS_DIR": "/somewhere/ext", "TORCH_CUDA_ARCH_LIST": "9.0"}
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.cells import Cell
+from bench.matrix.cells import Cell
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = sorted((ROOT / "results").glob("*.jsonl")) + sorted((ROOT / "tests" / "data").glob("*.jsonl"))

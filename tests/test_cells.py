@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from bench.cells import Cell, Lora
+from bench.matrix.cells import Cell, Lora
 
 
 def test_hash_is_stable_and_ignores_timeout():

@@ -10,10 +10,12 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from bench import cells, matrix, record, results, rules
 from bench.cli import main as cli
-from bench.record import SCHEMA_VERSION, Record
-from bench.store import Store, read
+from bench.judge import results
+from bench.matrix import cells, rules, spec
+from bench.records import record
+from bench.records.record import SCHEMA_VERSION, Record
+from bench.records.store import Store, read
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_FILE = ROOT / "schema" / f"record-v{SCHEMA_VERSION}.schema.json"
@@ -73,11 +75,11 @@ def test_records_of_cells_that_did_not_run_are_compact(tmp_path):
 
 
 def test_a_compact_record_gets_its_cell_from_the_matrix_file(tmp_path):
-    from bench import matrix
+    from bench.matrix import spec
 
     m = tmp_path / "m.yaml"
     m.write_text("name: t\nmodel: llama-tiny\nseq_len: 32\naxes: {zero_stage: [0, 1]}\n")
-    cell = matrix.expand(matrix.load(str(m)))[1]
+    cell = spec.expand(spec.load(str(m)))[1]
     skip = rules.Skip(rule="cpuadam-needs-offload", reason="no", fix="do", source="src")
     rec = Record.skipped(cell, skip, at="2026-01-01T00:00:00.000+00:00", run_id="r", attempt=1, matrix_file="m.yaml")
     Store(tmp_path / "results" / "r.jsonl").append(rec)
@@ -116,7 +118,7 @@ def test_the_7b_answer_replayed_writes_under_3_mb_a_4320_cells_and_its_report_le
     assert cli([*args, "--results", str(out), "--report", str(tmp_path / "replay"), "--no-progress"]) == 0
     # The bar was 3 MiB for the 7b matrix's 4,320 cells (the uncompacted file: 19.6 MB); the matrix now searches
     # three micro-batches, so the bar is per cell: 728 bytes.
-    cells = len(matrix.expand(matrix.load("matrices/7b.yaml")))
+    cells = len(spec.expand(spec.load("matrices/7b.yaml")))
     assert cells == 12960 and out.stat().st_size <= 3 * 2**20 * cells / 4320, out.stat().st_size
     screen = (tmp_path / "replay.md").read_text().splitlines()[:40]
     assert "## What failed" in screen and any(ln.startswith("| error | ") for ln in screen)

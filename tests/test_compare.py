@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from bench import compare, quality, stats
-from bench.matrix import CompareSettings, MatrixError, loads
-from bench.results import records_to_frame
-from bench.store import read
-
-from .conftest import zerobench
+from bench import stats
+from bench.judge import compare
+from bench.judge.results import records_to_frame
+from bench.matrix.spec import CompareSettings, MatrixError, loads
+from bench.records import quality
+from bench.records.store import read
+from tests.conftest import zerobench
 
 GiB = 2**30
 PROV = {
@@ -89,7 +90,7 @@ def test_aa_pair_is_not_flagged():
 
 def test_separated_but_small_change_is_not_flagged():
     """Every current repeat slower by 2% (p = 0.05), repeats that agree to 0.1%: the interval is as wide as the
-    measured noise of an H200 measurement allows (bench.quality), not as the repeats' chance agreement, and
+    measured noise of an H200 measurement allows (bench.records.quality), not as the repeats' chance agreement, and
     covers ×1."""
     base = [rec(0, i + 1, tps=30_000 * f) for i, f in enumerate((1.0, 1.001, 0.999))]
     cur = [rec(0, i + 1, tps=29_400 * f) for i, f in enumerate((1.0, 1.001, 0.999))]
@@ -357,7 +358,7 @@ def test_report_single_runs_are_as_uncertain_as_two_measurements():
 
 
 def test_fault_spec():
-    from bench.faults import FaultError, for_worker, parse
+    from bench.matrix.faults import FaultError, for_worker, parse
 
     text = "slow=12~abc,mem=512"
     assert str(for_worker(text, 0, "zero=0#abcdef0123")) == "slow=12@0", "the first spec naming this cell"

@@ -6,9 +6,9 @@ import statistics
 
 import pytest
 
-from bench import dsconfig
-from bench.cells import Cell
 from bench.execute import launch
+from bench.matrix import dsconfig
+from bench.matrix.cells import Cell
 
 pytestmark = pytest.mark.slow
 

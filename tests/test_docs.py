@@ -26,7 +26,7 @@ def test_fill_replaces_only_the_generated_blocks():
 
 
 def test_every_matrix_key_is_described():
-    # docs/matrix.md lists each key with the docstring under its field in bench/matrix.py.
+    # docs/matrix.md lists each key with the docstring under its field in bench/matrix/spec.py.
     assert docs.undocumented() == []
 
 
@@ -63,12 +63,12 @@ def test_links_in_the_docs_resolve():
 
 def test_the_readme_matrix_is_valid():
     # The README's example is a matrix zerobench accepts, with the cells its comments count.
-    from bench import matrix
+    from bench.matrix import spec
 
     text = (ROOT / "README.md").read_text()
     (yaml,) = re.findall(r"```yaml\n(.*?)```", text, re.S)
-    m = matrix.loads(yaml, "README.md")
-    assert len(matrix.expand(m)) == 4 * 2 + 2
+    m = spec.loads(yaml, "README.md")
+    assert len(spec.expand(m)) == 4 * 2 + 2
 
 
 def test_no_development_history_in_the_product():

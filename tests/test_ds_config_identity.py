@@ -9,14 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench import matrix
+from bench.matrix import spec
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "matrices" / "ds_configs" / "zero1-buckets-5e7.json"
 
 
 def _ids(typed: str) -> list[str]:
-    return [c.id for c in matrix.expand(matrix.loads("name: t\n", ds_configs=[typed]))]
+    return [c.id for c in spec.expand(spec.loads("name: t\n", ds_configs=[typed]))]
 
 
 def test_one_file_typed_four_ways_is_one_cell(tmp_path, monkeypatch):
@@ -30,7 +30,7 @@ def test_one_file_typed_four_ways_is_one_cell(tmp_path, monkeypatch):
     }
     monkeypatch.chdir(deep)
     ids["../../matrices/z.json"] = [
-        c.id for c in matrix.expand(matrix.loads("name: t\n", ds_configs=["../../matrices/z.json"]))
+        c.id for c in spec.expand(spec.loads("name: t\n", ds_configs=["../../matrices/z.json"]))
     ]
     assert len({tuple(v) for v in ids.values()}) == 1, ids
     assert "ds_config=z.json" in ids["matrices/z.json"][0]
@@ -53,7 +53,7 @@ def test_dry_run_resume_does_not_list_recorded_cells(tmp_path):
     mx.write_text(
         "name: two\nseq_len: 64\nbatch: {micro: 2}\nsteps: {warmup: 2, measured: 6}\naxes: {zero_stage: [0, 1]}\n"
     )
-    cells = matrix.expand(matrix.load(mx))
+    cells = spec.expand(spec.load(mx))
     # A recorded ok outcome for the first cell: a committed record, re-keyed to this cell.
     lines = (ROOT / "tests" / "data" / "smoke_cpu.jsonl").read_text().splitlines()
     rec = next(r for r in map(json.loads, lines) if r["status"] == "ok")

@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from bench import dsconfig, rules
-from bench.axes import OFFLOADS, OPTIMIZERS, PEFTS, PRECISIONS, ZERO_STAGES
-from bench.cells import Cell, Lora, Qlora
-from bench.env import Gpu, Platform
+from bench.host.env import Gpu, Platform
+from bench.matrix import dsconfig, rules
+from bench.matrix.axes import OFFLOADS, OPTIMIZERS, PEFTS, PRECISIONS, ZERO_STAGES
+from bench.matrix.cells import Cell, Lora, Qlora
 
 # A GPU host with everything installed: only the combination rules can stop a cell there.
 GPU_HOST = Platform(
@@ -228,7 +228,7 @@ def test_kernels_are_the_models_and_grad_accum_is_deepspeeds(kernels, grad_accum
 
 
 def test_liger_needs_a_gpu_and_the_package():
-    from bench.env import Platform
+    from bench.host.env import Platform
 
     c = cell(zero_stage=0, kernels="liger")
     assert rules.check(c, Platform()).rule == "liger-needs-cuda"
@@ -239,7 +239,7 @@ def test_liger_needs_a_gpu_and_the_package():
 
 
 def test_liger_under_compile_is_stopped_on_the_version_it_failed_on():
-    from bench.env import Platform
+    from bench.host.env import Platform
 
     def host(v):
         return Platform(gpus=GPU_HOST.gpus, driver="580", versions={**GPU_HOST.versions, "liger-kernel": v})

@@ -1,7 +1,7 @@
 """User DeepSpeed configs: every problem found before anything runs, and the tables match DeepSpeed.
 
 The checks run without DeepSpeed; the drift tests at the end import the installed DeepSpeed and
-regenerate bench/dsconfig_keys.json from it (bench/dsconfig_gen.py) and compare with the checked-in file.
+regenerate bench/dsconfig_keys.json from it (bench/matrix/dsconfig_gen.py) and compare with the checked-in file.
 """
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ import sys
 
 import pytest
 
-from bench import dsconfig
-from bench.axes import OFFLOADS
-from bench.cells import Cell
-from bench.matrix import MatrixError
-
-from .conftest import ROOT
+from bench.matrix import dsconfig
+from bench.matrix.axes import OFFLOADS
+from bench.matrix.cells import Cell
+from bench.matrix.spec import MatrixError
+from tests.conftest import ROOT
 
 EXAMPLES = ROOT / "matrices" / "ds_configs"
 
@@ -490,7 +489,7 @@ SECTIONS = (None, {"device": "none"}, {"device": "cpu"}, {"device": "nvme", "nvm
 @pytest.mark.parametrize("param_sec", SECTIONS)
 def test_describe_gives_only_offload_axis_values(stage, opt_sec, param_sec):
     # Every offload a config can ask for: a config the check passes reads back as a value of the
-    # offload axis (bench.cells.OFFLOADS), which the rules and the memory estimate understand.
+    # offload axis (bench.matrix.cells.OFFLOADS), which the rules and the memory estimate understand.
     z = {k: v for k, v in (("offload_optimizer", opt_sec), ("offload_param", param_sec)) if v is not None}
     cfg = zero(stage, **z)
     if dsconfig.check(cfg):
@@ -674,7 +673,8 @@ def test_resolved_example_passes_the_check():
 # -- the orchestrator stays light -----------------------------------------------------------
 def test_importing_dsconfig_imports_no_torch_or_deepspeed():
     code = (
-        "import sys, bench.dsconfig, bench.matrix; print(sorted(m for m in ('torch', 'deepspeed') if m in sys.modules))"
+        "import sys, bench.matrix.dsconfig, bench.matrix.spec; "
+        "print(sorted(m for m in ('torch', 'deepspeed') if m in sys.modules))"
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "[]"
@@ -727,7 +727,7 @@ def test_installed_deepspeed_is_the_one_the_tables_mirror(ds):
 def test_generated_tables_match_the_installed_deepspeed(ds):
     # Everything the old hand-kept tables were compared on: every pydantic field and alias with its
     # type, the keys read one by one, the top-level keys DeepSpeedConfig reads, the optimizer names.
-    from bench import dsconfig_gen
+    from bench.matrix import dsconfig_gen
 
     text = dsconfig_gen.render(dsconfig_gen.generate())
     assert json.loads(text) == json.loads(dsconfig_gen.KEYS_FILE.read_text()), (

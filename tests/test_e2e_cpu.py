@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import results as results_mod
 from bench.cli import DEFAULT_MATRIX
-from bench.record import SCHEMA_VERSION, Record
-from bench.store import read_records
-
-from .conftest import ROOT, zerobench
+from bench.judge import results as results_mod
+from bench.records.record import SCHEMA_VERSION, Record
+from bench.records.store import read_records
+from tests.conftest import ROOT, zerobench
 
 pytestmark = pytest.mark.slow
 

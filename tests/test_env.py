@@ -1,10 +1,10 @@
-"""bench.env's small helpers."""
+"""bench.host.env's small helpers."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.env import version_tuple
+from bench.host.env import version_tuple
 
 
 @pytest.mark.parametrize(

@@ -9,14 +9,14 @@ import time
 
 import pytest
 
-from bench import dsconfig, matrix
-from bench.cells import Cell, Lora, Qlora
 from bench.estimate import FITTED, Hardware, model_states, predict, zero_ratio
 from bench.estimate import check as mcheck
 from bench.estimate.model import CUBLAS_WORKSPACE
-from bench.estimate.shapes import shape_of
 from bench.estimate.table import estimate_cells, parse_size
-from bench.store import Store
+from bench.matrix import dsconfig, spec
+from bench.matrix.cells import Cell, Lora, Qlora
+from bench.matrix.shapes import shape_of
+from bench.records.store import Store
 
 PSI = 7_000_000_000
 GiB = 2**30
@@ -381,7 +381,7 @@ def _calibrate() -> float:
 
 def test_estimate_7b_matrix_under_two_seconds(benchmark):
     # Its micro-batch 1 cells: the 4,320 the bar was set on (the matrix searches micro-batch 1, 2 and 4).
-    cells = [c for c in matrix.expand(matrix.load("matrices/7b.yaml")) if c.micro_batch == 1]
+    cells = [c for c in spec.expand(spec.load("matrices/7b.yaml")) if c.micro_batch == 1]
     assert len(cells) == 4320
     hw = Hardware(gpu_memory_bytes=141 * 10**9, host_memory_bytes=128 * GiB)
     timings = []

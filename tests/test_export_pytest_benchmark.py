@@ -13,7 +13,7 @@ from pytest_benchmark.logger import Logger
 from pytest_benchmark.stats import Stats
 from pytest_benchmark.storage.file import FileStorage
 
-from .conftest import zerobench
+from tests.conftest import zerobench
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from bench import effects, results
 from bench.cli import main as cli
 from bench.execute.failures import TEACHES_AT, Lessons, attempts, shared, signature
-from bench.record import parse
-from bench.status import Status
-from bench.store import Store
+from bench.judge import effects, results
+from bench.records.record import parse
+from bench.records.status import Status
+from bench.records.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 SEVEN_B = "results/7b-answer-h200.jsonl"  # the 7B answer on H200s, 2026-12-03: 130 attempt records
@@ -154,7 +154,7 @@ def replays(tmp_path_factory):
     out = {}
     with pytest.MonkeyPatch.context() as mp:
         # 4,320 records a run, each synced to the disk: seconds on a busy disk, and no part of what is tested.
-        mp.setattr("bench.store.os.fsync", lambda fd: None)
+        mp.setattr("bench.records.store.os.fsync", lambda fd: None)
         for name, extra in (("answer", ["--answer", "--budget", "20m"]), ("full", [])):
             res = folder / f"{name}.jsonl"
             argv = ["run", "matrices/7b.yaml", *extra, "--replay", SEVEN_B, "--results", str(res), "--no-report",
@@ -196,7 +196,7 @@ def _plan_7b():
 
 
 def test_the_report_counts_the_cells_left_to_repeat_an_error(replays):
-    from bench import results
+    from bench.judge import results
     from bench.report import markdown
 
     left = [r for r in replays["answer"] if r["status"] == "unmeasured"]

@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
-from bench import dsconfig
-from bench.cells import Cell
 from bench.execute import launch
 from bench.execute.launch import forkserver as server_side
+from bench.matrix import dsconfig
+from bench.matrix.cells import Cell
 from bench.worker import forkserver
 
 CELL = Cell(
@@ -37,8 +37,8 @@ def _ops_built(tmp_path_factory):
     """The ops a CPU cell compiles on first use (DeepSpeed's shared-memory comm), built first as
     `zerobench run` does: in a fresh extensions folder the first cell would otherwise time a compile
     (268 s against 24 s in a fresh checkout's suite), not the fork."""
-    from bench import env
     from bench.execute.prepare import Planned, _prebuild
+    from bench.host import env
 
     _prebuild([Planned(CELL, None, None)], tmp_path_factory.mktemp("prebuild"), None, env.probe(), print)
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.cells import Cell, Lora
 from bench.estimate import Hardware, predict
 from bench.estimate.frontier import Point, frontier, frontier_lines, pareto, points
 from bench.estimate.steptime import predict_step
+from bench.matrix.cells import Cell, Lora
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = Hardware(gpu_memory_bytes=143771 * 2**20, gpu_name="NVIDIA H200")

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.store import read
-
-from .conftest import write_matrix, zerobench
+from bench.records.store import read
+from tests.conftest import write_matrix, zerobench
 
 pytestmark = pytest.mark.gpu
 
@@ -105,9 +104,9 @@ axes: {zero_stage: [0], optimizer: [fusedadam], precision: [bf16]}
 
 def test_wrong_optimizer_name_is_refused_on_gpu(tmp_path):
     """The rule offload-runs-cpuadam, shown on the GPU: DeepSpeed swaps FusedAdam for DeepSpeedCPUAdam."""
-    from bench import dsconfig
-    from bench.cells import Cell
     from bench.execute import launch
+    from bench.matrix import dsconfig
+    from bench.matrix.cells import Cell
 
     cell = Cell(
         model="llama-tiny",

@@ -10,10 +10,11 @@ import math
 
 import pytest
 
-from bench import dsconfig, env, rules
-from bench.axes import OPTIMIZERS
-from bench.cells import Cell, Lora, Qlora
 from bench.execute import launch
+from bench.host import env
+from bench.matrix import dsconfig, rules
+from bench.matrix.axes import OPTIMIZERS
+from bench.matrix.cells import Cell, Lora, Qlora
 
 pytestmark = pytest.mark.gpu
 

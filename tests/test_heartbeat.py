@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
-from bench import heartbeat
 from bench.execute import launch
+from bench.host import heartbeat
 
 HELPER = """import time
 for i in range(4):

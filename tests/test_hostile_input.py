@@ -16,12 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import matrix
-from bench.problems import ConfigError
-from bench.results import load
-from bench.store import Store, read_records
-
-from .conftest import TINY, write_matrix, zerobench
+from bench.judge.results import load
+from bench.matrix import spec
+from bench.matrix.problems import ConfigError
+from bench.records.store import Store, read_records
+from tests.conftest import TINY, write_matrix, zerobench
 
 SKIPPED = TINY + "axes: {zero_stage: [0, 1], precision: [fp16]}\n"
 LONG = "a" * 300
@@ -49,10 +48,10 @@ def _write(p: Path, records: list[dict]) -> Path:
 
 def test_duplicate_matrix_keys_name_both_lines():
     with pytest.raises(ConfigError) as e:
-        matrix.loads(TINY + "seq_len: 64\n", file="m.yaml")
+        spec.loads(TINY + "seq_len: 64\n", file="m.yaml")
     assert "m.yaml:7: seq_len: key 'seq_len' is given twice (lines 2 and 7)" in str(e.value)
     with pytest.raises(ConfigError, match=r"axes.zero_stage: key 'zero_stage' is given twice \(lines (\d+) and \1\)"):
-        matrix.loads(TINY + "axes: {zero_stage: [0], zero_stage: [1]}\n", file="m.yaml")
+        spec.loads(TINY + "axes: {zero_stage: [0], zero_stage: [1]}\n", file="m.yaml")
 
 
 @pytest.mark.parametrize(

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.store import read
+from bench.records.store import read
+from tests.conftest import TINY, write_matrix
 from tools import interference
-
-from .conftest import TINY, write_matrix
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.cells import Cell
+from bench.matrix.cells import Cell
 from bench.worker import models, setup
 
 

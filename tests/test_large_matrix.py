@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import matrix
-from bench.cells import Cell
 from bench.execute import plan
+from bench.matrix import spec
+from bench.matrix.cells import Cell
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,10 +47,10 @@ def test_a_million_cells_are_refused_quickly_with_the_cap_and_how_to_raise_it(tm
 
 def test_max_cells_counts_include_and_can_be_raised():
     text = "name: m\naxes: {zero_stage: [0, 1, 2, 3]}\ninclude: [{zero_stage: 3, offload: [optimizer]}]\n"
-    with pytest.raises(matrix.MatrixError) as e:
-        matrix.loads(text + "max_cells: 4\n")
+    with pytest.raises(spec.MatrixError) as e:
+        spec.loads(text + "max_cells: 4\n")
     assert "cross to 5 cells, more than max_cells (4)" in str(e.value)
-    assert len(matrix.expand(matrix.loads(text + "max_cells: 5\n"))) == 5
+    assert len(spec.expand(spec.loads(text + "max_cells: 5\n"))) == 5
 
 
 def test_a_cells_hash_is_computed_once_and_not_carried_by_replace():

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.cells import Cell
 from bench.estimate import shape_of, trainable_params
-from bench.store import read
-
-from .conftest import zerobench
+from bench.matrix.cells import Cell
+from bench.records.store import read
+from tests.conftest import zerobench
 
 pytestmark = pytest.mark.slow
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench import matrix
-from bench.matrix import MatrixError
-
-from .conftest import TINY, write_matrix, zerobench
+from bench.matrix import spec
+from bench.matrix.spec import MatrixError
+from tests.conftest import TINY, write_matrix, zerobench
 
 BAD = """\
 name: bad
@@ -26,7 +25,7 @@ offload_optimizer: {device: cpu}
 def test_all_problems_in_one_message(tmp_path):
     f = write_matrix(tmp_path / "bad.yaml", BAD)
     with pytest.raises(MatrixError) as ei:
-        matrix.load(f)
+        spec.load(f)
     probs = {p.where: p for p in ei.value.problems}
     assert set(probs) == {
         "model",
@@ -60,14 +59,14 @@ def test_bad_matrix_runs_nothing(tmp_path):
 def test_yaml_syntax_error_has_line(tmp_path):
     f = write_matrix(tmp_path / "x.yaml", "axes:\n  zero_stage: [0, 1\n  offload: [none]\n")
     with pytest.raises(MatrixError) as ei:
-        matrix.load(f)
+        spec.load(f)
     assert ei.value.problems[0].line is not None and "YAML" in ei.value.problems[0].what
 
 
 def test_exclude_matching_nothing_is_a_problem(tmp_path):
     f = write_matrix(tmp_path / "m.yaml", TINY + "axes: {zero_stage: [0, 1]}\nexclude: [{zero_stage: 3}]\n")
     with pytest.raises(MatrixError, match=r"exclude\[0\]: matches no cell"):
-        matrix.load(f)
+        spec.load(f)
 
 
 def test_expand_cross_include_exclude(tmp_path):
@@ -84,7 +83,7 @@ exclude:
   - {zero_stage: 1, precision: fp32}
 """,
     )
-    cells = matrix.expand(matrix.load(f))
+    cells = spec.expand(spec.load(f))
     combos = [(c.zero_stage, c.precision, c.offload) for c in cells]
     # 3x2 crossed, minus one excluded, plus the include crossed with the precision axis it left out.
     assert combos == [
@@ -101,13 +100,13 @@ exclude:
 
 def test_duplicates_removed(tmp_path):
     f = write_matrix(tmp_path / "m.yaml", TINY + "axes: {zero_stage: [0, 1]}\ninclude: [{zero_stage: 0}]\n")
-    assert [c.zero_stage for c in matrix.expand(matrix.load(f))] == [0, 1]
+    assert [c.zero_stage for c in spec.expand(spec.load(f))] == [0, 1]
 
 
 def test_embedded_smoke_matrix_is_valid():
     from bench.cli import DEFAULT_MATRIX
 
-    cells = matrix.expand(matrix.load(DEFAULT_MATRIX))
+    cells = spec.expand(spec.load(DEFAULT_MATRIX))
     assert len(cells) == 18
     stages = {c.zero_stage for c in cells}
     assert stages == {0, 1, 2, 3}
@@ -128,7 +127,7 @@ include:
   - {micro_batch: 16, compile: true, zero_stage: 1}
 """,
     )
-    cells = matrix.expand(matrix.load(f))
+    cells = spec.expand(spec.load(f))
     assert [(c.micro_batch, c.compile, c.zero_stage) for c in cells] == [
         (2, False, 0),
         (8, False, 0),
@@ -137,8 +136,8 @@ include:
         (16, True, 1),
     ]
     assert len({c.name for c in cells}) == 5 and cells[-1].name.endswith("compile=on,mb=16")
-    plain = matrix.expand(matrix.load(write_matrix(tmp_path / "p.yaml", TINY)))
-    assert {c.micro_batch for c in plain} == {matrix.load(tmp_path / "p.yaml").batch.micro}
+    plain = spec.expand(spec.load(write_matrix(tmp_path / "p.yaml", TINY)))
+    assert {c.micro_batch for c in plain} == {spec.load(tmp_path / "p.yaml").batch.micro}
 
 
 def test_grad_accum_and_kernels_axes(tmp_path):
@@ -154,7 +153,7 @@ include:
   - {grad_accum: 8, kernels: liger, micro_batch: 16}
 """,
     )
-    cells = matrix.expand(matrix.load(f))
+    cells = spec.expand(spec.load(f))
     assert [(c.grad_accum, c.kernels, c.micro_batch) for c in cells] == [
         (1, "hf", 2),
         (1, "liger", 2),
@@ -163,30 +162,28 @@ include:
         (8, "liger", 16),
     ]
     assert cells[-1].name.endswith("kernels=liger,mb=16,ga=8") and len({c.hash for c in cells}) == 5
-    plain = matrix.expand(
-        matrix.load(write_matrix(tmp_path / "p.yaml", TINY.replace("grad_accum: 1", "grad_accum: 2")))
-    )
+    plain = spec.expand(spec.load(write_matrix(tmp_path / "p.yaml", TINY.replace("grad_accum: 1", "grad_accum: 2"))))
     assert {c.grad_accum for c in plain} == {2} and {c.kernels for c in plain} == {"hf"}
     bad = write_matrix(tmp_path / "b.yaml", TINY + "axes: {kernels: [ligr], grad_accum: [0]}\n")
     with pytest.raises(MatrixError) as e:
-        matrix.load(bad)
+        spec.load(bad)
     assert "axes.kernels" in str(e.value) and "'liger'" in str(e.value) and "axes.grad_accum" in str(e.value)
 
 
 def test_micro_batch_axis_is_validated(tmp_path):
     f = write_matrix(tmp_path / "m.yaml", TINY + "axes: {micro_batch: [0, 4]}\n")
     with pytest.raises(MatrixError) as e:
-        matrix.load(f)
+        spec.load(f)
     assert "axes.micro_batch" in str(e.value)
 
 
 def test_compile_axis_takes_a_mode(tmp_path):
     f = write_matrix(tmp_path / "m.yaml", TINY + "axes: {compile: [false, true, max-autotune]}\n")
-    cells = matrix.expand(matrix.load(f))
+    cells = spec.expand(spec.load(f))
     assert [c.compile for c in cells] == [False, True, "max-autotune"]
     assert cells[1].name.endswith("compile=on,mb=2") and cells[2].name.endswith("compile=max-autotune,mb=2")
     assert len({c.hash for c in cells}) == 3
     bad = write_matrix(tmp_path / "b.yaml", TINY + "axes: {compile: [max_autotune]}\n")
     with pytest.raises(MatrixError) as e:
-        matrix.load(bad)
+        spec.load(bad)
     assert "axes.compile" in str(e.value) and "did you mean 'max-autotune'?" in str(e.value)

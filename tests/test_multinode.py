@@ -10,15 +10,16 @@ import sys
 
 import pytest
 
-from bench import dsconfig, env, faults, rules, telemetry
-from bench.cells import Cell
 from bench.estimate import Hardware, predict, predict_step
+from bench.execute.launch import telemetry
 from bench.execute.launch.protocol import Rendezvous, _command
 from bench.execute.plan import placed_by
-from bench.matrix import MatrixError, expand, loads
-from bench.store import read
-
-from .conftest import TINY, ZERO3, agree_across_nodes, blamed_on_the_second_node, write_matrix, zerobench
+from bench.host import env
+from bench.matrix import dsconfig, faults, rules
+from bench.matrix.cells import Cell
+from bench.matrix.spec import MatrixError, expand, loads
+from bench.records.store import read
+from tests.conftest import TINY, ZERO3, agree_across_nodes, blamed_on_the_second_node, write_matrix, zerobench
 
 GPU_HOST = env.Platform(
     gpus=tuple(env.Gpu(i, "NVIDIA H200", 141 * 2**30, f"GPU-{i}") for i in range(2)),

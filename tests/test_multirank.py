@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.store import read
-
-from .conftest import TINY, write_matrix, zerobench
+from bench.records.store import read
+from tests.conftest import TINY, write_matrix, zerobench
 
 pytestmark = pytest.mark.slow
 

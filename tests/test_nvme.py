@@ -11,11 +11,10 @@ import sys
 
 import pytest
 
-from bench import matrix
-from bench.matrix import MatrixError
-from bench.store import read
-
-from .conftest import ROOT, TINY, write_matrix, zerobench
+from bench.matrix import spec
+from bench.matrix.spec import MatrixError
+from bench.records.store import read
+from tests.conftest import ROOT, TINY, write_matrix, zerobench
 
 # llama-small, not llama-tiny: DeepSpeed swaps only weights of 1 MiB or more, and none of llama-tiny's
 # is that large in bf16, so its nvme cells read no weight from the drive. llama-small's 14 swapped
@@ -26,7 +25,7 @@ SMALL = TINY.replace("model: llama-tiny", "model: llama-small")
 def test_nvme_needs_a_path(tmp_path):
     f = write_matrix(tmp_path / "m.yaml", TINY + "axes: {zero_stage: [3], offload: [nvme], optimizer: [cpuadam]}\n")
     with pytest.raises(MatrixError, match="nvme_path: offload: nvme needs a folder"):
-        matrix.load(f)
+        spec.load(f)
 
 
 @pytest.mark.parametrize(
@@ -133,7 +132,7 @@ import json, sys
 import deepspeed, torch
 from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
 from bench import dsconfig
-from bench.cells import Cell
+from bench.matrix.cells import Cell
 from bench.worker import models
 cell = Cell(model="llama-small", zero_stage=3, offload="nvme", optimizer="cpuadam", micro_batch=2,
             nvme_path=sys.argv[1])

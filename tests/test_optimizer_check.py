@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import dsconfig
-from bench.cells import Cell
+from bench.matrix import dsconfig
+from bench.matrix.cells import Cell
 from bench.worker.optimizer import DEFAULT_BETAS, facts, refusal
 
 FAKE_BNB = Path(__file__).parent / "fake_bnb"

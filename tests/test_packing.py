@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import TINY, write_matrix
-from .faults.procs import Run, attempt_dirs, env, wait_for
+from tests.conftest import TINY, write_matrix
+from tests.faults.procs import Run, attempt_dirs, env, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -3,13 +3,12 @@ Their values live in the cell's lora/qlora blocks, so a cell keeps its hash howe
 
 from __future__ import annotations
 
-from bench import matrix, rules
-from bench.cells import Cell, Lora, Qlora
-from bench.env import Platform
 from bench.estimate import predict, shape_of, trainable_params
-
-from .conftest import write_matrix
-from .test_dsconfig import GPU_HOST
+from bench.host.env import Platform
+from bench.matrix import rules, spec
+from bench.matrix.cells import Cell, Lora, Qlora
+from tests.conftest import write_matrix
+from tests.test_dsconfig import GPU_HOST
 
 SWEEP = """\
 name: t
@@ -23,7 +22,7 @@ lora: {r: 8, alpha: 16, targets: all-linear}
 
 
 def _cells(tmp_path, text):
-    return matrix.expand(matrix.load(write_matrix(tmp_path / "m.yaml", text)))
+    return spec.expand(spec.load(write_matrix(tmp_path / "m.yaml", text)))
 
 
 def test_axes_write_the_blocks_and_peft_none_is_not_multiplied(tmp_path):
@@ -98,8 +97,8 @@ def test_qlora_settings_need_cuda_here_and_expand_for_a_gpu_host(tmp_path):
 def test_a_target_set_outside_the_named_ones_is_a_matrix_problem(tmp_path):
     f = write_matrix(tmp_path / "m.yaml", "model: llama-tiny\naxes: {peft: [lora], lora_targets: [qkvo]}\n")
     try:
-        matrix.load(f)
-    except matrix.MatrixError as e:
+        spec.load(f)
+    except spec.MatrixError as e:
         assert [p.where for p in e.problems] == ["axes.lora_targets[0]"]
     else:
         raise AssertionError("qkvo was accepted")

@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.cells import Cell
 from bench.execute import local as pool
 from bench.execute.executor import WAIT, Attempt, Job, Shape, dispatch
 from bench.execute.launch import ports
-from bench.record import Record
-from bench.store import Store
+from bench.matrix.cells import Cell
+from bench.records.record import Record
+from bench.records.store import Store
 
 
 def test_slots_hand_out_disjoint_lowest_free_sets():

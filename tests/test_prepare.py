@@ -1,13 +1,14 @@
 """What a run does once before its cells: the QLoRA checkpoint is built by one process, up front, once
-per machine (bench.cache); a cached one that does not check out is built again."""
+per machine (bench.records.cache); a cached one that does not check out is built again."""
 
 from __future__ import annotations
 
 import json
 
-from bench import cache, env
-from bench.cells import Cell, Lora, Qlora
 from bench.execute import prepare
+from bench.host import env
+from bench.matrix.cells import Cell, Lora, Qlora
+from bench.records import cache
 
 
 def test_qlora_checkpoint_is_built_once_per_machine(tmp_path, monkeypatch):

@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from bench import faults, hostmem
-from bench.cells import Cell
 from bench.execute import launch
 from bench.execute.launch import folders
 from bench.execute.launch.outcome import Outcome, _classify
-from bench.record import Record
-from bench.status import Status
+from bench.host import hostmem
+from bench.matrix import faults
+from bench.matrix.cells import Cell
+from bench.records.record import Record
+from bench.records.status import Status
 from bench.worker import ops
 from bench.worker.main import REASON_MAX, short_message
 

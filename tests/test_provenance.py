@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import env
-
-from .conftest import ROOT
+from bench.host import env
+from tests.conftest import ROOT
 
 _PRINT = "import json; from bench import env; print(json.dumps(env.provenance()))"
 

@@ -1,4 +1,4 @@
-"""bench.quality: the flags a measurement carries (host-bound, unstable, throttled) with their figures, and the
+"""bench.records.quality: the flags a measurement carries (host-bound, unstable, throttled) with their figures, and the
 thresholds and noise figures, recomputed from the committed records by tools/noise.py."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import copy
 import json
 from pathlib import Path
 
-from bench import quality
-from bench.record import parse
+from bench.records import quality
+from bench.records.record import parse
 from tools import noise
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,15 +20,14 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from bench.cells import Cell
 from bench.cli import DEFAULT_MATRIX
 from bench.execute.executor import Attempt, Handle, Job, Shape
 from bench.execute.ray import SLOT, _Held, _killed, _Node, _per_node
-from bench.problems import InputError
-from bench.status import Status
-from bench.store import read
-
-from .conftest import (
+from bench.matrix.cells import Cell
+from bench.matrix.problems import InputError
+from bench.records.status import Status
+from bench.records.store import read
+from tests.conftest import (
     ROOT,
     TINY,
     ZERO3,

@@ -13,12 +13,15 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from bench import cells, env, record, results
 from bench.cli import main as cli
 from bench.execute.launch import Outcome
-from bench.record import SCHEMA_VERSION, Record, WorkerDoc, parse
-from bench.status import Status
-from bench.store import Store, read
+from bench.host import env
+from bench.judge import results
+from bench.matrix import cells
+from bench.records import record
+from bench.records.record import SCHEMA_VERSION, Record, WorkerDoc, parse
+from bench.records.status import Status
+from bench.records.store import Store, read
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = sorted((ROOT / "results").glob("*.jsonl"))
@@ -342,7 +345,7 @@ def _frames() -> dict:
 
 def test_frame_is_unchanged():
     """Every committed file gives the frame the untyped reader gave: same columns, same values. (The
-    column order follows bench.axes since the axes table; micro_batch and grad_accum moved before ds_config.)"""
+    column order follows bench.matrix.axes since the axes table; micro_batch and grad_accum moved before ds_config.)"""
     expected = json.loads(gzip.decompress(FRAME_FILE.read_bytes()))
     got = _frames()
     for name, exp in expected.items():

@@ -8,17 +8,16 @@ import statistics
 
 import pytest
 
-from bench import matrix
-from bench.store import read
-
-from .conftest import TINY, write_matrix, zerobench
+from bench.matrix import spec
+from bench.records.store import read
+from tests.conftest import TINY, write_matrix, zerobench
 
 pytestmark = pytest.mark.slow
 
 
 def test_repeats_interleave_resume_and_targeted_faults(tmp_path):
     m = write_matrix(tmp_path / "rep.yaml", TINY.replace("measured: 4", "measured: 6") + "axes: {zero_stage: [0, 1]}\n")
-    a, b = matrix.expand(matrix.load(m))
+    a, b = spec.expand(spec.load(m))
     res = tmp_path / "rep.jsonl"
     fault = f"slow=300~{b.hash},mem=256~{a.hash}"
     r = zerobench(

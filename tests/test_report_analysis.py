@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import results
+from bench.judge import results
 from bench.report import analysis
 
 DATA = Path(__file__).parent / "data" / "synthetic_gpu.jsonl"
@@ -107,9 +107,9 @@ def test_zero_paper_ordering_at_the_end_of_backward():
 
 def test_the_headline_says_how_many_skipped_cells_were_pruned(tmp_path):
     # Issue 16: the report says how many cells were pruned by the memory model, apart from rule skips.
-    from bench import rules
-    from bench.cells import Cell
-    from bench.record import Record
+    from bench.matrix import rules
+    from bench.matrix.cells import Cell
+    from bench.records.record import Record
     from bench.report import html, markdown
 
     GiB = 2**30

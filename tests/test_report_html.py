@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main as cli
+from bench.judge.results import latest, load
 from bench.report import write_reports
 from bench.report.markdown import escape
-from bench.results import latest, load
 from tools.browser import BrowserMissing, chromium_path, launch
 
 DATA = Path(__file__).parent / "data"

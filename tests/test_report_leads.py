@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from bench import rules
-from bench.cells import Cell
-from bench.record import Record
+from bench.judge.results import load, records_to_frame
+from bench.matrix import rules
+from bench.matrix.cells import Cell
+from bench.records.record import Record
+from bench.records.store import read_records
 from bench.report import analysis, markdown
-from bench.results import load, records_to_frame
-from bench.store import read_records
 
 ROOT = Path(__file__).resolve().parent.parent
 ANSWER = ROOT / "results" / "7b-answer-h200.jsonl"  # the 7b answer on H200s: its 130 attempt records

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import effects, results
+from bench.judge import effects, results
+from bench.judge.results import records_to_frame
 from bench.report import fmt, html, markdown
 from bench.report.analysis import analyse
-from bench.results import records_to_frame
-
-from .test_compare import rec
+from tests.test_compare import rec
 
 ROOT = Path(__file__).resolve().parent.parent / "results"
 

@@ -13,9 +13,8 @@ import uuid
 import psutil
 import pytest
 
-from bench.store import read
-
-from .conftest import ROOT, TINY, write_matrix, zerobench
+from bench.records.store import read
+from tests.conftest import ROOT, TINY, write_matrix, zerobench
 
 pytestmark = pytest.mark.slow
 

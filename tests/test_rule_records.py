@@ -8,12 +8,13 @@ import dataclasses
 
 import pytest
 
-from bench import env, rules
-from bench.axes import OPTIMIZERS
-from bench.cells import Cell, Lora
 from bench.execute.replay import Recording
-from bench.status import Status
-from bench.store import Store
+from bench.host import env
+from bench.matrix import rules
+from bench.matrix.axes import OPTIMIZERS
+from bench.matrix.cells import Cell, Lora
+from bench.records.status import Status
+from bench.records.store import Store
 
 SEVEN_B = "results/7b-answer-h200.jsonl"  # the 7B answer on H200s, bitsandbytes 0.50.2, deepspeed 0.19.6
 

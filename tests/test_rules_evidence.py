@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from bench import dsconfig, env, rules
-from bench.cells import Cell
 from bench.execute import launch
+from bench.host import env
+from bench.matrix import dsconfig, rules
+from bench.matrix.cells import Cell
 
 pytestmark = pytest.mark.slow
 

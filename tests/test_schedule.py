@@ -1,4 +1,4 @@
-"""bench.schedule: outcomes implied without running, the order for early answers, the ETA; and one real
+"""bench.execute.schedule: outcomes implied without running, the order for early answers, the ETA; and one real
 CPU run where a cell is forced out of GPU memory and the heavier cells come out implied, naming it."""
 
 from __future__ import annotations
@@ -9,15 +9,16 @@ import json
 import jsonschema
 import pytest
 
-from bench import compare, schedule
-from bench.axes import AXES, LARGER, heavier_or_equal
-from bench.cells import Cell
 from bench.estimate import check
+from bench.execute import schedule
 from bench.execute.progress import Progress as _Progress
-from bench.record import SCHEMA_VERSION, Record, parse
+from bench.judge import compare
+from bench.judge.results import records_to_frame
+from bench.matrix.axes import AXES, LARGER, heavier_or_equal
+from bench.matrix.cells import Cell
+from bench.records.record import SCHEMA_VERSION, Record, parse
+from bench.records.status import Status
 from bench.report import analysis, markdown
-from bench.results import records_to_frame
-from bench.status import Status
 from tests.conftest import ROOT, TINY, write_matrix, zerobench
 from tests.test_compare import rec
 
@@ -209,8 +210,8 @@ def test_reports_compare_and_the_model_check_keep_implied_apart(tmp_path):
 
 def _with_cells(path) -> list[dict]:
     """A results file's records, each with its cell (a compact record's from its matrix file, beside results/)."""
-    from bench.results import with_cells
-    from bench.store import read_records
+    from bench.judge.results import with_cells
+    from bench.records.store import read_records
 
     return [r.to_dict() for r in with_cells(read_records(path), near=[path.parent.parent])]
 
@@ -261,7 +262,7 @@ def test_an_oom_implies_the_heavier_cells_and_resume_keeps_them(tmp_path):
 
 
 def test_a_dry_run_shows_the_run_order_and_what_the_memory_model_prunes(tmp_path):
-    from .conftest import TINY, write_matrix, zerobench
+    from tests.conftest import TINY, write_matrix, zerobench
 
     m = write_matrix(
         tmp_path / "m.yaml",

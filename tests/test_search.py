@@ -12,12 +12,12 @@ import json
 
 import pytest
 
-from bench import matrix
 from bench.estimate import Hardware, predict
 from bench.estimate.search import next_probe, search_micro_batch, seed_micro_batch
-from bench.record import parse
-from bench.results import with_cells
-from bench.store import read_records
+from bench.judge.results import with_cells
+from bench.matrix import spec
+from bench.records.record import parse
+from bench.records.store import read_records
 from tests.conftest import zerobench
 
 GiB = 2**30
@@ -87,21 +87,21 @@ def test_non_monotonic_answers_stop_rather_than_guess():
 def test_the_search_record_validates():
     run, _, searches = _wall(3)
     search_micro_batch(run, seed=2, template="zero=0,mb=auto")
-    from bench.record import Search
+    from bench.records.record import Search
 
     s = Search.model_validate(searches[-1])
     assert s.largest_ok == 3 and [p.micro_batch for p in s.probes] == [2, 3, 5, 4]
 
 
 def test_seed_is_the_models_largest_fitting_micro_batch():
-    m = matrix.loads("model: llama-1b\nseq_len: 2048\nbatch: {micro: auto}\naxes: {grad_ckpt: [true]}")
-    (template,) = matrix.expand(m)
+    m = spec.loads("model: llama-1b\nseq_len: 2048\nbatch: {micro: auto}\naxes: {grad_ckpt: [true]}")
+    (template,) = spec.expand(m)
     assert template.micro_batch == "auto" and "mb=auto" in template.name
     hw = Hardware(gpu_memory_bytes=40 * GiB, host_memory_bytes=100 * GiB)
     seed = seed_micro_batch(template, hw)
     from dataclasses import replace
 
-    from bench import dsconfig
+    from bench.matrix import dsconfig
 
     def need(mb):
         c = replace(template, micro_batch=mb)
@@ -112,9 +112,9 @@ def test_seed_is_the_models_largest_fitting_micro_batch():
 
 
 def test_auto_is_validated():
-    with pytest.raises(matrix.MatrixError, match="auto"):
-        matrix.loads("batch: {micro: autoo}")
-    cells = matrix.expand(matrix.loads("axes: {micro_batch: [2, auto]}"))
+    with pytest.raises(spec.MatrixError, match="auto"):
+        spec.loads("batch: {micro: autoo}")
+    cells = spec.expand(spec.loads("axes: {micro_batch: [2, auto]}"))
     assert [c.micro_batch for c in cells] == [2, "auto"]
 
 
@@ -128,7 +128,7 @@ def test_run_prunes_cells_predicted_not_to_fit(tmp_path):
     )
     r = zerobench("run", "m.yaml", "--gpu-mem", "2GiB", "--no-report", "--no-progress", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    # A skipped cell's record is compact: its cell comes from the matrix file (bench.results.with_cells).
+    # A skipped cell's record is compact: its cell comes from the matrix file (bench.judge.results.with_cells).
     recs = list(with_cells(read_records(tmp_path / "results/prune.jsonl"), near=[tmp_path]))
     ends = {rec.cell["micro_batch"]: rec for rec in recs if rec.status.value != "started"}
     assert ends[1].status.value == "ok" and ends[1].predicted.gpu_memory_bytes == 2 * GiB
@@ -191,8 +191,8 @@ def test_run_records_the_search_on_its_probes(tmp_path):
 def test_estimate_shows_an_auto_cell_at_its_seed():
     from bench.estimate.table import estimate_cells
 
-    m = matrix.loads("model: llama-1b\nseq_len: 2048\nbatch: {micro: auto}\naxes: {grad_ckpt: [true]}")
+    m = spec.loads("model: llama-1b\nseq_len: 2048\nbatch: {micro: auto}\naxes: {grad_ckpt: [true]}")
     hw = Hardware(gpu_memory_bytes=40 * GiB, host_memory_bytes=100 * GiB)
-    ((cell, e, why),) = estimate_cells(matrix.expand(m), hw)
-    assert why == "" and cell.micro_batch == seed_micro_batch(matrix.expand(m)[0], hw)
+    ((cell, e, why),) = estimate_cells(spec.expand(m), hw)
+    assert why == "" and cell.micro_batch == seed_micro_batch(spec.expand(m)[0], hw)
     assert e.gpu_bytes <= 40 * GiB

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.store import read
-
-from .conftest import TINY, write_matrix, zerobench
+from bench.records.store import read
+from tests.conftest import TINY, write_matrix, zerobench
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +33,7 @@ def test_comparison_from_the_committed_h200_selfcheck():
     import json
     from pathlib import Path
 
-    from bench.selfcheck import compare
+    from bench.execute.selfcheck import compare
 
     path = Path(__file__).resolve().parent.parent / "results" / "selfcheck-1b.jsonl"
     (line,) = compare([json.loads(x) for x in path.read_text().splitlines() if x.strip()])

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench import results
 from bench.cli import main as cli
 from bench.estimate.online import Online
 from bench.execute.settle import exceed
+from bench.judge import results
+from bench.records.store import Store
 from bench.report import markdown
-from bench.store import Store
 
 COMPARE = ["results/compare-h200-a1.jsonl", "results/compare-h200-a2.jsonl", "results/compare-h200-a3.jsonl"]
 

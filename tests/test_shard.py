@@ -9,9 +9,8 @@ import pytest
 
 from bench.cli import DEFAULT_MATRIX
 from bench.execute import Shard, plan
-from bench.store import read
-
-from .conftest import TINY, write_matrix, zerobench
+from bench.records.store import read
+from tests.conftest import TINY, write_matrix, zerobench
 
 # Eight cells that a CPU host records as skipped (fp16 needs CUDA): a run writes them without running any.
 SKIPPED_HERE = TINY + "axes: {zero_stage: [0, 1, 2, 3], grad_ckpt: [false, true], precision: [fp16]}\n"

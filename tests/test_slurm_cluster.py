@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from .slurm_cluster import wait_until
+from tests.slurm_cluster import wait_until
 
 
 def test_sbatch_and_srun_run_on_both_nodes(slurm_cluster, tmp_path):

@@ -16,10 +16,9 @@ import psutil
 import pytest
 
 from bench.execute.slurm import LIVE
-from bench.matrix import expand, loads
-from bench.store import read
-
-from .conftest import (
+from bench.matrix.spec import expand, loads
+from bench.records.store import read
+from tests.conftest import (
     ROOT,
     TINY,
     ZERO3,

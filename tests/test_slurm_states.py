@@ -9,17 +9,16 @@ import sys
 
 import pytest
 
-from bench.cells import Cell
 from bench.execute import slurm
 from bench.execute.executor import Attempt, Job, Shape
 from bench.execute.launch import NodeEnd, Outcome
-from bench.matrix import MatrixError, SlurmSettings, loads
-from bench.problems import InputError
-from bench.record import Record
-from bench.status import Status
-from bench.store import read
-
-from .conftest import TINY, write_matrix, zerobench
+from bench.matrix.cells import Cell
+from bench.matrix.problems import InputError
+from bench.matrix.spec import MatrixError, SlurmSettings, loads
+from bench.records.record import Record
+from bench.records.status import Status
+from bench.records.store import read
+from tests.conftest import TINY, write_matrix, zerobench
 
 CELL = Cell(model="llama-tiny")
 

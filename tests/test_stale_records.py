@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench.judge.results import load
 from bench.report import stale
 from bench.report.analysis import analyse
-from bench.results import load
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.cells import Cell, Lora, Qlora
 from bench.estimate import Hardware
 from bench.estimate.band import BAND_COVERAGE, HOST_BOUND, band_group, step_time_band
-from bench.estimate.shapes import shape_of
 from bench.estimate.steptime import (
     FITTED_TIME,
     HOST_BACKWARD,
@@ -45,6 +43,8 @@ from bench.estimate.timecheck import (
     time_cases,
     time_summary,
 )
+from bench.matrix.cells import Cell, Lora, Qlora
+from bench.matrix.shapes import shape_of
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = Hardware(gpu_name="NVIDIA H200")

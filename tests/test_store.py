@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from bench.cells import Cell
-from bench.record import Record
-from bench.store import ResultsInUse, Store, read
+from bench.matrix.cells import Cell
+from bench.records.record import Record
+from bench.records.store import ResultsInUse, Store, read
 
 AT = "2026-01-01T00:00:00.000+00:00"
 

@@ -4,8 +4,8 @@ themselves run on a GPU host: tests/test_gpu.py.)"""
 
 from __future__ import annotations
 
-from bench import telemetry
-from bench.telemetry import Series, summarize
+from bench.execute.launch import telemetry
+from bench.execute.launch.telemetry import Series, summarize
 
 
 def _series() -> Series:
@@ -50,9 +50,8 @@ def test_throttle_names():
 
 
 def test_gpu_state_reaches_the_record():
-    from bench.record import Record
-
-    from .test_record import _outcome, _started
+    from bench.records.record import Record
+    from tests.test_record import _outcome, _started
 
     tel = {
         "nvml": True,

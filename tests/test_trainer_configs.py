@@ -8,9 +8,8 @@ import re
 
 import pytest
 
-from bench.store import read
-
-from .conftest import ROOT, TINY, write_matrix, zerobench
+from bench.records.store import read
+from tests.conftest import ROOT, TINY, write_matrix, zerobench
 
 pytestmark = pytest.mark.slow
 CORPUS = sorted((ROOT / "matrices" / "ds_configs" / "trainer").glob("*.json"))

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.store import read
-
-from .conftest import ROOT, TINY, write_matrix, zerobench
+from bench.records.store import read
+from tests.conftest import ROOT, TINY, write_matrix, zerobench
 
 GOOD = str(ROOT / "matrices/ds_configs/zero2_offload.json")
 MISPLACED = str(ROOT / "matrices/ds_configs/misplaced_offload.json")

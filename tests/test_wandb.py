@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from . import wandb_files
-from .conftest import zerobench
+from tests import wandb_files
+from tests.conftest import zerobench
 
 pytest.importorskip("wandb", reason="the W&B export's test needs wandb (in the test extra)")
 DATA = Path(__file__).parent / "data"
@@ -61,9 +61,8 @@ def test_export_without_results_file_says_so(tmp_path):
 
 @pytest.mark.slow
 def test_run_logs_each_cell_live(tmp_path):
-    from bench.store import read
-
-    from .conftest import TINY, write_matrix
+    from bench.records.store import read
+    from tests.conftest import TINY, write_matrix
 
     m = write_matrix(tmp_path / "m.yaml", TINY + "axes: {zero_stage: [0, 1]}\n")
     res = tmp_path / "r.jsonl"

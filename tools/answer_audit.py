@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 from bench.estimate import Verdict
-from bench.results import with_cells
-from bench.rules import PRUNED
-from bench.status import Status
-from bench.store import read_records
+from bench.judge.results import with_cells
+from bench.matrix.rules import PRUNED
+from bench.records.status import Status
+from bench.records.store import read_records
 
 
 def pick(records: list[dict], unmeasured: int, oom: int) -> tuple[list[dict], list[dict]]:

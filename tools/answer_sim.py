@@ -23,8 +23,8 @@ The truth, all on the log scale, with the magnitudes taken from committed record
   step-time fit finds on the committed files, bench.estimate.timecheck.machine_offsets: 24 H200 machines,
   -0.39 to +0.13), which moves a cell by its host share (bench.estimate.steptime.host_share): the 7b answer's
   two machines, 0.45 apart, ran its LoRA cells 17-26% apart; and each cell deviates per machine by CROSS_OWN
-  (0.02: what of bench.quality.CROSS, 0.039 between blocks, the host offsets do not explain);
-- a measurement: the cell's speed on its machine with the within-block noise of bench.quality.NOISE (0.026
+  (0.02: what of bench.records.quality.CROSS, 0.039 between blocks, the host offsets do not explain);
+- a measurement: the cell's speed on its machine with the within-block noise of bench.records.quality.NOISE (0.026
   clean, 0.072 flagged); it is flagged (host-bound, unstable) with the chance FLAG_RATE gives at its host share
   on that machine (the share of committed H200 measurements flagged, by predicted host share: 7%, 32%, 53%
   and 91% in quarters), and then runs more steps (the adaptive rule does not converge);
@@ -61,16 +61,17 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import effects, quality, results
 from bench.estimate import predict
 from bench.estimate.steptime import host_share, predict_setup, predict_start, predict_step
 from bench.execute import answer
 from bench.execute.plan import Planned, arrange, hardware, plan
 from bench.execute.replay import Recording, Replayed
 from bench.execute.run import run
-from bench.record import machine_of, parse
-from bench.status import Status
-from bench.store import Store
+from bench.judge import effects, results
+from bench.records import quality
+from bench.records.record import machine_of, parse
+from bench.records.status import Status
+from bench.records.store import Store
 
 TEMPLATE = "results/7b-answer-h200.jsonl"
 MAIN, PAIR, OWN = 0.05, 0.01, 0.02
@@ -179,7 +180,7 @@ def _model(cell, hw) -> tuple:
     """What the models say of a cell, the same in every trial: (log tokens/s, host share, log peak bytes, start
     and setup seconds, its axis values)."""
     if cell.hash not in _MODELS:
-        from bench import dsconfig
+        from bench.matrix import dsconfig
 
         step = predict_step(cell, hw)
         feats = {k: v for k, v in effects.features(results.axis_values(cell.to_dict())).items() if v is not None}

@@ -37,10 +37,11 @@ from pathlib import Path
 
 import yaml
 
-from bench import env, matrix
-from bench.axes import AXES
-from bench.cells import Cell
-from bench.problems import InputError
+from bench.host import env
+from bench.matrix import spec
+from bench.matrix.axes import AXES
+from bench.matrix.cells import Cell
+from bench.matrix.problems import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_SCRIPT = ROOT / "tools" / "autotuner_train.py"
@@ -48,7 +49,7 @@ SEARCHED = ("zero_stage", "micro_batch")
 """What the autotuner's fast mode searches (it sets the gradient accumulation to keep the batch it tunes for:
 autotuner.py get_tuning_micro_batch_size_list)."""
 FROM_FILE = ("zero_stage", "offload", "precision", "micro_batch", "grad_accum")
-"""The axes a DeepSpeed config file sets for its cell (bench.dsconfig.describe; the optimizer too, where the file
+"""The axes a DeepSpeed config file sets for its cell (bench.matrix.dsconfig.describe; the optimizer too, where the file
 has an optimizer section)."""
 DEFAULTS = {"fast": True, "max_train_micro_batch_size_per_gpu": 1024, "start_profile_step": 3, "end_profile_step": 5}
 """The autotuner's defaults the summary reports against (deepspeed/autotuning/constants.py, 0.19.6)."""
@@ -74,7 +75,7 @@ def plan(path: str | Path) -> Baseline:
     or asks for what its fast mode cannot express (offload: it writes each experiment's zero_optimization
     afresh; a user's DeepSpeed config; another engine; torch.compile)."""
     path = Path(path)
-    cells = matrix.expand(matrix.load(path))
+    cells = spec.expand(spec.load(path))
     for a in AXES:
         values = {getattr(c, a.name) for c in cells}
         if a.name not in SEARCHED and len(values) > 1:
@@ -103,7 +104,7 @@ def user_config(b: Baseline, overrides: dict, folder: Path) -> dict:
     optimizer, clipping), the stages to search, no micro-batch (the autotuner starts from 1), and the
     autotuning block. The stages are written out: DeepSpeed 0.19.6 tunes stage 0 alone for a config that
     names none (autotuner.py tune(): .get("stage", 0)), though its README says all four."""
-    from bench import dsconfig
+    from bench.matrix import dsconfig
 
     cfg = dsconfig.build(b.base)
     cfg.pop("train_micro_batch_size_per_gpu", None)
@@ -397,7 +398,7 @@ def zerobench(args: list[str], log: Path, timeout: float) -> dict:
 def measured(results: Path) -> dict:
     """What zerobench measured in a results file: its ok cells (mean tokens/s over their attempts, peak
     memory, cell time) and the fastest of them; the answer mode's answer where the file has one."""
-    from bench import results as res
+    from bench.judge import results as res
 
     if not results.exists():
         return {"cells": [], "fastest": None, "cell_time_s": 0.0}

@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # launched as a file: the repository's bench
 
-from bench.axes import OPTIMIZERS  # noqa: E402
-from bench.cells import Cell  # noqa: E402
+from bench.matrix.axes import OPTIMIZERS  # noqa: E402
+from bench.matrix.cells import Cell  # noqa: E402
 
 # Steps when the config does not stop the run itself (no autotuning section): enough to see it train.
 _PLAIN_STEPS = 10

@@ -4,9 +4,10 @@ repository root):
     python -m tools.docs            # write them
     python -m tools.docs --check    # exit 1 and name each page that is out of date (tests/test_docs.py)
 
-- docs/matrix.md: the axes (bench.axes.AXES), the optimizers (OPTIMIZERS), the rules (bench.rules.RULES) and
-  the matrix file's keys (bench.matrix's models, their field docstrings);
-- docs/results.md: the record's fields (bench.record.Record's JSON Schema) and the statuses (bench.status);
+- docs/matrix.md: the axes (bench.matrix.axes.AXES), the optimizers (OPTIMIZERS), the rules (bench.matrix.rules.RULES)
+  and the matrix file's keys (bench.matrix.spec's models, their field docstrings);
+- docs/results.md: the record's fields (bench.records.record.Record's JSON Schema) and the statuses
+  (bench.records.status);
 - reports/memory-model.md: `zerobench estimate --check results --held-out reports/*-predicted.txt`;
 - the blocks of docs/memory-model.md between `<!-- generated: NAME -->` and `<!-- end: NAME -->`: its
   summary, held-out and per-category tables, from the same check;
@@ -37,11 +38,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bench import axes, cells, matrix, record, rules, status, store
 from bench.estimate import check, timecheck
 from bench.estimate.fitted import FITTED
 from bench.estimate.steptime import REF_OPS_S, STEP_BAND, STEP_BAND_HOST
 from bench.estimate.verdict import DEFAULT_MARGIN
+from bench.matrix import axes, cells, rules, spec
+from bench.records import record, status, store
 
 __all__ = [
     "PAGES",
@@ -152,7 +154,7 @@ def _optimizers_section() -> str:
     head = ["name", "class that runs", "built by", "under offload", "precisions", "ZeRO stages", "JIT op"]
     head.append("state bytes/param")
     return (
-        "## Optimizers\n\nThe values of the `optimizer` axis (`bench.axes.OPTIMIZERS`). Before the first step "
+        "## Optimizers\n\nThe values of the `optimizer` axis (`bench.matrix.axes.OPTIMIZERS`). Before the first step "
         "the worker refuses a cell whose engine built another optimizer than the one named (`bench/worker/"
         "optimizer.py`: the class, bitsandbytes' state bits and paging, the learning rate and betas; the HF "
         "Trainer's `bitsandbytes.optim.AdamW` with the named class's bits and paging is that class). "
@@ -179,7 +181,7 @@ def _rules_section() -> str:
     )
     return (
         "## Rules\n\nA cell that cannot run is recorded `skipped` with the first rule that stops it "
-        "(`bench/rules.py`, in this order): its id and reason; the fix and the source that makes it true are "
+        "(`bench/matrix/rules.py`, in this order): its id and reason; the fix and the source that makes it true are "
         "the rule's, below. "
         "`zerobench cells MATRIX` lists each rule's reason, fix and source once and each cell with its rule; "
         "`--assume-gpus N` judges as on a CUDA host.\n\n" + _table(["rule", "reason", "fix", "source"], rows) + "\n"
@@ -202,9 +204,9 @@ def _attr_docs(cls: type) -> dict[str, str]:
 
 # The run-time dataclass each matrix block fills, whose field docstrings stand in where the block's have none.
 _FALLBACK: dict[type, type] = {
-    matrix.Matrix: cells.Cell,
-    matrix.LoraSettings: cells.Lora,
-    matrix.QloraSettings: cells.Qlora,
+    spec.Matrix: cells.Cell,
+    spec.LoraSettings: cells.Lora,
+    spec.QloraSettings: cells.Qlora,
 }
 
 
@@ -225,24 +227,24 @@ def _default(f) -> str:
 
 
 _BLOCKS: tuple[tuple[str, type[BaseModel]], ...] = (
-    ("", matrix.Matrix),
-    ("batch", matrix.Batch),
-    ("steps", matrix.Steps),
-    ("lora", matrix.LoraSettings),
-    ("qlora", matrix.QloraSettings),
-    ("compare", matrix.CompareSettings),
-    ("slurm", matrix.SlurmSettings),
+    ("", spec.Matrix),
+    ("batch", spec.Batch),
+    ("steps", spec.Steps),
+    ("lora", spec.LoraSettings),
+    ("qlora", spec.QloraSettings),
+    ("compare", spec.CompareSettings),
+    ("slurm", spec.SlurmSettings),
 )
 
 
 def undocumented() -> list[str]:
-    """Matrix keys with no description (a docstring under the field in bench/matrix.py)."""
+    """Matrix keys with no description (a docstring under the field in bench/matrix/spec.py)."""
     return [f"{block + '.' if block else ''}{k}" for block, m in _BLOCKS for k, d in _key_docs(m).items() if not d]
 
 
 def _keys_section() -> str:
     parts = [
-        "## The matrix file\n\nEvery key a matrix file may hold (`bench/matrix.py`); an unknown key is an error "
+        "## The matrix file\n\nEvery key a matrix file may hold (`bench/matrix/spec.py`); an unknown key is an error "
         "that names the likely intended one. The whole file is checked before anything runs.\n"
     ]
     for block, model in _BLOCKS:
@@ -256,7 +258,7 @@ def _keys_section() -> str:
 def matrix_page() -> str:
     return (
         "# Matrix reference\n\n"
-        + HEADER.format(src="bench/axes.py, bench/rules.py and bench/matrix.py")
+        + HEADER.format(src="bench/matrix/axes.py, bench/matrix/rules.py and bench/matrix/spec.py")
         + "A matrix file names a model and fixed settings, and lists values per axis; zerobench crosses the "
         "axes into cells, adds `include` entries, drops `exclude` matches, and skips the cells a rule stops. "
         "How to add an axis, an optimizer or a rule: [extending.md](extending.md).\n\n"
@@ -314,22 +316,24 @@ def results_page() -> str:
     statuses = [[f"`{s.value}`", s.meaning] for s in status.Status]
     parts = [
         "# Results reference\n\n"
-        + HEADER.format(src="bench/record.py and bench/status.py")
+        + HEADER.format(src="bench/records/record.py and bench/records/status.py")
         + "A results file (`results/NAME.jsonl`) holds one JSON line per cell attempt, appended and fsynced as "
         "each ends: a `started` line before the launch, then the attempt's outcome. Every line is a "
-        f"`bench.record.Record` with `schema_version` {record.SCHEMA_VERSION}; reading upgrades older records "
-        "(what each version changed is at the top of `bench/record.py`), and a line that is not a zerobench "
+        f"`bench.records.record.Record` with `schema_version` {record.SCHEMA_VERSION}; reading upgrades older records "
+        "(what each version changed is at the top of `bench/records/record.py`), and a line that is not a zerobench "
         "record is skipped with a warning that names its line: another tool's line, a field of the wrong type or "
         "out of range, figures that contradict each other (tokens/s that its step times and tokens per step do "
         f"not give, a measurement on a cell that never ran), a name over {store.MAX_NAME_CHARS:,} characters or a "
-        f"line over {store.MAX_LINE_CHARS >> 20} MiB, and a last line cut short by a killed run (`bench/store.py`). "
+        f"line over {store.MAX_LINE_CHARS >> 20} MiB, and a last line cut short by a killed run "
+        "(`bench/records/store.py`). "
         "`zerobench schema` prints the JSON Schema "
         f"(`schema/record-v{record.SCHEMA_VERSION}.schema.json` is the committed copy); "
-        '`bench.results.load("results/NAME.jsonl")` gives a pandas DataFrame, one row per attempt, with '
+        '`bench.judge.results.load("results/NAME.jsonl")` gives a pandas DataFrame, one row per attempt, with '
         "columns computed on loading: the ZeRO paper's model-state estimate (`bench/estimate/paper.py`, a floor "
         "under the measured peak), `fixed_cost_s` (wall time minus the steps and the model build), `machine` and "
         "`block` (the machine's id, and the run part on that machine: measurements compare directly only within "
-        "a block) and, for an ok attempt, `flags` and `noise_sd` (`bench/quality.py`: what makes its measurement "
+        "a block) and, for an ok attempt, `flags` and `noise_sd` (`bench/records/quality.py`: what makes its "
+        "measurement "
         "weaker evidence, host-bound, unstable or throttled, and the spread of ln tokens/s it carries). A field "
         "marked ? may be absent. Telemetry is sampled every 10 ms on GPU hosts, 50 ms on CPU hosts.\n",
         "## Statuses\n\n" + _table(["status", "what it means"], statuses) + "\n",
@@ -544,7 +548,7 @@ def _replay_row(name: str, files: tuple[str, ...], lines: list[str]) -> list[str
 
 def _report_section(results_file: Path) -> str:
     """The report's replay note and its "What answer mode settled" section, as `zerobench report` writes them."""
-    from bench import results
+    from bench.judge import results
     from bench.report import markdown
 
     with contextlib.chdir(ROOT):

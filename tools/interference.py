@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.execute import plan  # noqa: E402
-from bench.store import read  # noqa: E402
+from bench.records.store import read  # noqa: E402
 
 
 def _zerobench(*args: str) -> int:

@@ -1,8 +1,8 @@
-"""Derive bench.quality's thresholds and noise figures from the committed records, and print how.
+"""Derive bench.records.quality's thresholds and noise figures from the committed records, and print how.
 
     python -m tools.noise
 
-- Repeats: ok measurements grouped by block (run part x machine, bench.record.Record.block) and cell, selfcheck
+- Repeats: ok measurements grouped by block (run part x machine, bench.records.record.Record.block) and cell, selfcheck
   variants and records with an injected slowdown (a `slow=` fault) left out. In a group of n >= 2 each
   measurement's squared deviation from the group's mean ln(tokens/s), times n/(n - 1), is one sample of the
   noise within a block.
@@ -24,10 +24,10 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from bench import quality
-from bench.record import parse
-from bench.status import Status
-from bench.store import read
+from bench.records import quality
+from bench.records.record import parse
+from bench.records.status import Status
+from bench.records.store import read
 
 __all__ = ["GPU_FILES", "CPU_FILES", "Measured", "groups", "split", "derive"]
 
@@ -130,7 +130,7 @@ def _cross(gs: dict, noise) -> tuple[float, int, float]:
 
 
 def derive() -> dict:
-    """Every figure bench.quality holds, from the committed records, with what it rests on."""
+    """Every figure bench.records.quality holds, from the committed records, with what it rests on."""
     gpu = groups(GPU_FILES, gpu=True)
     samples = _samples(gpu)
     util = split([(x.util, d) for x, d in samples if not x.offloads and x.util is not None], flag_below=True)
@@ -182,7 +182,8 @@ def main() -> None:
     print(f"interaction between blocks: GPU {c['gpu']:.4f} ({p['gpu']} pairs of blocks), CPU {c['cpu']:.4f} "
           f"({p['cpu']} pairs); blocks differ as a whole by up to x{math.exp(w['gpu']):.3f} (GPU), "
           f"x{math.exp(w['cpu']):.3f} (CPU)")  # fmt: skip
-    print(f"bench.quality: HOST_BOUND_UTIL_PCT {quality.HOST_BOUND_UTIL_PCT}, UNSTABLE_TAIL {quality.UNSTABLE_TAIL}, "
+    print(f"bench.records.quality: HOST_BOUND_UTIL_PCT {quality.HOST_BOUND_UTIL_PCT}, "
+          f"UNSTABLE_TAIL {quality.UNSTABLE_TAIL}, "
           f"NOISE {quality.NOISE}, CROSS {quality.CROSS}")  # fmt: skip
 
 

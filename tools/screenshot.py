@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .browser import BrowserMissing, launch
+from tools.browser import BrowserMissing, launch
 
 __all__ = ["screenshot", "main"]
 

@@ -3,20 +3,12 @@ alone; checked against the measured records (bench.estimate.check). Its time bes
 per cell (bench.estimate.steptime), checked by bench.estimate.timecheck, with its held-out error as a band
 (bench.estimate.band). The ZeRO paper's model-state floor (bench.estimate.paper) stays beside it."""
 
+from ..matrix.shapes import Shape, shape_of, trainable_params
 from .band import bands_for, step_time_band
 from .fitted import FITTED, Constants
 from .model import Estimate, Hardware, predict, zero_settings
 from .paper import model_states, zero_ratio
-from .shapes import Shape, shape_of, trainable_params
-from .steptime import (
-    FITTED_TIME,
-    TimeConstants,
-    host_time_of,
-    predict_setup,
-    predict_start,
-    predict_step,
-    predict_wall,
-)
+from .steptime import FITTED_TIME, TimeConstants, host_time_of, predict_setup, predict_start, predict_step, predict_wall
 from .verdict import DEFAULT_MARGIN, Verdict, short_of, verdict
 
 __all__ = [

@@ -14,11 +14,11 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .. import dsconfig
-from ..axes import OPTIMIZERS
-from ..cells import Cell
-from ..record import parse
-from ..store import read
+from ..matrix import dsconfig
+from ..matrix.axes import OPTIMIZERS
+from ..matrix.cells import Cell
+from ..records.record import parse
+from ..records.store import read
 from .fitted import FITTED, FITTED_RUNS, Constants
 from .model import Estimate, Hardware, predict
 from .verdict import DEFAULT_MARGIN, Verdict, verdict

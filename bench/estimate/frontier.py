@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..axes import AUTO
+from ..matrix.axes import AUTO
 from .band import BAND_COVERAGE, step_time_band
 from .model import Hardware, predict
 

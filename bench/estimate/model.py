@@ -24,9 +24,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..axes import OPTIMIZERS, Offload, optimizer_offloaded, params_offloaded
+from ..matrix.axes import OPTIMIZERS, Offload, optimizer_offloaded, params_offloaded
+from ..matrix.shapes import Shape, adapted, shape_of, trainable_params
 from .fitted import FITTED, Constants
-from .shapes import Shape, adapted, shape_of, trainable_params
 
 __all__ = ["Hardware", "Estimate", "predict", "zero_settings", "GiB"]
 

@@ -6,9 +6,9 @@ linear model with a Gaussian prior on each. It answers, for any cell of the matr
 standard deviation: where nothing was measured, the base with the prior's width; where cells like it were
 measured, what they showed.
 
-Blocks: measurements come in blocks, one run part on one machine (bench.record.Record.block), and a machine
+Blocks: measurements come in blocks, one run part on one machine (bench.records.record.Record.block), and a machine
 is faster or slower as a whole. Each block but the reference has an offset whose prior is what the anchors
-say of it (cells measured in that block and another: bench.blocks.offsets, given through `anchor`): tied
+say of it (cells measured in that block and another: bench.judge.blocks.offsets, given through `anchor`): tied
 blocks start from the anchors' estimate and its uncertainty, an untied one from a wide prior, so its cells
 still teach the knobs' effects (their differences within the block) without setting the level. A prediction
 is on the reference block's scale unless a block is asked for.

@@ -14,7 +14,7 @@ double quantization, ignored here).
 
 from __future__ import annotations
 
-from ..axes import OPTIMIZERS, Offload, optimizer_offloaded, params_offloaded
+from ..matrix.axes import OPTIMIZERS, Offload, optimizer_offloaded, params_offloaded
 
 __all__ = ["model_states", "zero_ratio"]
 

@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..cells import Cell
+from ..matrix.cells import Cell
 from .fitted import FITTED, Constants
 from .model import Hardware, predict
 
@@ -70,7 +70,7 @@ class SearchResult:
         return min((mb for mb, st, _ in self.probes if st in OUT_OF_MEMORY), default=None)
 
     def to_dict(self) -> dict:
-        """The record's `search` (bench.record.Search)."""
+        """The record's `search` (bench.records.record.Search)."""
         return {
             "template": self.template,
             "seed": self.seed,
@@ -151,7 +151,7 @@ def seed_micro_batch(template: Cell, hw: Hardware, cap: int = CAP, k: Constants 
         return 1
 
     def fits(mb: int) -> bool:
-        from .. import dsconfig
+        from ..matrix import dsconfig
 
         cell = dataclasses.replace(template, micro_batch=mb)
         try:

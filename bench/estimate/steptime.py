@@ -28,10 +28,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
-from .. import dsconfig
-from ..axes import AUTO, optimizer_offloaded, params_offloaded
+from ..matrix import dsconfig
+from ..matrix.axes import AUTO, optimizer_offloaded, params_offloaded
+from ..matrix.shapes import Shape, adapted, shape_of, trainable_params
 from .model import Hardware
-from .shapes import Shape, adapted, shape_of, trainable_params
 
 __all__ = [
     "FITTED_RUNS",

@@ -7,9 +7,9 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 
-from .. import dsconfig
-from ..axes import AUTO
-from ..cells import Cell
+from ..matrix import dsconfig
+from ..matrix.axes import AUTO
+from ..matrix.cells import Cell
 from .fitted import FITTED, Constants
 from .model import Estimate, Hardware, predict
 from .steptime import predict_step

@@ -13,12 +13,12 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 
-from ..record import parse
-from ..store import read
+from ..matrix.shapes import shape_of
+from ..records.record import parse
+from ..records.store import read
 from .band import BAND_COVERAGE, FAMILIAR_FILES, band_group, bands_for, group_of
 from .check import _cell, _ds_config, _pct
 from .model import Hardware
-from .shapes import shape_of
 from .steptime import (
     FITTED_RUNS,
     FITTED_TIME,

@@ -6,12 +6,12 @@ runnable cell starts open. The step-time and memory models give each a predictio
 corrects them (bench.estimate.online: an offset for the machine, one per block, and an additive effect per
 axis value, fitted to the residuals), so after a few cells the predictions speak for this machine.
 
-Blocks: a measurement belongs to one run part on one machine (bench.record.Record.block). Two measured cells
+Blocks: a measurement belongs to one run part on one machine (bench.records.record.Record.block). Two measured cells
 compare directly only within a block; across blocks through anchors, cells measured in both
-(bench.blocks). A knob's effect is made of pairs measured in one block. A search that goes on (--resume) in
+(bench.judge.blocks). A knob's effect is made of pairs measured in one block. A search that goes on (--resume) in
 a new block first measures anchors there: each group's leader and a few other cells measured before (role
 "anchor"), so its offset is known; a cell whose comparison no anchor settles is measured again in this
-block where the answer needs it. Each measurement carries its noise (bench.quality: about three times wider
+block where the answer needs it. Each measurement carries its noise (bench.records.quality: about three times wider
 when it was host-bound or unstable). A cell is measured when it
 could still change the answer, in this order: each group's predicted leader; a cell whose throughput
 interval reaches the leader's; the leader again on the full schedule, and whichever of two overlapping cells
@@ -39,16 +39,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import blocks, effects, quality, results
-from ..axes import AXIS
-from ..blocks import Obs
-from ..cells import Cell
-from ..effects import RULE
 from ..estimate import Hardware, predict
 from ..estimate.online import Online
 from ..estimate.steptime import STEP_BAND, predict_step, predict_wall
-from ..record import Record
-from ..status import Status
+from ..judge import blocks, effects, results
+from ..judge.blocks import Obs
+from ..judge.effects import RULE
+from ..matrix.axes import AXIS
+from ..matrix.cells import Cell
+from ..records import quality
+from ..records.record import Record
+from ..records.status import Status
 from .failures import Lessons, shared
 from .families import park, wontfit
 from .plan import Planned
@@ -114,7 +115,7 @@ class Candidate:
     state: str = "open"
     parked_by: Candidate | None = None  # parked: the micro-batch of its configuration measured instead
     obs: dict[str, list[Obs]] = field(default_factory=dict)  # block -> measured log tokens/s and its noise
-    flags: list[str] = field(default_factory=list)  # bench.quality's flags of its measurements
+    flags: list[str] = field(default_factory=list)  # bench.records.quality's flags of its measurements
     mem: float | None = None  # measured log peak (the largest)
     rungs: list[int] = field(default_factory=list)  # the rung of each attempt that ended
     tries: int = 0  # attempts started
@@ -137,7 +138,7 @@ class Candidate:
     @property
     def features(self) -> dict:
         """Its axis values as the results frame has them; None for an axis that means nothing here (LoRA's rank
-        without LoRA): bench.effects.features."""
+        without LoRA): bench.judge.effects.features."""
         if self._features is None:
             self._features = effects.features(results.axis_values(self.cell.to_dict()))
         return self._features
@@ -185,7 +186,7 @@ class Search:
         here: str | None = None,
     ):
         """ends: for a replay, how many recorded ends each cell hash has (it is measured at most that often).
-        here: the block this run's attempts measure in (bench.record.Record.block), where the run knows it in
+        here: the block this run's attempts measure in (bench.records.record.Record.block), where the run knows it in
         advance (one machine); None where each record says (a replay, a cluster)."""
         self.s, self.hw, self.cuda, self.here = settings, hw, cuda, here
         kind = "gpu" if cuda else "cpu"
@@ -230,7 +231,7 @@ class Search:
         self.order: list[str] = []  # the blocks, in the order their first measurement came
         self._memo: dict = {}  # speeds, offsets and memory intervals, until the next outcome
         self._turn = 0  # whose turn: who leads, the frontier, the effects (next())
-        self._knobs: tuple = ((), [])  # the live cells (ids) and their knob pairs (bench.effects.knob_pairs)
+        self._knobs: tuple = ((), [])  # the live cells (ids) and their knob pairs (bench.judge.effects.knob_pairs)
         self._pair_failures: collections.Counter = collections.Counter()  # (axis, value) -> attempts that failed
         self._effect_of: dict[str, tuple] = {}  # cell hash -> the (axis, value) its attempt in flight is for
         self._role_of: dict[str, str] = {}  # cell hash -> the role of its attempt in flight
@@ -260,7 +261,7 @@ class Search:
 
     @property
     def offsets(self) -> blocks.Offsets:
-        """Each block's offset from the reference block, from the anchors (bench.blocks.offsets)."""
+        """Each block's offset from the reference block, from the anchors (bench.judge.blocks.offsets)."""
         if "offsets" not in self._memo:
             measured = {c.cell.hash: c.obs for c in self.candidates if c.obs}
             offs = blocks.offsets(measured, self.cross, self.order)
@@ -297,7 +298,7 @@ class Search:
 
     def posterior(self, cells: list[Candidate]) -> tuple[np.ndarray, np.ndarray]:
         """The joint mean and covariance of these cells' log tokens/s on the reference block's scale: measured
-        cells from their measurements and the blocks' offsets (bench.blocks.joint), the others from the corrected
+        cells from their measurements and the blocks' offsets (bench.judge.blocks.joint), the others from the corrected
         step-time model (Online.posterior); a measured and a predicted cell are taken as independent."""
         mean, cov = np.zeros(len(cells)), np.zeros((len(cells), len(cells)))
         measured = [i for i, c in enumerate(cells) if c.obs]
@@ -315,7 +316,7 @@ class Search:
 
     def gap(self, c: Candidate, m: Candidate) -> tuple[float, float]:
         """log(c / m) and its sd: two measured cells within the blocks both ran in, else through the anchors
-        (bench.blocks.gap); a predicted cell's own width beside a measured one's."""
+        (bench.judge.blocks.gap); a predicted cell's own width beside a measured one's."""
         if c.obs and m.obs:
             g = blocks.gap(c.obs, m.obs, self.offsets, self.cross)
             return g.d, math.sqrt(g.var)
@@ -328,7 +329,7 @@ class Search:
         return bool({part[b] for b in c.obs} & {part[b] for b in m.obs})
 
     def _parts(self) -> dict[str, int]:
-        """Each block's set of blocks tied by anchors, numbered (bench.blocks.parts)."""
+        """Each block's set of blocks tied by anchors, numbered (bench.judge.blocks.parts)."""
         if "parts" not in self._memo:
             measured = {c.cell.hash: c.obs for c in self.candidates if c.obs}
             self._memo["parts"] = blocks.parts(measured, self.offsets.ref)
@@ -511,7 +512,7 @@ class Search:
         return lead is None or lead is c or self.could_beat(c, lead)
 
     def versus(self, m: Candidate, lead: Candidate) -> effects.Effect | None:
-        """m against its group's fastest by the one rule (bench.effects.against): None where no block or anchor
+        """m against its group's fastest by the one rule (bench.judge.effects.against): None where no block or anchor
         ties them."""
         return effects.against(m.obs, lead.obs, self.offsets, self.cross, self._parts())
 
@@ -763,7 +764,7 @@ class Search:
     # -- knob effects ----------------------------------------------------------------------------------------
 
     def effect_pairs(self):
-        """Per ablated axis and value other than its reference (bench.effects.knob_pairs): (axis, value, ref,
+        """Per ablated axis and value other than its reference (bench.judge.effects.knob_pairs): (axis, value, ref,
         measured pairs (measured in one block), possible pairs (a cell that can be measured now, the cell it
         pairs with: measured here or measurable too))."""
         if "pairs" in self._memo:
@@ -794,7 +795,7 @@ class Search:
 
     def effects(self) -> list[tuple[str, object, object, effects.Effect]]:
         """Each knob value's effect on tokens/s against its reference over the pairs measured in one block, with
-        its 95% interval (bench.effects.knob_effect, as the report computes it)."""
+        its 95% interval (bench.judge.effects.knob_effect, as the report computes it)."""
         return [
             (axis, value, ref, effects.knob_effect([(a.obs, b.obs) for a, b in pairs], self.cross))
             for axis, value, ref, pairs, _ in self.effect_pairs()

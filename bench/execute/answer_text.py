@@ -3,14 +3,14 @@ and how anchors tie them, per group the fastest cell and the cells not told apar
 of their ratio to it reaches within the minimum effect) or not compared with it (no block or anchor ties them),
 the frontier, each knob's effect (pairs measured in one block), the measurements flagged as weaker evidence,
 the errors that teach it (bench.execute.failures) and the cost. Every interval says its confidence (95%);
-every verdict follows from its interval (bench.effects). Pure: the text of a Search."""
+every verdict follows from its interval (bench.judge.effects). Pure: the text of a Search."""
 
 from __future__ import annotations
 
 import collections
 import math
 
-from ..axes import AXIS
+from ..matrix.axes import AXIS
 from .answer import Candidate, Search, _group, _hms, _mem, _tps
 
 __all__ = ["summary"]
@@ -129,7 +129,7 @@ def _effects(s: Search) -> list[str]:
 
 
 def _flagged(s: Search) -> list[str]:
-    """The cells whose measurements were host-bound, unstable or throttled (bench.quality): weaker evidence."""
+    """The cells whose measurements were host-bound, unstable or throttled (bench.records.quality): weaker evidence."""
     weak = [c for c in s.candidates if c.flags]
     if not weak:
         return []

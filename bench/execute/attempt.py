@@ -11,8 +11,8 @@ import errno
 import traceback
 from pathlib import Path
 
-from ..cells import Cell
-from ..record import Record
+from ..matrix.cells import Cell
+from ..records.record import Record
 from .executor import Job
 from .replay import Replayed
 

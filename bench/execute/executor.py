@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..cells import Cell
+from ..matrix.cells import Cell
 from . import launch
 
 __all__ = ["Attempt", "Executor", "Finished", "Halted", "Handle", "Job", "Neighbours", "Shape", "dispatch", "stop_for"]

@@ -3,7 +3,7 @@
 An error's signature is its phase and its reason with the numbers, paths and addresses taken out: the same
 failure in two cells reads the same ("RuntimeError in phase measured: optimizer 'adamw_8bit' asked for ...",
 "loss became nan at step #"). Out-of-memory ends are not signatures: they imply the heavier cells instead
-(bench.schedule).
+(bench.execute.schedule).
 
 The failing settings of a signature are the axis values every cell that failed with it shares, narrowed by the
 cells that ran: those the error's message names ('paged_adamw', "the Trainer": what the code that failed knew
@@ -24,9 +24,9 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from ..axes import AXIS
-from ..record import Record
-from ..status import Status
+from ..matrix.axes import AXIS
+from ..records.record import Record
+from ..records.status import Status
 
 __all__ = ["FAILED", "TEACHES_AT", "signature", "shared", "Lessons", "attempts"]
 

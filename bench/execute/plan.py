@@ -7,13 +7,15 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import dsconfig, env, faults, hostmem, matrix, rules, schedule
-from ..axes import AUTO
-from ..cells import Cell
 from ..estimate import DEFAULT_MARGIN, Hardware, Verdict, predict, short_of, verdict
 from ..estimate.frontier import frontier_lines
 from ..estimate.steptime import run_time_line
-from ..problems import ConfigError, InputError, Problem
+from ..host import env, hostmem
+from ..matrix import dsconfig, faults, rules, spec
+from ..matrix.axes import AUTO
+from ..matrix.cells import Cell
+from ..matrix.problems import ConfigError, InputError, Problem
+from . import schedule
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class Shard:
 
 @dataclass(frozen=True)
 class Plan:
-    matrix: matrix.Matrix
+    matrix: spec.Matrix
     source: str
     items: tuple[Planned, ...]
     shard: Shard | None = None
@@ -92,10 +94,10 @@ def plan(
     """Load, validate and expand a matrix, and decide for each cell: run (with its config) or skip (why).
 
     ds_configs replaces the matrix's ds_config axis with these user DeepSpeed files; shard keeps its part."""
-    m = matrix.load(matrix_path, ds_configs=ds_configs)
+    m = spec.load(matrix_path, ds_configs=ds_configs)
     platform = platform or env.probe()
     items = []
-    for cell in select(matrix.expand(m), filters):
+    for cell in select(spec.expand(m), filters):
         if shard is not None and not shard.holds(cell):
             continue
         skip = rules.check(cell, platform)

@@ -1,5 +1,5 @@
 """One-off costs before the cells, paid once per machine where they can be: DeepSpeed op builds, QLoRA
-checkpoints (through bench.cache), and the fork servers' imports in the background."""
+checkpoints (through bench.records.cache), and the fork servers' imports in the background."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import cache, env, heartbeat, matrix
-from ..axes import OPTIMIZERS, Offload
+from ..host import env, heartbeat
+from ..matrix import spec
+from ..matrix.axes import OPTIMIZERS, Offload
+from ..records import cache
 from . import launch
 from .plan import Planned
 from .progress import costs_line
@@ -47,7 +49,7 @@ def prepare(
     forkservers: str | None = None,
 ) -> dict:
     """What runs once before the cells, for the cells that will run (items), paid once per machine where
-    it can be: the ops and QLoRA checkpoints already in the machine's cache (bench.cache) are not built
+    it can be: the ops and QLoRA checkpoints already in the machine's cache (bench.records.cache) are not built
     or loaded again; what is missing is built by helpers side by side, while the fork servers import in
     the background (one per GPU a single-GPU cell may run on; they import only: each forked cell loads
     its ops itself, after these are built; none where the executor's workers fork from servers elsewhere, as
@@ -150,7 +152,7 @@ def _checkpoint_jobs(
         {
             (it.cell.model, it.cell.precision)
             for it in items
-            if it.cell.peft == "qlora" and it.cell.model in matrix.PRESETS
+            if it.cell.peft == "qlora" and it.cell.model in spec.PRESETS
         }
     ):
         name = f"{model} {precision}"

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from .. import quality, schedule
-from ..cells import Cell
-from ..record import parse
-from ..status import Status
+from ..matrix.cells import Cell
+from ..records import quality
+from ..records.record import parse
+from ..records.status import Status
+from . import schedule
 
 
 def _fmt_bytes(b) -> str:
@@ -34,7 +35,7 @@ def line(i: int, n: int, rec: dict) -> str:
 
 
 def _weak(rec: dict) -> str:
-    """The flags that make a measurement weaker evidence (bench.quality), by name; "" for a clean one."""
+    """The flags that make a measurement weaker evidence (bench.records.quality), by name; "" for a clean one."""
     try:
         flags = quality.flags(parse(rec))
     except ValueError:  # a record this version cannot read says nothing here; the store reports it

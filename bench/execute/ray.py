@@ -48,9 +48,9 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from .. import env
-from ..problems import InputError
-from ..status import Status
+from ..host import env
+from ..matrix.problems import InputError
+from ..records.status import Status
 from . import launch
 from .executor import Attempt, Finished, Halted, Handle, Job, Neighbours, stop_for
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..problems import InputError
+from ..matrix.problems import InputError
 
 __all__ = ["EXECUTORS", "executor_for"]
 

@@ -20,9 +20,11 @@ import queue
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import env, rules, store
-from ..problems import InputError
-from ..record import Provenance
+from ..host import env
+from ..matrix import rules
+from ..matrix.problems import InputError
+from ..records import store
+from ..records.record import Provenance
 from .executor import Attempt, Finished, Handle
 from .local import Slots
 from .plan import Plan

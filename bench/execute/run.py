@@ -12,13 +12,15 @@ import os
 import uuid
 from pathlib import Path
 
-from .. import cache, dsconfig, env, rules, schedule
-from ..axes import AUTO
 from ..estimate import DEFAULT_MARGIN
 from ..estimate.search import ladder
-from ..problems import InputError
-from ..store import Store, check_writable, read_records
-from . import launch, local
+from ..host import env
+from ..matrix import dsconfig, rules
+from ..matrix.axes import AUTO
+from ..matrix.problems import InputError
+from ..records import cache
+from ..records.store import Store, check_writable, read_records
+from . import launch, local, schedule
 from .answer import Settings as AnswerSettings
 from .plan import Plan, Planned, Shard, _check_faults, default_results_path, host_platform, placed_by, plan
 from .registry import EXECUTORS
@@ -75,9 +77,9 @@ def run(
     repeats (default: the matrix's `repeats`) runs every runnable cell that many times, interleaved:
     each cell's first repeat, then each one's second, so a drift of the machine over the run (clocks,
     temperature, a neighbour) spreads over all cells instead of landing on the last ones. A skipped
-    cell is recorded once. order (bench.schedule.ORDERS): "early" runs cells in bench.schedule.order's
+    cell is recorded once. order (bench.execute.schedule.ORDERS): "early" runs cells in bench.execute.schedule.order's
     order, "matrix" in the matrix's. With prune, a cell that runs out of memory implies the cells not yet
-    run that need at least as much in every respect (bench.schedule): each recorded once as implied_oom,
+    run that need at least as much in every respect (bench.execute.schedule): each recorded once as implied_oom,
     naming it. on_record(record) is called with each outcome as it is stored (live export,
     e.g. to W&B); a failure there is printed and the run goes on. Where a GPU is known (NVML at the
     start, or gpu_mem), each record carries the memory model's prediction (against that and the host's
@@ -175,13 +177,13 @@ def _placing(platform: env.Platform, gpus_available, pack, on_slurm, logs: Path)
 def _on_slurm(matrix_path: str, ds_configs, given: dict | None, gpus_available, pack):
     """A Slurm run's settings as the matrix and the command line give them, its partition (sinfo) and the
     platform the rules judge its cells by: before anything runs, each problem said (InputError)."""
-    from .. import matrix
+    from ..matrix import spec
     from . import slurm
 
     if gpus_available or pack:
         raise InputError("--gpus-available and --pack place cells on this host; a Slurm run's width is --max-jobs")
     slurm.require()
-    block = matrix.load(matrix_path, ds_configs=ds_configs).slurm
+    block = spec.load(matrix_path, ds_configs=ds_configs).slurm
     block = block.model_copy(update={k: v for k, v in (given or {}).items() if v is not None})
     part = slurm.partition(block.partition)
     return block, part, slurm.platform_of(part)

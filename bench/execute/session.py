@@ -19,18 +19,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import dsconfig, env, quality, schedule, telemetry
-from ..axes import AUTO, AXES
-from ..cells import Cell
 from ..estimate import Hardware
 from ..estimate.search import SearchResult, ladder, seed_micro_batch
-from ..problems import InputError
-from ..record import Record, Search, machine_of, parse
-from ..status import Status
-from ..store import Store, StoreWriteError
-from . import answer, answer_text, launch, local
+from ..host import env
+from ..matrix import dsconfig
+from ..matrix.axes import AUTO, AXES
+from ..matrix.cells import Cell
+from ..matrix.problems import InputError
+from ..records import quality
+from ..records.record import Record, Search, machine_of, parse
+from ..records.status import Status
+from ..records.store import Store, StoreWriteError
+from . import answer, answer_text, launch, local, schedule
 from .attempt import HARNESS_ERRNOS, HarnessError, ended, now
 from .executor import WAIT, Attempt, Finished, Handle, Job, Shape, dispatch
+from .launch import telemetry
 from .plan import Plan, Planned, arrange, hardware, prediction, prune_skip
 from .prepare import prepare
 from .progress import Progress, line
@@ -121,7 +124,7 @@ class Session:
         self.width = o.slots.max_cells  # how many cells run side by side (the executor's slots, once it is up)
 
     def here(self) -> str | None:
-        """The block this run's attempts measure in (bench.record.Record.block), where it is known before any
+        """The block this run's attempts measure in (bench.records.record.Record.block), where it is known before any
         runs: this host under the local executor. A replay's records keep the block they were measured in, and
         a cluster's nodes are each a machine: there each record says."""
         if self.o.replay is not None:
@@ -587,6 +590,6 @@ class Session:
 
 
 def _flagged_resolution(search: answer.Search) -> float:
-    """The resolution of two measurements, one of them flagged (bench.quality): what 'the same' allows there."""
+    """The resolution of two measurements, one of them flagged (bench.records.quality): what 'the same' allows there."""
     flagged = quality.NOISE["gpu_flagged" if search.cuda else "cpu"]
     return math.exp(answer.Z * math.hypot(search.noise, flagged)) - 1

@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..problems import ConfigError, InputError, Problem
+from ..matrix.problems import ConfigError, InputError, Problem
 
 __all__ = ["check_settings", "stall_s"]
 

@@ -5,7 +5,7 @@ it; the frontier is the measured cells no other measured cell beats on both memo
 change them is a cell not yet measured. Under the models corrected by the run (bench.estimate.online: the
 step-time model with its effects, pair effects and the misfit learned from the measured cells' residuals; the
 memory model likewise), the unmeasured cells' speeds are drawn jointly, so cells that share settings rise and
-fall together, beside the measured cells' levels (bench.blocks.joint), DRAWS times:
+fall together, beside the measured cells' levels (bench.judge.blocks.joint), DRAWS times:
 
 - lead: the chance that some unmeasured cell beats its group's leader by more than the minimum effect;
 - frontier: the chance that some unmeasured cell adds a frontier point: no measured cell of a tied block needs
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import blocks
+from ..judge import blocks
 
 __all__ = ["DRAWS", "FLOOR", "Chances", "chances", "exceed"]
 

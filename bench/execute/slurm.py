@@ -38,11 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import env
-from ..cells import Cell
-from ..matrix import SlurmSettings, duration_s
-from ..problems import InputError
-from ..status import Status
+from ..host import env
+from ..matrix.cells import Cell
+from ..matrix.problems import InputError
+from ..matrix.spec import SlurmSettings, duration_s
+from ..records.status import Status
 from . import launch
 from .executor import Attempt, Finished, Handle, Job, stop_for
 
@@ -140,7 +140,7 @@ def platform_of(part: Partition) -> env.Platform:
 @dataclass(frozen=True)
 class Settings:
     """A Slurm run's settings: the matrix's slurm block, the command line's options over it, the defaults
-    filled in from the partition (bench.matrix.SlurmSettings documents each)."""
+    filled in from the partition (bench.matrix.spec.SlurmSettings documents each)."""
 
     partition: Partition
     folder: Path

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..safefile import write_atomic
+from ..host.safefile import write_atomic
 
 __all__ = ["write_reports"]
 
@@ -37,7 +37,7 @@ def write_reports(
 
     baseline: results files to compare with, cell by cell (matched by cell hash). Returns the paths written.
     """
-    from ..results import load
+    from ..judge.results import load
     from . import charts as charts_
     from . import figures, html, markdown
     from .analysis import analyse

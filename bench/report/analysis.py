@@ -17,12 +17,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .. import blocks, compare, effects, quality, rules, stats
-from ..axes import AXES as AXIS_TABLE
-from ..axes import AXIS as AXIS_TABLE_BY_NAME
-from ..axes import SHOWN, peft_variant
-from ..results import PEAK_MEMORY_SOURCES, latest
-from ..status import Status
+from .. import stats
+from ..judge import blocks, compare, effects
+from ..judge.results import PEAK_MEMORY_SOURCES, latest
+from ..matrix import rules
+from ..matrix.axes import AXES as AXIS_TABLE
+from ..matrix.axes import AXIS as AXIS_TABLE_BY_NAME
+from ..matrix.axes import SHOWN, peft_variant
+from ..records import quality
+from ..records.status import Status
 from . import fmt, stale
 
 __all__ = [
@@ -50,7 +53,7 @@ NOT_RUN = [s.value for s in Status if not s.ran]
 # PEFT is compared as its full variant (lora-r8, qlora-nf4-r8) since rank and quantization travel with it.
 _COLUMN = {"peft": "peft_variant"}
 # The knobs an ablation view varies one at a time: (column, title, short name used in labels), from the
-# axis table (bench.axes), plus the sequence length, a fixed setting worth comparing across matrices.
+# axis table (bench.matrix.axes), plus the sequence length, a fixed setting worth comparing across matrices.
 AXES = [(_COLUMN.get(a.name, a.name), a.label, a.short) for a in SHOWN if a.ablate] + [
     ("seq_len", "Sequence length", "seq")
 ]
@@ -422,7 +425,7 @@ def _repeat_values(samples: dict, cell_hash, variant, col: str) -> list[float]:
 
 
 def _peft_variant(cells: pd.DataFrame) -> pd.Series:
-    """none | lora-r8 | qlora-nf4-r8 per row (bench.axes.peft_variant, as in cell names)."""
+    """none | lora-r8 | qlora-nf4-r8 per row (bench.matrix.axes.peft_variant, as in cell names)."""
 
     def rank(v):
         return None if v is None or (isinstance(v, float) and math.isnan(v)) else int(v)
@@ -675,7 +678,7 @@ def _side_list(cells: pd.DataFrame, col: str, samples: dict) -> list[effects.Sid
     return [effects.Side(x, rp, sd) for x, rp, sd in zip(values, reps, sds)]
 
 
-# The column each peak_memory_source names (bench.results.PEAK_MEMORY_SOURCES, reversed).
+# The column each peak_memory_source names (bench.judge.results.PEAK_MEMORY_SOURCES, reversed).
 _PEAK_COLUMN = {v: k for k, v in PEAK_MEMORY_SOURCES.items()}
 
 
@@ -712,7 +715,7 @@ def _median_of(wide: pd.DataFrame, v, ref, op: str) -> float | None:
 
 def _tokens_log_se(cells: pd.DataFrame, samples: dict) -> pd.Series:
     """Per ok cell, the standard error of its mean ln(tokens/s) by the one rule (bench.stats.log_mean): the
-    larger of what its measurements' noise allows (bench.quality: a host-bound or unstable measurement about
+    larger of what its measurements' noise allows (bench.records.quality: a host-bound or unstable measurement about
     three times a clean one's) and what its repeats' spread shows. NaN where no noise is known."""
     out = pd.Series(np.nan, index=cells.index, dtype=float)
     ok = cells[(cells["status"] == Status.OK.value) & (cells["tokens_per_s"] > 0) & cells["noise_sd"].notna()]
@@ -963,7 +966,7 @@ def _last_block(df: pd.DataFrame) -> pd.DataFrame:
 
 def _blocks(df: pd.DataFrame) -> list[dict]:
     """The blocks the ok measurements came from, when more than one: each one's run and machine, its
-    measurements, and its speed against the reference block through the anchors (bench.blocks.offsets)."""
+    measurements, and its speed against the reference block through the anchors (bench.judge.blocks.offsets)."""
     ok = df[(df["status"] == Status.OK.value) & (df["tokens_per_s"] > 0) & df["noise_sd"].notna()]
     if ok.empty or ok["block"].nunique() < 2:
         return []
@@ -1083,8 +1086,8 @@ def _lighter(smallest: dict | None, fastest: dict | None) -> dict | None:
 
 def _answer(cells: pd.DataFrame, attempts: pd.DataFrame) -> dict | None:
     """What answer mode (`zerobench run --answer`) settled among these cells, from the records, judged as its
-    console judges them (bench.blocks, bench.effects): per group its fastest ok cell with a 95% interval, the
-    cells not told apart from it and those no block or anchor ties to it; each knob's effect over pairs measured
+    console judges them (bench.judge.blocks, bench.judge.effects): per group its fastest ok cell with a 95% interval,
+    the cells not told apart from it and those no block or anchor ties to it; each knob's effect over pairs measured
     in one block; the cells measured and what each role cost (wall seconds of every attempt); the cells left
     unmeasured, those the budget (or a stop) left that could still change the answer, those expected to repeat
     an error (bench.execute.failures), and the predicted time measuring them once would add. "measured" counts
@@ -1167,7 +1170,7 @@ def _level(s: blocks.Sample, offs: blocks.Offsets, cross: float) -> tuple[float,
 
 def _answer_effects(measured: pd.DataFrame, left: pd.DataFrame, obs: dict, cross: float) -> list[dict]:
     """Each knob value's effect over the pairs measured in one block, among the cells answer mode measured or
-    left unmeasured (bench.effects.knob_pairs, knob_effect)."""
+    left unmeasured (bench.judge.effects.knob_pairs, knob_effect)."""
     if "answer_expected_error" in left:  # a cell expected to repeat an error is out of the search, as in answer mode
         left = left[left["answer_expected_error"].isna()]
     live = pd.concat([measured[measured["cell_hash"].isin(obs)], left]).drop_duplicates("cell_hash", keep="first")
@@ -1188,7 +1191,7 @@ def _section(cells: pd.DataFrame, samples: dict, attempts: pd.DataFrame) -> Sect
     """One model at one sequence length: its headlines, what fits, its frontier and its knob effects."""
     first = cells.iloc[0]
     ok = cells[cells["status"] == Status.OK.value]
-    # Unknown only for records of cells that did not run whose matrix file is not here (bench.results).
+    # Unknown only for records of cells that did not run whose matrix file is not here (bench.judge.results).
     seq = None if fmt.missing(first["seq_len"]) else int(first["seq_len"])
     model = "model unknown" if fmt.missing(first["model"]) else str(first["model"])
     return Section(
@@ -1225,7 +1228,7 @@ def _sections(cells: pd.DataFrame, samples: dict, df: pd.DataFrame) -> list[Sect
 
 
 def analyse(df: pd.DataFrame, *, title: str = "zerobench report", baseline: pd.DataFrame | None = None) -> Analysis:
-    """Everything the reports show, computed once from `bench.results.load()` output."""
+    """Everything the reports show, computed once from `bench.judge.results.load()` output."""
     if df.empty:
         return _empty(title, baseline)
     # Only cells measured more than once have a distribution to summarise (and a 10k-row report of
@@ -1313,7 +1316,7 @@ def _notes(cells: pd.DataFrame) -> list[tuple[str, str]]:
     out = []
     if "warnings" in cells:
         out = [(n, w) for n, ws in zip(cells["cell_name"], cells["warnings"]) if isinstance(ws, list) for w in ws]
-    if "flags" in cells:  # weaker evidence (bench.quality): the effects take its noise about three times wider
+    if "flags" in cells:  # weaker evidence (bench.records.quality): the effects take its noise about three times wider
         out += [(n, f) for n, fs in zip(cells["cell_name"], cells["flags"]) if isinstance(fs, list) for f in fs]
     # Rows of the columns the notes read only: a 10k-row report spent seconds making dicts of every column.
     if "steps_ended" in cells:
@@ -1333,7 +1336,7 @@ _CAP_FIELDS = frozenset(
 
 
 def _cap_note(r: dict) -> str | None:
-    """What an adaptive schedule's cap cut short (bench/adaptive.py), from the record's `steps`."""
+    """What an adaptive schedule's cap cut short (bench/records/adaptive.py), from the record's `steps`."""
     parts = []
     w, ended = r.get("warmup_ended"), r.get("steps_ended")
     if w in _CAPS:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..safefile import write_atomic
+from ..host.safefile import write_atomic
 
 __all__ = ["to_csv", "to_parquet", "to_pytest_benchmark", "parquet_error", "ExportError"]
 
@@ -107,8 +107,8 @@ def to_pytest_benchmark(df, path: str | Path) -> tuple[Path, int, int]:
     repeats' own medians and the cell's axes travel in extra_info and params; a replayed cell's
     (`zerobench run --replay`: nothing ran anew) names the file it was replayed from (`replayed_from`).
     Returns the path, the cells written and the cells left out (no ok repeat, so no times)."""
-    from .. import compare
-    from ..results import latest
+    from ..judge import compare
+    from ..judge.results import latest
 
     path = Path(path)
     samples = compare.samples(df)

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from html import escape
 from pathlib import Path
 
-from ..safefile import write_atomic
+from ..host.safefile import write_atomic
 from .charts import Axis, Chart, Series
 
 __all__ = ["write_png", "svg", "tick_label"]

@@ -16,7 +16,7 @@ from importlib import resources
 import jinja2
 from markupsafe import Markup, escape
 
-from ..effects import NOT_SETTLED, Effect, effects_note
+from ..judge.effects import NOT_SETTLED, Effect, effects_note
 from . import charts as charts_
 from . import figures, fmt
 from .analysis import (
@@ -474,5 +474,5 @@ def render_analysis(a: Analysis, charts: dict[str, Chart] | None = None) -> str:
 
 
 def render(df, title: str = "zerobench report", baseline=None) -> str:
-    """The HTML report of a results DataFrame (`bench.results.load()`), optionally against a baseline one."""
+    """The HTML report of a results DataFrame (`bench.judge.results.load()`), optionally against a baseline one."""
     return render_analysis(analyse(df, title=title, baseline=baseline))

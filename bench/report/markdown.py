@@ -11,9 +11,9 @@ import html
 import re
 from urllib.parse import quote
 
-from ..axes import AXIS
-from ..effects import NOT_SETTLED, Effect, effects_note
-from ..status import Status
+from ..judge.effects import NOT_SETTLED, Effect, effects_note
+from ..matrix.axes import AXIS
+from ..records.status import Status
 from . import fmt
 from .analysis import (
     ANSWER_NOTE,
@@ -533,5 +533,5 @@ def render_analysis(a: Analysis, charts: dict[str, str] | None = None) -> str:
 
 
 def render(df, title: str = "zerobench report", *, baseline=None, charts: dict[str, str] | None = None) -> str:
-    """The Markdown report of a results DataFrame (`bench.results.load()`), optionally against a baseline."""
+    """The Markdown report of a results DataFrame (`bench.judge.results.load()`), optionally against a baseline."""
     return render_analysis(analyse(df, title=title, baseline=baseline), charts)

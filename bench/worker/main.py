@@ -1,6 +1,6 @@
 """Worker entry: read the spec, train, write one result document per rank, exit.
 
-The result document is a bench.record.WorkerDoc, checked before it is written. Exit code 0 means
+The result document is a bench.records.record.WorkerDoc, checked before it is written. Exit code 0 means
 the cell ran to its end (status ok or diverged); 1 means a recorded failure (the result document
 says which); anything else means the worker could not even write its result,
 and the parent classifies the end from the exit code and the log tail.
@@ -17,9 +17,9 @@ import time
 import traceback
 from pathlib import Path
 
-from .. import faults
-from ..cells import Cell
-from ..record import worker_document
+from ..matrix import faults
+from ..matrix.cells import Cell
+from ..records.record import worker_document
 from .events import Events, watch_parent, write_result
 
 # Longest failure reason kept in a result (the traceback is kept apart): long enough for a Trainer's
@@ -152,7 +152,7 @@ def _clean_nvme(doc: dict) -> None:
 def _prebuild(builders: list[str], report_path: str | None = None) -> int:
     """Compile DeepSpeed's JIT ops once before the matrix, so no cell's setup time includes a compiler.
     The report (builder -> {ok, unavailable, dir, libs, s}) is what the orchestrator's per-machine
-    cache records (bench.cache), so the next run can skip this process."""
+    cache records (bench.records.cache), so the next run can skip this process."""
     from deepspeed.accelerator import get_accelerator
 
     from . import ops

@@ -9,7 +9,7 @@ import math
 import time
 from typing import Callable
 
-from ..adaptive import Schedule
+from ..records.adaptive import Schedule
 from .events import Events
 
 __all__ = ["Measure"]
@@ -24,7 +24,7 @@ class Measure:
     """One cell's measurement. The driver calls, in order: warmup() once setup is done; per step
     step_start(step), [part(name) after each part, own loop only], step_end(), loss(value), and stops
     once `done`; then finish() at the end of training. A cell that fails on the way gets none of
-    finish()'s fields. When warmup and measurement end is the cell's Schedule's (bench/adaptive.py)."""
+    finish()'s fields. When warmup and measurement end is the cell's Schedule's (bench/records/adaptive.py)."""
 
     def __init__(self, cell, doc: dict, events: Events, device, t_setup: float, *, own_loop: bool, world: int = 1):
         """own_loop: the driver sees inside each step (DeepSpeed's loop), so the memory held between

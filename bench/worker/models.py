@@ -9,8 +9,8 @@ import os
 
 import torch
 
-from .. import cache
-from ..presets import PRESETS
+from ..matrix.presets import PRESETS
+from ..records import cache
 
 __all__ = ["PRESETS", "config_for", "build", "from_checkpoint", "liger_settings", "apply_liger"]
 
@@ -211,7 +211,7 @@ def _hf_init_partitioned(model) -> None:
 
 def checkpoint(model: str, dtype: torch.dtype, device: torch.device) -> str:
     """A local checkpoint of a preset with random weights, built once per machine and cached
-    (bench.cache: keyed by shape, precision, seed and versions; QLoRA quantizes from a checkpoint).
+    (bench.records.cache: keyed by shape, precision, seed and versions; QLoRA quantizes from a checkpoint).
     Returns its directory. Safe when several ranks ask at once; an entry that does not check out is
     built again."""
     import fcntl

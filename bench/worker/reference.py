@@ -3,7 +3,7 @@
 It lives with the worker and reads the same spec file, but shares none of the worker's code (not its
 setup, not its measurement in bench/worker/measure.py: a yardstick must not move with what it
 measures), only the preset shapes and the shape of the result document it writes
-(bench.record.WorkerDoc). It builds the same Llama shape with transformers, hands the same
+(bench.records.record.WorkerDoc). It builds the same Llama shape with transformers, hands the same
 DeepSpeed config to deepspeed.initialize, and times the same number of steps the plainest way
 (synchronize, perf_counter). `zerobench selfcheck` runs it beside the cell.
 """
@@ -16,7 +16,7 @@ import os
 import statistics
 import time
 
-from ..record import worker_document
+from ..records.record import worker_document
 
 
 def main(argv=None) -> int:
@@ -32,7 +32,7 @@ def main(argv=None) -> int:
         import torch
         import transformers
 
-        from ..presets import PRESETS
+        from ..matrix.presets import PRESETS
 
         cuda = torch.cuda.is_available()
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")

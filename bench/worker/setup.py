@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..cells import Cell
+from ..matrix.cells import Cell
 from . import data, models
 from .events import Events
 

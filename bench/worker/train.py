@@ -10,13 +10,13 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from ..axes import OPTIMIZERS
-from ..env import version as env_version
-from ..faults import VALUED
+from ..host.env import version as env_version
+from ..matrix.axes import OPTIMIZERS
+from ..matrix.faults import VALUED
 from .events import Events
 
 if TYPE_CHECKING:
-    from ..faults import Fault
+    from ..matrix.faults import Fault
     from .measure import Measure
     from .setup import Setup
 
@@ -95,7 +95,7 @@ def _train_deepspeed(s: Setup, measure: Measure, doc: dict, fault: Fault | None)
 
     # -- steps --------------------------------------------------------------------------------
     kind, fault_step, fault_value = (fault.kind, fault.step, fault.value) if fault else (None, -1, None)
-    # Held from before the first step to the end: a cell that needs that much more memory (bench.compare's check).
+    # Held from before the first step to the end: a cell that needs that much more memory (bench.judge.compare's check).
     ballast = _ballast(torch, s.device, fault_value) if kind == "mem" else None
     # from_pretrained (QLoRA, local models) returns a model in eval mode, where HF skips gradient
     # checkpointing and dropout: train as a training loop does.
@@ -168,7 +168,7 @@ def _training_args(cell, ds_config, scratch: str):
     from .models import liger_settings
 
     optim = OPTIMIZERS[cell.optimizer].hf_optim
-    # bench.dsconfig leaves the optimizer section out for these client optimizers, so the Trainer
+    # bench.matrix.dsconfig leaves the optimizer section out for these client optimizers, so the Trainer
     # builds them from `optim`, and the stored config is exactly the one used.
     # The arguments say what the config says: the Trainer refuses a config whose stated values differ
     # from its arguments (trainer_config_finalize's mismatches), as a user's own run would be refused.
@@ -336,7 +336,7 @@ def _eat_gpu_memory() -> None:
 
     if not torch.cuda.is_available():
         # A CPU cell has no GPU memory to exhaust: raise the allocator's error as it would, so the
-        # orchestrator's handling of a CUDA OOM (implied outcomes, bench.schedule) is testable on CPU.
+        # orchestrator's handling of a CUDA OOM (implied outcomes, bench.execute.schedule) is testable on CPU.
         raise torch.OutOfMemoryError("CUDA out of memory (ZEROBENCH_FAULT cudaoom on a CPU cell: raised at once)")
     hoard = []
     while True:
@@ -346,7 +346,7 @@ def _eat_gpu_memory() -> None:
 def _eat_memory() -> None:
     """Allocate and touch host memory until the kernel's OOM killer stops this process; only under a
     memory cgroup limit below the host's RAM, so the host itself is never at risk."""
-    from .. import hostmem
+    from ..host import hostmem
 
     limit, total = hostmem.cgroup_limit(), hostmem.host_memory()
     if not limit or not total or limit >= total:

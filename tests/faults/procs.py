@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 
-from ..conftest import ROOT
+from tests.conftest import ROOT
 
 
 def wait_for(pred, timeout_s: float, every_s: float = 0.1):

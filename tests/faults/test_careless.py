@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.records.status import Status
 from bench.report.tracking import _config
-from bench.status import Status
-
-from ..conftest import ROOT, zerobench
+from tests.conftest import ROOT, zerobench
 
 MATRIX = str(ROOT / "matrices" / "compare-h200.yaml")
 A1, A2 = ROOT / "results" / "compare-h200-a1.jsonl", ROOT / "results" / "compare-h200-a2.jsonl"

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.store import read
-
-from ..conftest import write_matrix, zerobench
+from bench.records.store import read
+from tests.conftest import write_matrix, zerobench
 
 pytestmark = pytest.mark.gpu
 

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.store import read_records
-
-from ..conftest import write_matrix
-from .test_storage import SKIPPED, all_skipped, holder, run
+from bench.records.store import read_records
+from tests.conftest import write_matrix
+from tests.faults.test_storage import SKIPPED, all_skipped, holder, run
 
 
 def _fifo(path: Path) -> Path:
@@ -100,9 +99,9 @@ def test_planted_links_are_not_followed(tmp_path, ledger):
 
 def test_planted_chart_and_log_links(tmp_path, ledger):
     ledger.fault("planted-chart-log-links", "symlinks at a chart's temp names and at a worker log's name")
+    from bench.host.safefile import safe_open_new  # the worker log is opened through this helper
     from bench.report.charts import Axis, Chart, Series
     from bench.report.figures import write_png
-    from bench.safefile import safe_open_new  # the worker log is opened through this helper
 
     decoy = tmp_path / "decoy"
     decoy.write_text("decoy\n")

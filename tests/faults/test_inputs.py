@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import TINY, write_matrix, zerobench
+from tests.conftest import TINY, write_matrix, zerobench
 
 # A matrix whose cells all skip on a CPU host (fp16 needs CUDA): a `run` of it is fast and writes records.
 SKIPPED = TINY + "axes: {zero_stage: [0, 1], precision: [fp16]}\n"

@@ -13,7 +13,7 @@ import socket
 
 import pytest
 
-from ..conftest import TINY, write_matrix, zerobench
+from tests.conftest import TINY, write_matrix, zerobench
 
 # serial: its first 2-rank cells build DeepSpeed's CPU ops that the other serial tests copy; its
 # hang watchdog and wall-clock limit are timings.

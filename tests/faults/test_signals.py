@@ -17,9 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import TINY, write_matrix
-from ..test_report_bench import synthetic_records
-from .procs import SIGNALS, Run, attempt_dirs, cell_stepping, compiler_running, env, forkserver_running, wait_for
+from tests.conftest import TINY, write_matrix
+from tests.faults.procs import (
+    SIGNALS,
+    Run,
+    attempt_dirs,
+    cell_stepping,
+    compiler_running,
+    env,
+    forkserver_running,
+    wait_for,
+)
+from tests.test_report_bench import synthetic_records
 
 # serial: it copies the machine's built DeepSpeed ops (a build beside it would leave a partial copy).
 pytestmark = [pytest.mark.slow, pytest.mark.serial]

@@ -24,17 +24,16 @@ from pathlib import Path
 
 import pytest
 
-from bench import matrix
-from bench.store import Store, StoreWriteError, read
-
-from ..conftest import ROOT, TINY, write_matrix, zerobench
+from bench.matrix import spec
+from bench.records.store import Store, StoreWriteError, read
+from tests.conftest import ROOT, TINY, write_matrix, zerobench
 
 # 8 cells, all skipped on a CPU host (CUDA is hidden from tests): ~2 KB of record each.
 SKIPPED = TINY + "axes: {zero_stage: [0, 1, 2, 3], precision: [fp16], grad_ckpt: [false, true]}\n"
 
 
 def names(m: Path) -> list[str]:
-    return [c.name for c in matrix.expand(matrix.load(m))]
+    return [c.name for c in spec.expand(spec.load(m))]
 
 
 def all_skipped(m: Path) -> dict[str, set[str]]:
@@ -165,7 +164,7 @@ def test_store_append_past_the_file_size_limit(tmp_path, ledger):
     # In a process of its own: the limit applies to every file it writes.
     code = (
         "import resource, signal, sys\n"
-        "from bench.store import Store, read, StoreWriteError\n"
+        "from bench.records.store import Store, read, StoreWriteError\n"
         "p = sys.argv[1]; rec = read(p)[0]\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         f"resource.setrlimit(resource.RLIMIT_FSIZE, ({size + 100}, resource.RLIM_INFINITY))\n"
@@ -249,7 +248,7 @@ def test_disk_full_after_a_cell_ran(tmp_path, ledger):
 
 HOLD = (
     "import sys, time\n"
-    "from bench.store import Store\n"
+    "from bench.records.store import Store\n"
     "held = Store(sys.argv[1]).hold('zerobench run')\n"
     "held.__enter__()\n"
     "print('held', flush=True)\n"

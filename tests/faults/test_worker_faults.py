@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from bench import dsconfig, hostmem
-from bench.cells import Cell
 from bench.execute import launch
-from bench.record import Record
-from bench.store import Store, read
-
-from ..conftest import ROOT, TINY, write_matrix, zerobench
+from bench.host import hostmem
+from bench.matrix import dsconfig
+from bench.matrix.cells import Cell
+from bench.records.record import Record
+from bench.records.store import Store, read
+from tests.conftest import ROOT, TINY, write_matrix, zerobench
 
 # serial: it copies the machine's built DeepSpeed ops (a build beside it would leave a partial copy).
 pytestmark = [pytest.mark.slow, pytest.mark.serial]

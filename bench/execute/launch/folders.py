@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from ... import env
+from ...host import env
 
 _ATTEMPT_PREFIX = "zerobench-"
 _OWNER = "owner"  # in an attempt folder: who made it (_owner_tag), as JSON under an exact marker

@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from ...safefile import open_append
+from ...host.safefile import open_append
 from .ports import child_env, free_port
 
 # (Not CUDA_VISIBLE_DEVICES: DeepSpeed picks its accelerator, CUDA or CPU, when it is imported.)

@@ -5,7 +5,7 @@ run_node(NodeLaunch) is one node's part, run where an executor placed it: that n
 sampled and watched as on one host (the wall-clock timeout; the watchdog, which each node's first rank
 feeds), its documents and telemetry handed back in a NodeEnd; outcome.of_nodes classifies the attempt
 from every node's. launch_here runs every node on this host at 127.0.0.1, each its own torchrun with its
-own ranks: how one machine tests the multi-node path on CPU (a GPU host does not: bench.rules
+own ranks: how one machine tests the multi-node path on CPU (a GPU host does not: bench.matrix.rules
 "nodes-on-one-host").
 
 A cluster executor runs each node's part where it placed it through take_part: the nodes meet on a Board
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ... import env as _env
-from ...cells import Cell
+from ...host import env as _env
+from ...matrix.cells import Cell
 from .folders import new_attempt_folder
 from .outcome import NodeEnd, Outcome, of_nodes
 from .ports import first_port

@@ -6,9 +6,10 @@ import re
 import signal
 from dataclasses import dataclass, field
 
-from ... import hostmem, telemetry
-from ...cells import Cell
-from ...status import Status
+from ...host import hostmem
+from ...matrix.cells import Cell
+from ...records.status import Status
+from . import telemetry
 
 # Worse outcomes win when ranks disagree.
 _SEVERITY = [
@@ -40,7 +41,7 @@ class Outcome:
     gpu_after: dict = field(default_factory=dict)
     started_by: dict = field(default_factory=dict)  # {"mode": "fork"|"spawn", "why": ...}: how the worker began
     fault: str | None = None  # ZEROBENCH_FAULT as passed to the worker (tests only)
-    oom_evidence: str | None = None  # an OOM kill counted while the cell ran (bench.hostmem), in words
+    oom_evidence: str | None = None  # an OOM kill counted while the cell ran (bench.host.hostmem), in words
     warnings: list[str] = field(default_factory=list)  # what makes the measurement less clean (record.warnings)
     port: int | None = None  # the rendezvous port of the last launch
     # Wall-clock [start, end) of the measured phase, else of the whole launch: when neighbours count.
@@ -51,7 +52,7 @@ class Outcome:
     nodes: list[dict] = field(default_factory=list)
     # The cluster node that ran it (set by a cluster executor): {"host", "gpus", "provenance", and Ray's
     # "node_id" or Slurm's "slurm_job", "slurm_nodes"}, the first node's where it spans several; provenance is
-    # bench.env.provenance() taken on that node.
+    # bench.host.env.provenance() taken on that node.
     node: dict | None = None
 
 
@@ -199,7 +200,7 @@ class NodeEnd:
     killed_for: str | None
     """Why zerobench stopped its launch: timeout, stall, interrupt, or peer (another node ended first)."""
     provenance: dict
-    """bench.env.provenance() where the node ran: its host, GPUs, driver and library versions."""
+    """bench.host.env.provenance() where the node ran: its host, GPUs, driver and library versions."""
     log: str
 
     @property
@@ -210,7 +211,7 @@ class NodeEnd:
 
 def of_nodes(cell: Cell, ends: list[NodeEnd]) -> Outcome:
     """The attempt's Outcome, classified, from every node's launch: every rank's document, the telemetry
-    across the nodes (bench.telemetry.across_nodes), rank 0's phases and steps, each node named in
+    across the nodes (bench.execute.launch.telemetry.across_nodes), rank 0's phases and steps, each node named in
     `nodes`, and a failing rank named with its node and host. One node (a cluster executor runs every cell
     through a node's launch): its own Outcome, classified as on one host."""
     ends = sorted(ends, key=lambda e: e.node)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import psutil
 
-from ... import heartbeat
-from ...safefile import safe_open_new
+from ...host import heartbeat
+from ...host.safefile import safe_open_new
 
 
 def _signal_group(pid: int, sig: int) -> bool:

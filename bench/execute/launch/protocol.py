@@ -13,10 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ... import faults, hostmem, telemetry
-from ...cells import Cell
-from ...safefile import open_append, safe_open_new
-from ...status import Status
+from ...host import hostmem
+from ...host.safefile import open_append, safe_open_new
+from ...matrix import faults
+from ...matrix.cells import Cell
+from ...records.status import Status
+from . import telemetry
 from .folders import clear_attempt_folder, new_attempt_folder
 from .forkserver import _forkserver
 from .outcome import Outcome, _classify

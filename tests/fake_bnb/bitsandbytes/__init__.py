@@ -4,4 +4,4 @@ optimizer check reads. No kernels, no quantization: nothing here measures bitsan
 
 __version__ = "0.50.2"
 
-from . import optim  # noqa: E402,F401 - bitsandbytes.optim after `import bitsandbytes`, as the real package
+from tests.fake_bnb.bitsandbytes import optim  # noqa: E402,F401 - bitsandbytes.optim after `import bitsandbytes`, as the real package

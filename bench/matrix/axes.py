@@ -1,7 +1,7 @@
 """What a cell can vary, and what each optimizer is: one table each, read by everything else.
 
-The bottom floor: imports nothing from bench, nor torch or pydantic. The matrix schema (bench.matrix),
-the Cell's axis fields and readable name (bench.cells), the compatibility rules, the generated
+The bottom floor: imports nothing from bench, nor torch or pydantic. The matrix schema (bench.matrix.spec),
+the Cell's axis fields and readable name (bench.matrix.cells), the compatibility rules, the generated
 DeepSpeed config, the op prebuild, the result columns and the report labels are all derived from
 AXES and OPTIMIZERS. Adding an axis value is one entry here plus its behaviour (docs/extending.md).
 """
@@ -156,7 +156,7 @@ def _section(kind: str, **params: Any) -> Mapping[str, Any]:
 _BNB = ("AdamW",)
 # 1-bit: run uncompressed for freeze_step steps, then compress; keep that inside warmup.
 _ONEBIT_COMM = {"cuda_aware": False, "comm_backend_name": "nccl"}
-# fp16 only: DeepSpeed verified their convergence in fp16, and in bf16 and fp32 they diverged (bench.rules
+# fp16 only: DeepSpeed verified their convergence in fp16, and in bf16 and fp32 they diverged (bench.matrix.rules
 # onebit-needs-fp16).
 _ONEBIT = dict(onebit=True, zero_stages=(0,), precisions=("fp16",), removed_in_deepspeed=(0, 19, 7))
 
@@ -337,7 +337,7 @@ class Axis(NamePart):
     """The direction in which a value needs at least as much GPU memory as another, all else equal, where that
     is physically certain: LARGER (an integer axis), or chains of values from lightest to heaviest (a value
     is at least as heavy as those before it in a chain it shares with them). None: no certain direction.
-    A cell that runs out of GPU memory implies the cells heavier than it along these (bench.schedule)."""
+    A cell that runs out of GPU memory implies the cells heavier than it along these (bench.execute.schedule)."""
     host_heavier: str | tuple[tuple, ...] | None = None
     """The same for host memory (a host OOM implies the cells heavier than it on the host)."""
     block: str | None = None

@@ -2,7 +2,7 @@
 what is left will take. Between `run` and `launch`; torch-free; reads the axis table, never the results.
 
 - Dominance: cell A needs at least as much memory as cell B when every field is equal except axes with a
-  certain "heavier" direction (bench.axes: Axis.gpu_heavier, host_heavier), and along each of those A's
+  certain "heavier" direction (bench.matrix.axes: Axis.gpu_heavier, host_heavier), and along each of those A's
   value is at least B's. When B runs out of GPU memory (cuda_oom), every A not yet run is recorded as
   implied_oom naming B; the same for host memory (host_oom) along the host's directions.
 - Order (`order`): for early answers, see its docstring.
@@ -18,9 +18,9 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
-from .axes import AUTO, AXES, AXIS, OFFLOADS, heavier_or_equal, optimizer_offloaded
-from .cells import Cell
-from .status import Status
+from ..matrix.axes import AUTO, AXES, AXIS, OFFLOADS, heavier_or_equal, optimizer_offloaded
+from ..matrix.cells import Cell
+from ..records.status import Status
 
 __all__ = ["ORDERS", "GPU", "HOST", "WHERE", "heavier", "implied", "order", "Eta", "duration"]
 
@@ -32,7 +32,7 @@ GPU, HOST = "gpu", "host"
 WHERE = {Status.CUDA_OOM.value: GPU, Status.HOST_OOM.value: HOST}
 """Which memory an out-of-memory status ran out of."""
 
-# Only these axes may differ between a cell and one it implies; written once, in bench.axes.
+# Only these axes may differ between a cell and one it implies; written once, in bench.matrix.axes.
 _DIRECTIONS = {
     GPU: {a.name: a.gpu_heavier for a in AXES if a.gpu_heavier},
     HOST: {a.name: a.host_heavier for a in AXES if a.host_heavier},
@@ -99,7 +99,7 @@ def order(
     2. A prior for the speed/memory frontier, stated plainly: no offload before offload (less offload
        first: none, optimizer, optimizer+params, nvme), no checkpointing before checkpointing (each is
        slower for the same work), then the smaller predicted GPU memory first, then the matrix's order.
-    3. Among risky cells, along each dominance chain (bench.schedule.heavier, GPU), the lighter run first,
+    3. Among risky cells, along each dominance chain (bench.execute.schedule.heavier, GPU), the lighter run first,
        so one out-of-memory end implies the heavier ones instead of each running out in turn. A lighter
        risky cell takes the earliest prior of the heavier cells waiting on it, so it runs just before them.
     """

@@ -16,8 +16,8 @@ A flagged measurement is weaker evidence: its noise is NOISE["gpu_flagged"], abo
 Only GPU measurements are flagged: on the CI's CPU the step-time spread did not tell the noisier repeats apart.
 
 The noise figures are standard deviations of ln(tokens/s). Within a block (one run part on one machine,
-bench.record.Record.block) a measurement scatters by NOISE around its cell's value there. Between blocks a
-machine is faster or slower as a whole (an offset, estimated from cells measured in both: bench.blocks) and
+bench.records.record.Record.block) a measurement scatters by NOISE around its cell's value there. Between blocks a
+machine is faster or slower as a whole (an offset, estimated from cells measured in both: bench.judge.blocks) and
 each cell deviates from that offset by CROSS. Pure: no I/O.
 """
 

@@ -2,7 +2,7 @@
 
 Pure Python and deterministic: fed each step's time in turn, a `Schedule` says which phase the next
 step belongs to and, at the end, why each phase ended. The worker drives it (bench/worker/measure.py,
-both engines); tests feed it sequences. The settings are a cell's (bench.cells.Adaptive).
+both engines); tests feed it sequences. The settings are a cell's (bench.matrix.cells.Adaptive).
 
 Warmup (adaptive) ends after a step when, with at least `min_warmup` warmup steps run,
   - "settled": the last `settle_window` step times each lie within `settle_within` of their median;
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from . import stats
+from .. import stats
 
 __all__ = [
     "Schedule",
@@ -162,7 +162,7 @@ class Schedule:
         self.phase, self.ended = phase, e if phase == "done" else None
 
     def summary(self) -> dict[str, Any]:
-        """What the record says (bench.record.StepsTaken): steps taken, why each phase ended, the interval."""
+        """What the record says (bench.records.record.StepsTaken): steps taken, why each phase ended, the interval."""
         a = self.a
         auto = self._auto("measured")
         level = a.level if auto else DEFAULT_LEVEL

@@ -20,7 +20,8 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from . import dsconfig, env, presets
+from ..host import env
+from . import dsconfig, presets
 from .axes import AUTO, AXIS, Offload, lora_target_modules, lora_targets_name
 from .axes import AXES as AXIS_TABLE
 from .cells import Adaptive, Cell, Lora, Qlora
@@ -31,7 +32,7 @@ __all__ = [
     "PRESETS",
 ]  # fmt: skip
 
-# Model presets the worker knows how to build (their shapes: bench/presets.py).
+# Model presets the worker knows how to build (their shapes: bench/matrix/presets.py).
 PRESETS = tuple(presets.PRESETS)
 
 
@@ -70,7 +71,7 @@ _A = {f.name: f.default for f in dataclasses.fields(Adaptive)}  # the adaptive r
 
 
 class Steps(_Strict):
-    """How many steps a cell runs: fixed counts, or `auto` (bench/adaptive.py has the rules). The keys
+    """How many steps a cell runs: fixed counts, or `auto` (bench/records/adaptive.py has the rules). The keys
     after `measured` tune the adaptive rules; each applies only to the phase it names."""
 
     warmup: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
@@ -134,7 +135,7 @@ class QloraSettings(_Strict):
 
 
 class CompareSettings(_Strict):
-    """How `zerobench compare` judges this matrix's cells against a baseline (bench/compare.py; the
+    """How `zerobench compare` judges this matrix's cells against a baseline (bench/judge/compare.py; the
     statistics and why these defaults: bench/stats.py). `--thresholds FILE` replaces what it names."""
 
     alpha: float = Field(
@@ -156,7 +157,7 @@ class CompareSettings(_Strict):
         0.15,
         ge=0,
         description="Read so that older matrices load; it decides nothing: with one repeat on a side the interval "
-        "is the noise measured on the committed runs for two measurements (bench.quality), and min_effect "
+        "is the noise measured on the committed runs for two measurements (bench.records.quality), and min_effect "
         "decides as for repeats.",
     )
     memory_tolerance: float = Field(
@@ -232,7 +233,7 @@ def _one_or_many(t):
     return Union[t, list[t]]
 
 
-# Both models are built from bench.axes.AXES: one field per axis, in its order.
+# Both models are built from bench.matrix.axes.AXES: one field per axis, in its order.
 Axes = create_model(
     "Axes",
     __base__=_Strict,

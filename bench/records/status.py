@@ -47,7 +47,7 @@ MEANINGS = {
     Status.CUDA_OOM: "The GPU allocator ran out of memory; the record carries the allocator's state at the failure.",
     Status.HOST_OOM: "The kernel's OOM killer stopped the worker: an OOM kill was counted, or the worker's RSS was "
     "at the memory limit; or Slurm ended its job for memory.",
-    Status.IMPLIED_OOM: "Not run: a cell that needs no more memory in every respect ran out (bench.schedule); "
+    Status.IMPLIED_OOM: "Not run: a cell that needs no more memory in every respect ran out (bench.execute.schedule); "
     "implied_by names it. An outcome for --resume, never a measurement.",
     Status.KILLED: "SIGKILLed from outside zerobench with no evidence of an OOM kill, or its Slurm job's node failed; "
     "--resume runs it again.",

@@ -12,8 +12,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from .safefile import kind as kind_of
-from .safefile import open_regular
+from ..host.safefile import kind as kind_of
+from ..host.safefile import open_regular
 
 __all__ = ["Problem", "InputError", "ConfigError", "read_text", "MAX_CONFIG_BYTES", "MAX_DEPTH"]
 

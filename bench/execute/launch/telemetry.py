@@ -1,7 +1,7 @@
 """Parent-side sampling of the worker's process tree: host RSS and, where NVML exists, GPU memory
 (device and per process), utilisation, power and energy, and the GPU's state: SM and memory clocks,
 temperature and clock-throttle reasons (a cell that ran hot or power-capped is not comparable with
-one that did not; bench.compare reads them).
+one that did not; bench.judge.compare reads them).
 
 It runs in the orchestrator, not in the worker, so it costs the measured step nothing (no GIL
 contention, no CUDA context). The worker's events file gives the phase boundaries; samples are

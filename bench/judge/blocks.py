@@ -1,18 +1,18 @@
-"""Measurements of tokens/s across blocks. A block is one run part on one machine (bench.record.Record.block):
+"""Measurements of tokens/s across blocks. A block is one run part on one machine (bench.records.record.Record.block):
 within a block two cells compare directly; between blocks a machine is faster or slower as a whole, so two
 cells measured in different blocks compare only through *anchors*, cells measured in both blocks.
 
 - `offsets`: each block's speed relative to a reference block (the one with the most measurements), with
   its covariance: a least-squares fit over the anchors alone (each anchor's own value free, so a cell
   measured in one block only says nothing of the offsets), every anchor measurement off by its noise and by
-  the cell's deviation from its block's offset (bench.quality.CROSS). A block no anchor ties to the others
-  keeps the prior, bench.quality.UNTIED_SD: it is never compared raw.
+  the cell's deviation from its block's offset (bench.records.quality.CROSS). A block no anchor ties to the others
+  keeps the prior, bench.records.quality.UNTIED_SD: it is never compared raw.
 - `level`: a cell's ln tokens/s on the reference block's scale, over every block it was measured in.
 - `gap`: ln(a / b) of two cells: from the blocks both were measured in where there are any (the same-block
   pairs effects are made of), else through the offsets, the two cells' deviations added.
 
 A cell's measurements in one block give its mean ln tokens/s there with the larger of two variances: what its
-measurements' noise allows (bench.quality.noise_sd each, over n^2), and what their own spread shows (the
+measurements' noise allows (bench.records.quality.noise_sd each, over n^2), and what their own spread shows (the
 sample variance over n, from two measurements up): bench.stats.log_mean and log_diff, the one rule's. No I/O.
 """
 
@@ -25,8 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import stats
-from .quality import UNTIED_SD
+from .. import stats
+from ..records.quality import UNTIED_SD
 
 __all__ = [
     "Obs", "Sample", "Offsets", "Gap", "mean_var", "offsets", "level", "joint", "gap", "components", "parts", "leading",
@@ -34,7 +34,7 @@ __all__ = [
 
 
 class Obs(NamedTuple):
-    """One measurement: ln tokens/s and its noise (bench.quality.noise_sd)."""
+    """One measurement: ln tokens/s and its noise (bench.records.quality.noise_sd)."""
 
     log: float
     sd: float

@@ -10,17 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ..host.env import Platform, version_tuple
 from .axes import AXES, OPTIMIZERS, Offload, OptimizerSpec, UnderOffload
 from .cells import Cell
-from .env import Platform, version_tuple
-from .estimate.shapes import shape_of, trainable_params
+from .shapes import shape_of, trainable_params
 
 __all__ = ["Rule", "RULES", "check", "Skip", "PRUNED", "BNB_MAX_ELEMENTS", "flat_partition"]
 
 PRUNED = "predicted-oom"
 """The rule id of a cell the memory model predicts not to fit (bench.execute.plan.prune_skip): pruned, not ruled out."""
 
-# Optimizer facts come from bench.axes.OPTIMIZERS; the rules say what they stop, why, and the source.
+# Optimizer facts come from bench.matrix.axes.OPTIMIZERS; the rules say what they stop, why, and the source.
 ONEBIT = tuple(name for name, spec in OPTIMIZERS.items() if spec.onebit)
 BNB = tuple(name for name, spec in OPTIMIZERS.items() if spec.package == "bitsandbytes")
 _PLAIN = OptimizerSpec(cls="", under_offload=UnderOffload.RUNS)  # a name outside the table: no limits known

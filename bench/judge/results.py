@@ -1,5 +1,5 @@
 """Results files -> a tidy pandas DataFrame: one row per cell attempt, flat columns, units in names.
-Records of any schema version are read through bench.record (upgraded, then validated).
+Records of any schema version are read through bench.records.record (upgraded, then validated).
 
 `load()` is the public API for notebooks; the reports are pure functions of its output.
 """
@@ -13,13 +13,14 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from . import matrix, quality, rules
-from .axes import SHOWN, lora_targets_name
-from .cells import Cell
-from .problems import ConfigError, InputError
-from .record import STEP_PARTS, Provenance, Record, WorkerFacts, parse
-from .status import Status
-from .store import read_records
+from ..matrix import rules, spec
+from ..matrix.axes import SHOWN, lora_targets_name
+from ..matrix.cells import Cell
+from ..matrix.problems import ConfigError, InputError
+from ..records import quality
+from ..records.record import STEP_PARTS, Provenance, Record, WorkerFacts, parse
+from ..records.status import Status
+from ..records.store import read_records
 
 __all__ = [
     "load",
@@ -90,7 +91,7 @@ PEAK_MEMORY_SOURCES = {
 }
 
 
-# The record's `steps` (bench.record.StepsTaken) as columns: why measuring ended and the interval.
+# The record's `steps` (bench.records.record.StepsTaken) as columns: why measuring ended and the interval.
 STEPS_COLUMNS = {
     "steps_ended": "ended",
     "warmup_ended": "warmup_ended",
@@ -126,7 +127,7 @@ def steps_schedule(cell: dict) -> str:
 
 
 def axis_values(cell: dict) -> dict:
-    """A record's cell (bench.cells.Cell.to_dict) as its axis values, as the results frame's columns have them:
+    """A record's cell (bench.matrix.cells.Cell.to_dict) as its axis values, as the results frame's columns have them:
     a field the record lacks at its default; the PEFT settings from the cell's blocks, empty where they do not
     apply (no adapter, no 4-bit weights)."""
     out = {a.name: cell.get(a.name, _CELL_DEFAULTS.get(a.name)) for a in SHOWN}
@@ -148,7 +149,7 @@ def fixed_cost_s(rec: Record | dict) -> float | None:
 
 
 class _MatrixCells:
-    """The cells of the matrix files compact records name (bench.record version 4), each file expanded once,
+    """The cells of the matrix files compact records name (bench.records.record version 4), each file expanded once,
     by hash; where a file is missing, unreadable or no longer has a cell, said once per file."""
 
     def __init__(self) -> None:
@@ -177,7 +178,7 @@ class _MatrixCells:
     @staticmethod
     def _expand(path: Path) -> dict[str, dict]:
         try:
-            return {c.hash: c.to_dict() for c in matrix.expand(matrix.load(str(path)))}
+            return {c.hash: c.to_dict() for c in spec.expand(spec.load(str(path)))}
         except (ConfigError, InputError, OSError):
             return {}
 
@@ -192,7 +193,7 @@ class _MatrixCells:
 
 
 def with_cells(records: Iterable[Record], near: Sequence[Path] = ()) -> Iterator[Record]:
-    """The records, each compact one (a cell that did not run: bench.record version 4) with its cell's settings
+    """The records, each compact one (a cell that did not run: bench.records.record version 4) with its cell's settings
     from its matrix file, looked for as recorded and then in the folders `near` (those around its results file).
     One whose matrix file is missing, or no longer has the cell, keeps `cell` None (said once per file)."""
     found = _MatrixCells()
@@ -211,7 +212,7 @@ _RULES = {r.name: r for r in rules.RULES}
 
 
 def _skip_text(rec: Record, cell: dict) -> tuple[str | None, str | None]:
-    """A skip's fix and source: the record's, else (a compact record) its rule's in bench.rules."""
+    """A skip's fix and source: the record's, else (a compact record) its rule's in bench.matrix.rules."""
     if rec.skip is None:
         return None, None
     rule = _RULES.get(rec.skip.rule)
@@ -296,7 +297,7 @@ def _row(rec: Record) -> dict:
     # A model, not a measurement: computed when loading, so a better estimator needs no re-run.
     row["estimate_model_states_bytes"] = row["estimate_model_states_host_bytes"] = None
     if worker.params_total and cell:
-        from .estimate import model_states
+        from ..estimate import model_states
 
         est = model_states(
             params=worker.params_total,
@@ -328,7 +329,7 @@ def _row(rec: Record) -> dict:
             row["answer_expected_error"] = note.expected_error
     if rec.replay:
         row["replay_source"] = rec.replay.source
-    # Where it ran and how far its measurement can be trusted (bench.quality).
+    # Where it ran and how far its measurement can be trusted (bench.records.quality).
     row["machine"] = rec.machine.id if rec.machine is not None else None
     row["block"] = rec.block
     row["flags"] = quality.flags(rec) or None if rec.status is Status.OK else None

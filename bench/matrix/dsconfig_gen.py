@@ -1,14 +1,14 @@
 """Writes bench/dsconfig_keys.json: every key the installed DeepSpeed's config parser reads, with its type.
 
     nox -s ds_tables                      # after changing the DeepSpeed pin; commit the file it writes
-    python -m bench.dsconfig_gen --check  # exit 1 if the file differs from the installed DeepSpeed
+    python -m bench.matrix.dsconfig_gen --check  # exit 1 if the file differs from the installed DeepSpeed
 
 Read from DeepSpeed itself: the pydantic config models (fields, aliases, annotated types, enum values,
 deprecations) and, for the sections it reads key by key with dict.get(key, default), the keys a
 recording dict is asked for and the types of their defaults. A type DeepSpeed does not state (a
-default of None) is written as null; bench.dsconfig supplies it by hand.
+default of None) is written as null; bench.matrix.dsconfig supplies it by hand.
 
-Imports deepspeed, so only when run: bench.dsconfig reads the JSON and the orchestrator stays light.
+Imports deepspeed, so only when run: bench.matrix.dsconfig reads the JSON and the orchestrator stays light.
 tests/test_dsconfig_check.py regenerates the file in memory and compares it with the checked-in one.
 """
 
@@ -96,7 +96,7 @@ def _default_type(default: Any) -> str | None:
 
 
 def _field_spec(annotation: Any, path: tuple, models: list[tuple]) -> Any:
-    """A pydantic field annotation as a bench.dsconfig spec."""
+    """A pydantic field annotation as a bench.matrix.dsconfig spec."""
     from pydantic import BaseModel
 
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
@@ -150,7 +150,7 @@ def generate() -> dict:
         node[path[-1]] = _model_spec(getattr(importlib.import_module(module), name), path, models)
     fields = DeepSpeedZeroConfig.model_fields
     return {
-        "_generated_by": "nox -s ds_tables (python -m bench.dsconfig_gen): do not edit",
+        "_generated_by": "nox -s ds_tables (python -m bench.matrix.dsconfig_gen): do not edit",
         "deepspeed": deepspeed.__version__.split("+")[0],
         "schema": schema,
         "pydantic": sorted(list(p) for p in models),

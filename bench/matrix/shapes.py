@@ -1,4 +1,4 @@
-"""Parameter counts of a model shape (bench.presets): what the memory model multiplies by bytes.
+"""Parameter counts of a model shape (bench.matrix.presets): what the memory model multiplies by bytes.
 
 A Llama block: q, k, v, o projections (grouped-query: k and v have num_key_value_heads heads), a SwiGLU
 MLP (gate, up, down), two RMSNorms; then the embedding, a final norm and the LM head (tied or not).
@@ -10,7 +10,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from .. import presets
+from . import presets
 
 __all__ = ["Shape", "shape_of", "trainable_params", "adapted"]
 

@@ -2,16 +2,16 @@
 
 results (store) -> results.load() -> samples() per side -> compare() -> Comparison -> markdown() / exit code
 
-What each figure is held to (thresholds: bench.matrix.CompareSettings, per matrix, `--thresholds`):
+What each figure is held to (thresholds: bench.matrix.spec.CompareSettings, per matrix, `--thresholds`):
 - noisy figures (tokens/s, median step time): bench.stats.judge_noisy, the one rule of the reports and answer
   mode: the ratio of the two sides' geometric means over their process-level repeats, with an interval at
   1 - 2 alpha (90%: one-sided 95% either way) whose variance is the larger of what the measurements' noise
-  allows (bench.quality, measured on the committed runs; one repeat a side is judged by that noise) and what
+  allows (bench.records.quality, measured on the committed runs; one repeat a side is judged by that noise) and what
   the repeats' spread shows; changed only when the whole interval lies beyond the minimum effect;
-- machines (bench.record.Machine): the sides ran on one machine (or a record does not say): compared directly.
+- machines (bench.records.record.Machine): the sides ran on one machine (or a record does not say): compared directly.
   On different machines a machine is faster or slower as a whole: the difference is estimated from the cells
   measured ok on both sides (anchors; their median log ratio, at least MIN_ANCHORS of them), taken out of
-  each cell's ratio and added to its uncertainty with each cell's own deviation from it (bench.quality.CROSS).
+  each cell's ratio and added to its uncertainty with each cell's own deviation from it (bench.records.quality.CROSS).
   A change common to every cell cannot be told from the machines' difference, and the Markdown says so;
 - figures that repeat exactly or nearly (allocator peaks and the memory between steps, NVML peaks,
   host RSS, first and final loss): bench.stats.judge_bound, a tight bound widened to the spread the
@@ -41,10 +41,11 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from . import quality, stats
-from .matrix import CompareSettings
-from .problems import ConfigError, Problem
-from .status import Status
+from .. import stats
+from ..matrix.problems import ConfigError, Problem
+from ..matrix.spec import CompareSettings
+from ..records import quality
+from ..records.status import Status
 
 __all__ = [
     "FIGURES",
@@ -141,9 +142,9 @@ class CellSamples:
     environment: dict[str, tuple]
     """Per ENVIRONMENT column, the distinct values the repeats ran with (sorted, as strings)."""
     noise: list[float] = field(default_factory=list)
-    """Each ok repeat's noise on the log scale (bench.quality.noise_sd), in the order of `values`' tokens/s."""
+    """Each ok repeat's noise on the log scale (bench.records.quality.noise_sd), in the order of `values`' tokens/s."""
     machines: tuple = ()
-    """The machines its repeats that ran were measured on (bench.record.Machine ids; None: unknown)."""
+    """The machines its repeats that ran were measured on (bench.records.record.Machine ids; None: unknown)."""
     blocks: tuple = ()
     """The blocks (run part x machine) of those repeats."""
     step_times: list[list[float]] = field(default_factory=list)
@@ -203,7 +204,7 @@ def _one_schedule(recs: list[dict]) -> list[dict]:
 
 
 def samples(df, one_schedule: bool = False) -> dict[str, CellSamples]:
-    """A results frame (bench.results.load) -> per cell key, its repeats' figures, in first-seen order.
+    """A results frame (bench.judge.results.load) -> per cell key, its repeats' figures, in first-seen order.
 
     A repeat's last record stands for it (a re-run after an interruption replaces the attempt); records
     without a repeat index are repeat 1, so an old results file gives one sample per cell. one_schedule: of a
@@ -281,7 +282,7 @@ class Machines:
     """ln(current machine's speed / baseline machine's), from the anchors (None: one machine, or too few)."""
     offset_var: float = 0.0
     cross: float = 0.0
-    """Each cell's own deviation from the machines' difference (bench.quality.CROSS), on each side."""
+    """Each cell's own deviation from the machines' difference (bench.records.quality.CROSS), on each side."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -547,7 +548,7 @@ def _section(path: Path) -> dict:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise ConfigError([Problem(str(path), "", "expected a mapping", "see CompareSettings in bench/matrix.py")])
+        raise ConfigError([Problem(str(path), "", "expected a mapping", "see CompareSettings in bench/matrix/spec.py")])
     if "compare" in raw or "axes" in raw or "model" in raw:  # a matrix file
         return raw.get("compare") or {}
     return raw

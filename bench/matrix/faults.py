@@ -98,7 +98,7 @@ def for_worker(text: str | None, rank: int, cell_id: str) -> Fault | None:
 
 
 def check(text: str | None, cells, *, memory_limited: bool = False) -> list[tuple[str, str]]:
-    """Why ZEROBENCH_FAULT would not fire as written on these cells (bench.cells.Cell values that will
+    """Why ZEROBENCH_FAULT would not fire as written on these cells (bench.matrix.cells.Cell values that will
     run): a step past a cell's last, a rank it does not have, a fault no cell matches. Each problem is
     (the fault as written, what is wrong); [] when every fault fires.
     memory_limited: the workers run under a memory limit below the host's RAM (what `oom` needs)."""

@@ -17,7 +17,7 @@ from . import axes
 
 __all__ = ["Cell", "Lora", "Qlora", "Adaptive", "AxisValues"]
 
-# One field per axis, in the table's order, with its default: written once, in bench.axes.
+# One field per axis, in the table's order, with its default: written once, in bench.matrix.axes.
 AxisValues = dataclasses.make_dataclass(
     "AxisValues",
     [(a.name, a.type | None if a.none_allowed else a.type, field(default=a.default)) for a in axes.AXES],
@@ -26,12 +26,12 @@ AxisValues = dataclasses.make_dataclass(
     slots=True,
 )
 AxisValues.__module__ = __name__
-AxisValues.__doc__ = "The axis values of a cell (bench.axes.AXES): " + "; ".join(
+AxisValues.__doc__ = "The axis values of a cell (bench.matrix.axes.AXES): " + "; ".join(
     f"{a.name}: {a.doc}" for a in axes.AXES
 )
 
 
-# Axes whose value lives in a settings block (bench.axes.Axis.block).
+# Axes whose value lives in a settings block (bench.matrix.axes.Axis.block).
 _BLOCK_AXES = tuple(a for a in axes.AXES if a.block)
 
 
@@ -64,7 +64,7 @@ class Qlora:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Adaptive:
     """Adaptive step counts (`steps: {warmup: auto, measured: auto}`): the cell's warmup_steps and
-    measured_steps are then caps, and the worker decides when each phase ends (bench.adaptive has the
+    measured_steps are then caps, and the worker decides when each phase ends (bench.records.adaptive has the
     rules). Fewer steps on a steady cell, as many as the cap on a noisy one, a bounded time on a slow one."""
 
     warmup: bool = True
@@ -89,7 +89,7 @@ class Adaptive:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Cell(AxisValues):
-    """One point of the matrix: the axis values (AxisValues, one field per bench.axes.AXES entry), then
+    """One point of the matrix: the axis values (AxisValues, one field per bench.matrix.axes.AXES entry), then
     the fixed settings shared by the matrix."""
 
     ds_config_sha: str | None = None

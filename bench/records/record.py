@@ -23,7 +23,7 @@ Versions (`schema_version` in every line):
      it names no GPU UUID (a CPU run: host names repeat, "vm" on every lent machine).
   4  a record of a cell that did not run (skipped, implied_oom, unmeasured) is compact: it names the cell
      (`cell_id`, `matrix`, `matrix_file`) and says why it did not run (`status`, `reason`, `skip`'s rule,
-     `implied_by`, `answer`), nothing the matrix says (the cell's settings: bench.results fills them from
+     `implied_by`, `answer`), nothing the matrix says (the cell's settings: bench.judge.results fills them from
      the matrix file), no provenance (nothing ran), no fixed costs; a pruned cell keeps the prediction's
      figures, not its terms. `cell_name` and `cell_hash` are read from `cell_id` where a record leaves them
      out. A v3 record is a valid v4 record.
@@ -40,7 +40,8 @@ from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 
-from . import adaptive, env
+from ..host import env
+from . import adaptive
 from .status import Status
 
 __all__ = [
@@ -263,7 +264,7 @@ class WorkerFacts(BaseModel):
     versions: dict[str, str | None] | None = None
     """Library versions inside the worker (torch's CUDA included)."""
     fault_injected: str | None = None
-    """The ZEROBENCH_FAULT the worker ran with (tests only; bench.faults): as rank 0 applied it, or as the
+    """The ZEROBENCH_FAULT the worker ran with (tests only; bench.matrix.faults): as rank 0 applied it, or as the
     orchestrator passed it when the fault left no result document (a kill). None in a benchmark."""
     ops_built: list[dict[str, Any]] | None = None
     """DeepSpeed ops compiled inside the cell ({"op", "s"} each): its wall time and setup memory include
@@ -275,7 +276,7 @@ class WorkerFacts(BaseModel):
 
 
 class StepsTaken(BaseModel):
-    """How many steps the cell ran and why each phase ended (bench/adaptive.py has the rules), with the
+    """How many steps the cell ran and why each phase ended (bench/records/adaptive.py has the rules), with the
     median step time's interval over the measured steps. Absent from older records."""
 
     model_config = _CLOSED
@@ -336,7 +337,7 @@ def worker_document(doc: dict) -> dict:
         return {
             "rank": doc.get("rank", 0) if isinstance(doc.get("rank"), int) else 0,
             "status": Status.ERROR.value,
-            "reason": f"the worker's result document does not match bench.record.WorkerDoc: {why}",
+            "reason": f"the worker's result document does not match bench.records.record.WorkerDoc: {why}",
             "traceback": str(doc.get("traceback") or "")[-8000:] or None,
         }
 
@@ -357,13 +358,13 @@ class Gpu(BaseModel):
 
 
 class Provenance(BaseModel):
-    """Where a record came from (bench.env.provenance()): host, hardware, versions, git commit."""
+    """Where a record came from (bench.host.env.provenance()): host, hardware, versions, git commit."""
 
     model_config = _OPEN
     host: str | None = None
     """Host name."""
     boot_id: str | None = None
-    """The host's boot id (bench.env.boot_id): new at every boot; absent from records before schema v3."""
+    """The host's boot id (bench.host.env.boot_id): new at every boot; absent from records before schema v3."""
     os: str | None = None
     """platform.platform()."""
     python: str | None = None
@@ -398,7 +399,7 @@ class Provenance(BaseModel):
 
 class Machine(BaseModel):
     """Where an attempt ran, as a stable identity: measurements from one machine in one run part (a block,
-    `Record.block`) compare directly; across blocks only through cells measured in both (bench.blocks)."""
+    `Record.block`) compare directly; across blocks only through cells measured in both (bench.judge.blocks)."""
 
     model_config = _CLOSED
     id: str
@@ -445,11 +446,11 @@ class Inputs(BaseModel):
 
 
 class Skip(BaseModel):
-    """The rule that skipped a cell (bench.rules): what to change, and the source that makes it true."""
+    """The rule that skipped a cell (bench.matrix.rules): what to change, and the source that makes it true."""
 
     model_config = _CLOSED
     rule: str
-    """The rule's id (bench.rules.RULES, or predicted-oom)."""
+    """The rule's id (bench.matrix.rules.RULES, or predicted-oom)."""
     fix: str | None = None
     """What to change so the cell runs (absent from a compact record: the rule's, docs/matrix.md#rules)."""
     source: str | None = None
@@ -493,7 +494,7 @@ class NodeRun(BaseModel):
     telemetry: dict[str, Any] | None = None
     """This node's own samples split by its first rank's phases (the record's telemetry combines all nodes')."""
     provenance: Provenance | None = None
-    """bench.env.provenance() on the node: its host, GPUs, driver, library versions and zerobench's code."""
+    """bench.host.env.provenance() on the node: its host, GPUs, driver, library versions and zerobench's code."""
 
 
 class StartedBy(BaseModel):
@@ -510,7 +511,7 @@ class StartedBy(BaseModel):
 
 class FixedCosts(BaseModel):
     """What the run paid once before its cells (bench.execute.prepare), the same on every record of the run:
-    what the machine's cache (bench.cache) spared it, what it built, and how long that took."""
+    what the machine's cache (bench.records.cache) spared it, what it built, and how long that took."""
 
     model_config = _OPEN
     setup_s: float | None = None
@@ -618,7 +619,7 @@ class Search(BaseModel):
 
 
 class ImpliedBy(BaseModel):
-    """The cell whose out-of-memory end implies this one's (bench.schedule): it needs no more memory than
+    """The cell whose out-of-memory end implies this one's (bench.execute.schedule): it needs no more memory than
     this cell in any respect, and it ran out."""
 
     model_config = _CLOSED
@@ -703,7 +704,7 @@ _REPLAYED = {
 
 
 class _Cell(Protocol):
-    """What a record needs of a bench.cells.Cell (not imported: this module sits below it)."""
+    """What a record needs of a bench.matrix.cells.Cell (not imported: this module sits below it)."""
 
     matrix: str
     id: str
@@ -717,14 +718,14 @@ class Record(BaseModel):
     """One cell attempt, as the store keeps it (one JSON line). The record of a cell that did not run (skipped,
     implied_oom, unmeasured) is compact: its cell by `cell_id` within its `matrix` and `matrix_file`, and why it
     did not run (`status`, `reason`, the rule's id in `skip`, `implied_by`, or the `answer` note; a pruned cell's
-    `predicted` figures), nothing the matrix says: reading it (`bench.results.load`) takes the cell's settings
+    `predicted` figures), nothing the matrix says: reading it (`bench.judge.results.load`) takes the cell's settings
     from the matrix file, and a skip's fix and source from its rule. An answer run writes a cell's `unmeasured`
     record once: a later call (`--resume`) writes another only when its reason changes, and a measurement
     supersedes it."""
 
     model_config = _CLOSED
     schema_version: Literal[SCHEMA_VERSION]
-    """The record format's version (bench.record.SCHEMA_VERSION); older records are upgraded on reading."""
+    """The record format's version (bench.records.record.SCHEMA_VERSION); older records are upgraded on reading."""
     # -- which cell, which attempt
     run_id: str
     """The run (one `zerobench run`) that wrote it: start time and a random suffix."""
@@ -745,12 +746,12 @@ class Record(BaseModel):
     """Short stable hash of the cell's canonical config: two runs of the same cell share it (a compact record
     leaves it out: it is cell_id's end)."""
     cell_name: str
-    """The readable key=value name (axes off their default, in bench.axes order; a compact record leaves it out:
+    """The readable key=value name (axes off their default, in bench.matrix.axes order; a compact record leaves it out:
     it is cell_id's start)."""
     cell: dict[str, Any] | None = None
-    """The cell as bench.cells.Cell.to_dict() wrote it (a field added later is absent from older records:
+    """The cell as bench.matrix.cells.Cell.to_dict() wrote it (a field added later is absent from older records:
     it ran at that field's default). Absent from a compact record (a cell that did not run): the matrix
-    file's cell of that hash (bench.results fills it in)."""
+    file's cell of that hash (bench.judge.results fills it in)."""
     variant: str | None = None
     """selfcheck only: reference, zerobench or no-telemetry."""
     # -- how it ended
@@ -796,7 +797,7 @@ class Record(BaseModel):
     worker: WorkerFacts | None = None
     """What the worker found out: the optimizer that ran, parameter counts, build times, versions."""
     telemetry: dict[str, Any] | None = None
-    """The orchestrator's samples split by phase (bench.telemetry): open-ended."""
+    """The orchestrator's samples split by phase (bench.execute.launch.telemetry): open-ended."""
     # -- where and how it ran
     ds_config: dict[str, Any] | None = None
     """The exact DeepSpeed config the worker was given."""
@@ -887,8 +888,8 @@ class Record(BaseModel):
         cls, cell: _Cell, skip: Any, *, run_id: str, attempt: int, matrix_file: str, at: str,
         predicted: dict | None = None,
     ) -> "Record":  # fmt: skip
-        """A rule (bench.rules.Skip) says the cell cannot run here, or the memory model that it cannot fit: a compact
-        record with the rule's id and reason (its fix and source are the rule table's); predicted, given for a
+        """A rule (bench.matrix.rules.Skip) says the cell cannot run here, or the memory model that it cannot fit: a
+        compact record with the rule's id and reason (its fix and source are the rule table's); predicted, given for a
         pruned cell, keeps its figures (the why), not its terms."""
         return cls(
             **_not_run(cell, run_id, attempt, matrix_file, at),
@@ -991,7 +992,10 @@ class Record(BaseModel):
                 bad.append(f"rank {d.get('rank')}: {_short(e)}")
         status, reason = out.status, out.reason
         if bad:  # a worker of another version, or a bug: say so instead of guessing what it meant
-            status, reason = Status.ERROR, "a result document does not match bench.record.WorkerDoc: " + "; ".join(bad)
+            status, reason = (
+                Status.ERROR,
+                "a result document does not match bench.records.record.WorkerDoc: " + "; ".join(bad),
+            )
         rank0 = next((d for d in docs if d.rank == 0), docs[0] if docs else WorkerDoc())
         facts = {k: getattr(rank0, k) for k in WorkerFacts.model_fields}
         facts["fault_injected"] = facts["fault_injected"] or getattr(out, "fault", None)
@@ -1189,7 +1193,7 @@ def _identity(cell: _Cell, run_id: str, attempt: int, matrix_file: str, repeat: 
     }
 
 
-# What the sampler adds per measured phase about the GPU's state (bench.telemetry): a cell that ran
+# What the sampler adds per measured phase about the GPU's state (bench.execute.launch.telemetry): a cell that ran
 # hot or throttled is not comparable with one that did not.
 _CLOCK_FIELDS = (
     "sm_clock_mean_mhz",

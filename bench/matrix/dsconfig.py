@@ -12,7 +12,7 @@
 
 The key tables (every key DeepSpeed reads, its type, which sections are pydantic models) are
 bench/dsconfig_keys.json, generated from the installed DeepSpeed's own config models by
-`nox -s ds_tables` (bench/dsconfig_gen.py); tests/test_dsconfig_check.py regenerates it and fails when
+`nox -s ds_tables` (bench/matrix/dsconfig_gen.py); tests/test_dsconfig_check.py regenerates it and fails when
 DeepSpeed changed. What DeepSpeed's models cannot tell is written here: the types its defaults leave
 open, the optimizer and scheduler kwargs, hints for misplaced names, advice for deprecated keys,
 HF "auto" defaults, and the checks of meaning (offload at the wrong stage, ...).
@@ -52,7 +52,7 @@ __all__ = [
     "TORCH_OPTIMIZERS",
 ]
 
-# Derived from bench.axes.OPTIMIZERS (kept here as names other modules read).
+# Derived from bench.matrix.axes.OPTIMIZERS (kept here as names other modules read).
 # DeepSpeed-built optimizers: the "optimizer" section that makes DeepSpeed build each one.
 OPTIMIZER_SECTIONS: dict[str, dict[str, Any]] = {
     name: {"type": spec.ds_section["type"], "params": dict(spec.ds_section["params"])}

@@ -3,10 +3,10 @@ stated confidence, the number of pairs behind it and a verdict. `analysis` (the 
 the pairs; this module summarises them, by the one rule of bench.stats.
 
 Throughput (tokens/s), per pair i the log ratio d_i = ln(value cell / reference cell), both cells measured in
-one block (one run part on one machine, bench.blocks: pairs across machines are not formed), each cell's
+one block (one run part on one machine, bench.judge.blocks: pairs across machines are not formed), each cell's
 figure the mean of its measurements' logs there:
 - 1 pair: d with the variance bench.stats.log_diff gives: the larger of what the two cells' measurements'
-  noise allows (bench.quality.noise_sd each: measured on the committed runs; a host-bound or unstable
+  noise allows (bench.records.quality.noise_sd each: measured on the committed runs; a host-bound or unstable
   measurement carries about three times a clean one's) and what their repeats' own spread shows. A pair of
   single runs is so never narrower than the noise of two measurements.
 - 2+ pairs: the geometric mean over pairs, exp(mean d_i), with a t-interval on the d_i (n - 1 degrees of
@@ -20,7 +20,7 @@ covers x1; "not settled" when it excludes x1 but reaches inside the minimum effe
 small to count). The same rule judges cells against a group's fastest (`against`) in answer mode's console and
 in the reports: a cell not surely slower by the minimum effect is not told apart from it.
 
-Peak memory repeats to within a small tolerance (bench.matrix.CompareSettings: NVML 2%, allocator 1%,
+Peak memory repeats to within a small tolerance (bench.matrix.spec.CompareSettings: NVML 2%, allocator 1%,
 host RSS 10%), so a pair carries no interval of its own: 2+ pairs get the t-interval over pairs, one pair
 none; "more" or "less" needs the interval (where there is one) to exclude 1 and the change to pass the
 tolerance of the figure (bench.stats.judge_bound, repeats widening it as in compare).
@@ -33,9 +33,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from . import blocks, stats
-from .axes import AXES, AXIS
-from .matrix import CompareSettings
+from .. import stats
+from ..matrix.axes import AXES, AXIS
+from ..matrix.spec import CompareSettings
+from . import blocks
 
 __all__ = [
     "NOTE",
@@ -103,7 +104,7 @@ class Side(NamedTuple):
     repeats: Sequence[float] = ()
     """The repeats' figures, when it ran 2+ times (else empty: value is one measurement)."""
     sds: Sequence[float] = ()
-    """tokens/s: each measurement's noise on the log scale (bench.quality.noise_sd), one per repeat (one for a
+    """tokens/s: each measurement's noise on the log scale (bench.records.quality.noise_sd), one per repeat (one for a
     single run); empty: no floor (the repeats' spread alone)."""
 
     def logs(self) -> list[float]:
@@ -195,7 +196,7 @@ def from_gaps(diffs: list[tuple[float, float]], one: str = "1 pair") -> Effect:
 
 
 def features(values: Mapping[str, object]) -> dict:
-    """A cell's axis values (bench.results.axis_values: as the results frame has them), None for an axis that
+    """A cell's axis values (bench.judge.results.axis_values: as the results frame has them), None for an axis that
     means nothing for it (LoRA's rank without LoRA) or that it lacks."""
     v = {a.name: None if _missing(values.get(a.name)) else values.get(a.name) for a in AXES}
     return {k: x if AXIS[k].applies is None or AXIS[k].applies(v) else None for k, x in v.items()}
@@ -237,7 +238,7 @@ def knob_pairs(feats: Sequence[Mapping[str, object]]) -> list[tuple[str, object,
 
 def knob_effect(pairs: Sequence[tuple[blocks.Sample, blocks.Sample]], cross: float) -> Effect:
     """tokens/s of the value cell over the reference cell's, per pair (reference's measurements by block, the
-    value's): only pairs measured in one block count, each from the blocks both ran in (bench.blocks.gap)."""
+    value's): only pairs measured in one block count, each from the blocks both ran in (bench.judge.blocks.gap)."""
     none = blocks.Offsets(ref=None)
     gaps = [blocks.gap(v, r, none, cross) for r, v in pairs if set(r) & set(v)]
     return from_gaps([(g.d, g.var) for g in gaps], "1 pair: the two cells' noise, in one block")
@@ -246,7 +247,7 @@ def knob_effect(pairs: Sequence[tuple[blocks.Sample, blocks.Sample]], cross: flo
 def against(other: blocks.Sample, lead: blocks.Sample, offs: blocks.Offsets, cross: float,
             part: Mapping[str, int]) -> Effect | None:  # fmt: skip
     """A measured cell against its group's fastest by the one rule: in the blocks both ran in, else through the
-    anchors (bench.blocks.gap); None where no block or anchor ties them (bench.blocks.parts)."""
+    anchors (bench.judge.blocks.gap); None where no block or anchor ties them (bench.judge.blocks.parts)."""
     if not {part[b] for b in other} & {part[b] for b in lead}:
         return None
     g = blocks.gap(other, lead, offs, cross)

@@ -15,7 +15,7 @@ times and tokens per step do not give, a measurement on a cell that never ran, a
 skipped and named with their line numbers in one warning, never read as a cell; lines that are not JSON
 are counted in one warning. A path that is not a regular file (a device, a FIFO) is refused before a byte
 is read. Reading
-upgrades every record to the current schema version (bench.record); writing writes that version.
+upgrades every record to the current schema version (bench.records.record); writing writes that version.
 Resume reads the same file.
 """
 
@@ -40,11 +40,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from .axes import AXES
-from .cells import Cell, Lora, Qlora
-from .problems import InputError
+from ..host.safefile import NotRegularFile, check_regular, open_append, open_regular, safe_open_new
+from ..matrix.axes import AXES
+from ..matrix.cells import Cell, Lora, Qlora
+from ..matrix.problems import InputError
 from .record import SCHEMA_VERSION, Record, RecordVersionError, upgrade
-from .safefile import NotRegularFile, check_regular, open_append, open_regular, safe_open_new
 from .status import Status
 
 __all__ = [
@@ -74,7 +74,7 @@ def _json_types(cls) -> dict[str, tuple[type, ...]]:
     return out
 
 
-# A stored cell keeps its fields as a dict; each must be what bench.cells.Cell's annotation says (a plain
+# A stored cell keeps its fields as a dict; each must be what bench.matrix.cells.Cell's annotation says (a plain
 # isinstance per field: reading 10k records for a report must stay cheap).
 _CELL_FIELDS = _json_types(Cell)
 # A searched axis (micro_batch: auto) reads "auto" in the records of a cell not run as a probe (a rule's skip).
@@ -197,13 +197,13 @@ class ResultsInUse(InputError):
 
 
 def read(path: str | os.PathLike, *, warn=True) -> list[dict]:
-    """All records of a results file, as the current schema version (bench.record.upgrade), skipping
+    """All records of a results file, as the current schema version (bench.records.record.upgrade), skipping
     lines that are not complete JSON objects and JSON that is not a zerobench record (named in a warning)."""
     return [r.to_dict() for r in read_records(path, warn=warn)]
 
 
 def read_records(path: str | os.PathLike, *, warn=True) -> Iterator[Record]:
-    """As read(), as bench.record.Record values one at a time (each line is validated once, here; a
+    """As read(), as bench.records.record.Record values one at a time (each line is validated once, here; a
     report of 10k records keeps only its rows, not 10k models, alive). A path that is not a regular
     file (a device, a FIFO) is an InputError before a byte is read."""
     for _, rec in numbered_records(path, warn=warn):
@@ -391,7 +391,7 @@ class Store:
         self._lock = threading.Lock()
 
     def append(self, record: Record | dict) -> dict:
-        """Append one record (a bench.record.Record; a plain dict is written as it is); return what was written.
+        """Append one record (a bench.records.record.Record; a plain dict is written as it is); return what was written.
         Safe to call from several threads: appends are serialized.
 
         Raises StoreWriteError when the whole line cannot be written (disk full, file too large, I/O error):

@@ -175,7 +175,7 @@ def probe() -> Platform:
     )
 
 
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parent.parent  # bench/, whose source the provenance hashes
 
 
 def _git(root: Path, *args: str) -> str | None:
@@ -196,7 +196,7 @@ def _own_checkout() -> Path | None:
     top = _git(root, "rev-parse", "--show-toplevel")
     if not top or Path(top).resolve() != root:
         return None
-    tracked = _git(root, "ls-files", "--error-unmatch", "bench/__init__.py", "bench/env.py")
+    tracked = _git(root, "ls-files", "--error-unmatch", "bench/__init__.py", "bench/host/env.py")
     return root if tracked else None
 
 
@@ -229,7 +229,7 @@ def boot_id() -> str | None:
 
 
 def _zerobench_version() -> str:
-    from . import __version__
+    from .. import __version__
 
     return __version__
 

@@ -37,8 +37,8 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
-from .env import version
-from .presets import PRESETS
+from ..host.env import version
+from ..matrix.presets import PRESETS
 
 __all__ = [
     "CHECKPOINT_MANIFEST",

@@ -14,15 +14,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import env, telemetry
-from .execute import launch
-from .execute.attempt import attempt, now
-from .execute.plan import plan
-from .execute.prepare import prepare
-from .execute.run import new_run_id
-from .record import Record
-from .results import fixed_cost_s
-from .store import Store, check_writable
+from ..host import env
+from ..judge.results import fixed_cost_s
+from ..records.record import Record
+from ..records.store import Store, check_writable
+from . import launch
+from .attempt import attempt, now
+from .launch import telemetry
+from .plan import plan
+from .prepare import prepare
+from .run import new_run_id
 
 __all__ = ["selfcheck", "compare", "BARS"]
 

@@ -1,0 +1,1 @@
+"""What the records mean: results tables, comparisons, knob effects, blocks and anchors."""

@@ -1,0 +1,1 @@
+"""What a run writes: the record, its status, the append-only store, a measurement's quality."""
