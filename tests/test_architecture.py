@@ -1,0 +1,112 @@
+"""The package's shape (docs/architecture.md): no module imports itself back through others, the root keeps at
+most eight modules (the stages are folders), and every function can be read at once. The import contracts
+between and within the stages are lint-imports' (pyproject.toml, `nox -s lint`); this reads the source alone."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from .conftest import ROOT
+
+BENCH = ROOT / "bench"
+MAX_LINES, MAX_PARAMS = 80, 8
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """The bench modules a file imports, wherever the import sits (a function's import is an edge too)."""
+    package = _module(path) if path.name == "__init__.py" else _module(path).rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([node.module] if node.module else []))
+            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
+    return {m for m in found if m in modules}
+
+
+def _graph() -> dict[str, set[str]]:
+    files = {_module(p): p for p in BENCH.rglob("*.py")}
+    return {m: _imports(p, set(files)) - {m} for m, p in files.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm, iteratively)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(root: str) -> None:
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while (x := stack.pop()) != v:
+                        on.discard(x)
+                        comp.append(x)
+                    on.discard(v)
+                    out.append([v, *comp]) if comp else None
+            elif w not in index:
+                index[w] = low[w] = counter[0]
+                counter[0] += 1
+                stack.append(w)
+                on.add(w)
+                work.append((w, iter(sorted(graph[w]))))
+            elif w in on:
+                low[v] = min(low[v], index[w])
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    return out
+
+
+def test_no_module_imports_itself_back_through_others():
+    graph = _graph()
+    assert len(graph) >= 90 and "bench.execute.session" in graph["bench.execute.run"]  # the reader found the package and its imports
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "c", "b"]]
+
+
+def test_the_root_keeps_at_most_eight_modules():
+    root = sorted(p.name for p in BENCH.glob("*.py"))
+    assert len(root) <= 8, root
+
+
+def _signature_size(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    a = fn.args
+    n = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg)
+    return n - bool(a.args and a.args[0].arg in ("self", "cls"))
+
+
+def test_every_function_reads_at_once():
+    """At most 80 lines and 8 parameters (self not counted); a dataclass's generated constructor is no function
+    here."""
+    over = []
+    for path in sorted(BENCH.rglob("*.py")):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = fn.end_lineno - fn.lineno + 1
+                if lines > MAX_LINES or _signature_size(fn) > MAX_PARAMS:
+                    over.append(f"{path.relative_to(ROOT)}:{fn.lineno} {fn.name}: {lines} lines, {_signature_size(fn)}")
+    assert over == []
