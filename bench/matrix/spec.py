@@ -720,7 +720,7 @@ def loads(text: str, file: str = "<matrix>", ds_configs: list[str] | None = None
                     file,
                     "",
                     f"expected a mapping of settings, got {type(raw).__name__}",
-                    "see matrices/smoke.yaml for the layout",
+                    "see the embedded default, bench/matrices/smoke.yaml, for the layout",
                 )
             ]
         )
@@ -742,7 +742,7 @@ def loads(text: str, file: str = "<matrix>", ds_configs: list[str] | None = None
 
 
 def load(path: str | os.PathLike, ds_configs: list[str] | None = None) -> Matrix:
-    return loads(read_text(path, "matrix", "matrices/smoke.yaml"), str(path), ds_configs)
+    return loads(read_text(path, "matrix", "bench/matrices/smoke.yaml"), str(path), ds_configs)
 
 
 _SAFE_NAME = re.compile(r"[^\w.+=@,-]+")
