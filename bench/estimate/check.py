@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from ..matrix import dsconfig
 from ..matrix.axes import OPTIMIZERS
 from ..matrix.cells import Cell
-from ..records.record import parse
-from ..records.store import read
+from ..records.store import read_records
 from .fitted import FITTED, FITTED_RUNS, Constants
 from .model import Estimate, Hardware, predict
 from .verdict import DEFAULT_MARGIN, Verdict, verdict
@@ -92,10 +91,9 @@ def cases(paths: Iterable[str | os.PathLike], gpu: str = "H200", *, unfitted: bo
     `unfitted` (held out: to score them, and the predictions made before they ran)."""
     out = []
     for path in paths:
-        for raw in read(path, warn=False):
-            if raw.get("status") not in ("ok", *OOM):
+        for rec in read_records(path, warn=False):
+            if rec.status.value not in ("ok", *OOM):
                 continue
-            rec = parse(raw)
             if not unfitted and not fitted_on(rec.run_id or ""):
                 continue
             prov = rec.provenance

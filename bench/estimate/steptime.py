@@ -31,6 +31,7 @@ from typing import Any
 from ..matrix import dsconfig
 from ..matrix.axes import AUTO, optimizer_offloaded, params_offloaded
 from ..matrix.shapes import Shape, adapted, shape_of, trainable_params
+from ..records.record import FixedCosts
 from .model import Hardware
 
 __all__ = [
@@ -390,12 +391,14 @@ REF_OPS_S = 65.95
 """The median op prebuild of the fitted runs that compiled HOST_OPS (seconds): the typical host's."""
 
 
-def host_time_of(fixed_costs: Mapping[str, Any] | None, ref: float | None = None) -> float | None:
+def host_time_of(fixed_costs: FixedCosts | Mapping[str, Any] | None, ref: float | None = None) -> float | None:
     """The host's time (Hardware.host_time) from a run's one-off costs (a record's `fixed_costs`): its op
     prebuild's seconds over REF_OPS_S (`ref`), where the prebuild compiled one of HOST_OPS and none failed;
     None otherwise (the machine's cache held them: nothing was timed)."""
-    costs = fixed_costs or {}
-    ops, seconds = costs.get("ops") or {}, costs.get("ops_s")
+    if isinstance(fixed_costs, FixedCosts):
+        ops, seconds = fixed_costs.ops, fixed_costs.ops_s
+    else:
+        ops, seconds = (fixed_costs or {}).get("ops") or {}, (fixed_costs or {}).get("ops_s")
     compiled = any(ops.get(op) == "built" for op in HOST_OPS) and "failed" not in ops.values()
     return seconds / (ref or REF_OPS_S) if compiled and seconds else None
 
@@ -692,10 +695,12 @@ def steps_of(cell: Any) -> int:
     return cell.warmup_steps + cell.measured_steps
 
 
-def predict_wall(cell: Any, hw: Hardware | None = None, k: Any = FITTED_TIME) -> float | None:
+def predict_wall(
+    cell: Any, hw: Hardware | None = None, k: Any = FITTED_TIME, step: float | None = None
+) -> float | None:
     """Predicted wall seconds of the cell: start, setup, then warm-up and measured steps (a micro_batch:
-    auto cell: its search's first probe)."""
-    step = predict_step(cell, hw, k)
+    auto cell: its search's first probe). step: its predicted step, where the caller has it already."""
+    step = predict_step(cell, hw, k) if step is None else step
     return None if step is None else predict_start(cell, hw, k) + predict_setup(cell, hw, k) + steps_of(cell) * step
 
 

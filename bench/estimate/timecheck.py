@@ -14,8 +14,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 
 from ..matrix.shapes import shape_of
-from ..records.record import parse
-from ..records.store import read
+from ..records.record import Record
+from ..records.status import Status
+from ..records.store import read_records
 from .band import BAND_COVERAGE, FAMILIAR_FILES, band_group, bands_for, group_of
 from .check import _cell, _ds_config, _pct
 from .model import Hardware
@@ -108,13 +109,12 @@ def time_cases(
     constants were fitted on a record is its run's (fitted, FITTED_RUNS)."""
     out = []
     for path in paths:
-        for raw in read(path, warn=False):
-            if raw.get("status") != "ok":
+        for rec in read_records(path, warn=False):
+            if rec.status is not Status.OK:
                 continue
-            rec = parse(raw)
             prov = rec.provenance
             name = (prov.gpu_name if prov else None) or ""
-            step = (raw.get("metrics") or {}).get("step_time_median_s")
+            step = rec.metrics.step_time_median_s if rec.metrics else None
             if gpu not in name or not step:
                 continue
             cell = _as_ran(_cell(rec.cell), rec)
@@ -124,16 +124,16 @@ def time_cases(
                 if excluded is not None:
                     excluded.append((os.path.basename(os.fspath(path)), cell.id))
                 continue
-            out.append(_case(os.path.basename(os.fspath(path)), raw, rec, cell, float(step)))
+            out.append(_case(os.path.basename(os.fspath(path)), rec, cell, float(step)))
     return out
 
 
-def _case(file: str, raw: dict, rec, cell, step: float) -> TimeCase:
+def _case(file: str, rec: Record, cell, step: float) -> TimeCase:
     prov = rec.provenance
-    ops_s = host_time_of(raw.get("fixed_costs"), ref=1.0)  # the prebuild's seconds, where it timed the host
-    steps = len(raw.get("step_times_s") or []) or cell.warmup_steps + cell.measured_steps
-    wall = raw.get("wall_s")
-    setup = (raw.get("worker") or {}).get("setup_s")
+    ops_s = host_time_of(rec.fixed_costs, ref=1.0)  # the prebuild's seconds, where it timed the host
+    steps = len(rec.step_times_s or []) or cell.warmup_steps + cell.measured_steps
+    wall = rec.wall_s
+    setup = rec.worker.setup_s if rec.worker else None
     start = wall - steps * step - setup if wall and setup else None
     return TimeCase(
         file=file,
@@ -147,7 +147,7 @@ def _case(file: str, raw: dict, rec, cell, step: float) -> TimeCase:
         step_s=step,
         setup_s=float(setup) if setup else None,
         start_s=float(start) if start and start > 0 else None,
-        spawn=(raw.get("started_by") or {}).get("mode") != "fork",
+        spawn=(rec.started_by.mode if rec.started_by else None) != "fork",
         wall_s=float(wall) if wall else None,
         steps=steps,
         ds_config=_ds_config(cell, rec.ds_config),

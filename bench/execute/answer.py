@@ -123,7 +123,7 @@ class Candidate:
     failed_in: set = field(default_factory=set)  # blocks where an attempt failed after it had measured elsewhere
     limit: int = MAX_MEASUREMENTS  # attempts it may have (a replay: as many as it has recorded ends)
     model: dict = field(default_factory=dict)  # the features that tell it from the other candidates (the models')
-    short: float | None = None  # log of rung 0's predicted wall over the full schedule's
+    short: float = 0.0  # log of rung 0's predicted wall over the full schedule's
     _features: dict | None = None
 
     @property
@@ -184,8 +184,10 @@ class Search:
         cuda: bool,
         ends: dict | None = None,
         here: str | None = None,
+        predicted: dict[int, dict | None] | None = None,
     ):
         """ends: for a replay, how many recorded ends each cell hash has (it is measured at most that often).
+        predicted: the plan's memory predictions by id(Planned) (bench.execute.plan.arrange), reused.
         here: the block this run's attempts measure in (bench.records.record.Record.block), where the run knows it in
         advance (one machine); None where each record says (a replay, a cluster)."""
         self.s, self.hw, self.cuda, self.here = settings, hw, cuda, here
@@ -207,7 +209,7 @@ class Search:
             pair_sd=m["pair"], learn_misfit=True,
         )  # fmt: skip
         self.cost = Online(prior_sd=0.3, offset_sd=0.5 if known_gpu else 3.0, noise_sd=0.2)
-        self.candidates = [self._candidate(p) for p in runnable]
+        self.candidates = [self._candidate(p, (predicted or {}).get(id(p))) for p in runnable]
         for c in self.candidates if ends is not None else ():
             c.limit = min(MAX_MEASUREMENTS, len(ends.get(c.cell.hash, ())))
         self.by_hash = {c.cell.hash: c for c in self.candidates}
@@ -240,22 +242,33 @@ class Search:
         self.lessons = Lessons(shared(c.features for c in self.candidates))
         park(self)
 
-    def _candidate(self, p: Planned) -> Candidate:
+    def _candidate(self, p: Planned, predicted: dict | None) -> Candidate:
+        """The models' predictions for a cell, each made once: its step, its wall on each rung, its memory (the
+        plan's, where the plan made one for this machine)."""
         cell, hw = p.cell, self.hw
         step = predict_step(cell, hw)
-        try:
-            est = predict(cell, p.ds_config, hw)
-            mem = est.gpu_bytes if self.cuda else est.host_bytes
-        except ValueError:
-            mem = None
-        wall = predict_wall(cell, hw)
+        mem = self._memory(p, predicted)
+        wall = predict_wall(cell, hw, step=step)
+        short = predict_wall(rung_cell(cell, 0), hw, step=step) if wall else None
         return Candidate(
             planned=p,
             group=tuple(getattr(cell, g) for g in self.s.group_by),
             base_tps=math.log(cell.tokens_per_step / step) if step else None,
             base_mem=math.log(mem) if mem else None,
             base_cost=math.log(wall) if wall else None,
+            short=math.log(short / wall) if short and wall else 0.0,
         )
+
+    def _memory(self, p: Planned, predicted: dict | None) -> float | None:
+        """Predicted peak bytes where the search measures them: the GPU's, or host RSS on a CPU host."""
+        key = "gpu_bytes" if self.cuda else "host_bytes"
+        if predicted and predicted.get(key):
+            return predicted[key]
+        try:
+            est = predict(p.cell, p.ds_config, self.hw)
+        except ValueError:
+            return None
+        return est.gpu_bytes if self.cuda else est.host_bytes
 
     # -- what the run knows of a cell ---------------------------------------------------------------------
 
@@ -360,12 +373,7 @@ class Search:
         if "cost" not in self._memo:
             self._memo["cost"] = self.cost.predict({}, 0.0)[0]
         log = c.base_cost + self._memo["cost"]
-        if rung == 0 and self.s.halving:
-            if c.short is None:
-                short, full = predict_wall(rung_cell(c.cell, 0), self.hw), math.exp(c.base_cost)
-                c.short = math.log(short / full) if short and full else 0.0
-            log += c.short
-        return math.exp(log)
+        return math.exp(log + c.short if rung == 0 and self.s.halving else log)
 
     # -- the run's outcomes -------------------------------------------------------------------------------
 
@@ -403,9 +411,8 @@ class Search:
         self._role_of.pop(rec.cell_hash, None)
         self.spent_s += rec.wall_s or 0.0
         if rec.wall_s and c.base_cost is not None:
-            full = predict_wall(rung_cell(c.cell, 1 if rung is None else rung), self.hw)
-            if full:
-                self.cost.observe({}, math.log(full), math.log(rec.wall_s))
+            predicted = c.base_cost + (c.short if rung == 0 else 0.0)
+            self.cost.observe({}, predicted, math.log(rec.wall_s))
         if rec.status is Status.OK and rec.metrics and rec.metrics.tokens_per_s:
             self._measured(c, rec, rung)
         elif rec.status is Status.INTERRUPTED or rec.status is Status.KILLED:

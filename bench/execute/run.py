@@ -230,8 +230,8 @@ def answer_preview(
 
     p = answer_items(plan(matrix_path, filters, platform=platform), platform)
     hw = hardware(platform, gpu_mem, host_mem)
-    items, _, free = arrange(list(p.items), hw, DEFAULT_MARGIN, True, "early")
-    s = Search([it for it in items if id(it) not in free], hw, settings, platform.cuda)
+    items, preds, free = arrange(list(p.items), hw, DEFAULT_MARGIN, True, "early")
+    s = Search([it for it in items if id(it) not in free], hw, settings, platform.cuda, predicted=preds)
     lines = [f"answer mode: {len(s.candidates)} runnable cells, grouped by {', '.join(settings.group_by)}"]
     if s.families:
         size = p.matrix.batch.size

@@ -117,7 +117,9 @@ class Session:
         runnable = [it for it in self.items if it.skip is None and id(it) not in self.free]
         ends = o.replay.ends if o.replay else None
         self.search = (
-            answer.Search(runnable, self.hw, o.answer, o.platform.cuda, ends, self.here()) if o.answer else None
+            answer.Search(runnable, self.hw, o.answer, o.platform.cuda, ends, self.here(), self.preds)
+            if o.answer
+            else None
         )
         self.index_of: dict[str, int] = {}  # answer mode: a cell's progress index, kept across its rungs
         self.cut_off: list[Record] = []  # --resume: the attempts a killed run left started, now recorded interrupted
