@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..matrix.axes import OPTIMIZERS, Offload, optimizer_offloaded, params_offloaded
+from ..matrix.axes import OPTIMIZERS, Offload, OptimizerSpec, optimizer_offloaded, params_offloaded
 from ..matrix.shapes import Shape, adapted, shape_of, trainable_params
 from .fitted import FITTED, Constants
 
@@ -129,6 +129,7 @@ def _int(v: Any, default: int) -> int:
 
 
 def zero_settings(cfg: dict | None) -> ZeroSettings:
+    """The zero_optimization settings of a DeepSpeed config; DeepSpeed's defaults where it leaves one out."""
     z = (cfg or {}).get("zero_optimization") or {}
     d = ZeroSettings()
     stage = _int(z.get("stage"), 0)
@@ -154,13 +155,281 @@ def zero_settings(cfg: dict | None) -> ZeroSettings:
     )
 
 
+# -- what every term reads ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Setting:
+    """A cell as the memory model reads it: its shape, DeepSpeed's settings, and the sizes the terms start from."""
+
+    cell: Any
+    s: Shape
+    z: ZeroSettings
+    n: int
+    """Ranks ZeRO partitions over: every rank of every node."""
+    a: int
+    """Bytes of a parameter, gradient and activation as trained."""
+    spec: OptimizerSpec | None
+    trainable: int
+    frozen: int
+    """The base weights under an adapter; 0 without one."""
+    lora_n: int
+    """Adapted linear layers per block (0 without an adapter)."""
+    lora_r: int
+
+    @property
+    def stage(self) -> int:
+        return self.cell.zero_stage
+
+    @property
+    def total(self) -> int:
+        return self.frozen + self.trainable
+
+    @property
+    def mixed(self) -> bool:
+        return self.a == 2
+
+    @property
+    def off_opt(self) -> bool:
+        return optimizer_offloaded(self.cell.offload)
+
+    @property
+    def off_par(self) -> bool:
+        return params_offloaded(self.cell.offload)
+
+    @property
+    def shard_opt(self) -> int:
+        """What the optimizer's state is partitioned over: every rank from ZeRO-1."""
+        return self.n if self.stage >= 1 else 1
+
+    @property
+    def moment(self) -> int:
+        """The optimizer's state bytes per trainable parameter."""
+        return self.spec.moment_bytes if self.spec else 8
+
+    @property
+    def onebit(self) -> bool:
+        return bool(self.spec and self.spec.onebit)
+
+    @property
+    def liger(self) -> bool:
+        return self.cell.kernels == "liger"
+
+    @property
+    def norms_train(self) -> bool:
+        return self.cell.peft not in ("lora", "qlora")  # PEFT freezes everything but the adapters
+
+    @property
+    def g16(self) -> int:
+        """The gradients as backward makes them."""
+        return self.a * self.trainable
+
+
+def _setting(cell: Any, ds_config: dict | None) -> _Setting:
+    """The cell's shape, its DeepSpeed settings and its trained and frozen parameters."""
+    s = shape_of(cell.model)
+    if s is None:
+        raise ValueError(f"no shape for model {cell.model!r}: a preset or a local directory with config.json")
+    z = zero_settings(ds_config) if ds_config is not None else ZeroSettings(stage=cell.zero_stage)
+    lora_n = lora_r = frozen = 0
+    if adapted(cell):
+        lora_n, lora_r = s.lora_targets(tuple(cell.lora.targets)), cell.lora.r
+        frozen = s.params  # the base weights under the adapter
+    return _Setting(
+        cell=cell,
+        s=s,
+        z=z,
+        n=max(int(cell.ranks), 1),
+        a=4 if cell.precision == "fp32" else 2,
+        spec=OPTIMIZERS.get(cell.optimizer),
+        trainable=trainable_params(cell, s),
+        frozen=frozen,
+        lora_n=lora_n,
+        lora_r=lora_r,
+    )
+
+
+# -- parameters and optimizer state ------------------------------------------------------------------
+def _weights(c: _Setting) -> tuple[float, float]:
+    """Bytes of this rank's weights and of QLoRA's quantization constants (none under parameter offload)."""
+    if c.off_par:
+        return 0.0, 0.0
+    shard3 = c.n if c.stage == 3 else 1
+    if c.cell.peft == "qlora":
+        double = c.cell.qlora is None or c.cell.qlora.double_quant
+        const = NF4_CONSTANTS_DOUBLE if double else NF4_CONSTANTS_SINGLE
+        quantized = c.s.linear_params
+        # The embedding, norms and LM head stay in the compute dtype (prepare_model_for_kbit_training
+        # upcasts them to fp32; DeepSpeed's engine casts every floating parameter back to the compute dtype).
+        weights = (quantized * NF4_BYTES + (c.frozen - quantized + c.trainable) * c.a) / shard3
+        return weights, quantized * const / shard3
+    return (c.frozen + c.trainable) * c.a / shard3, 0.0
+
+
+def _persistent(c: _Setting) -> tuple[dict[str, float], float]:
+    """What stays allocated from init through every step, and the optimizer state paged outside the allocator."""
+    weights, quant_consts = _weights(c)
+    tr = c.trainable
+    extra = c.spec.extra_state_bytes if c.spec else 0
+    master = (4 * tr / c.shard_opt) if c.mixed else 0.0
+    state = c.moment * tr / c.shard_opt
+    onebit = extra * tr + (4 * tr / c.n if c.onebit else 0.0)  # worker + server error
+    paged_bytes = 0.0
+    if c.spec and c.spec.paged:
+        paged_bytes, state = state, 0.0
+    if c.off_opt:
+        master, state, onebit = 0.0, 0.0, 0.0
+    persistent = {
+        "weights": weights,
+        "qlora_quant_constants": quant_consts,
+        "master_weights": master,
+        "optimizer_state": state,
+        "onebit_error_buffers": onebit,
+        "cublas_workspace": CUBLAS_WORKSPACE,
+    }
+    return persistent, paged_bytes
+
+
+# -- DeepSpeed's buffers and the gradients -------------------------------------------------------------
+@dataclass(slots=True)
+class _Buffers:
+    """DeepSpeed's buffers and the gradients, as each moment of the step holds them."""
+
+    persistent: dict[str, float] = field(default_factory=dict)
+    """Allocated at init and held throughout, beside the weights and the optimizer state."""
+    backward: dict[str, float] = field(default_factory=dict)
+    """At the end of backward (the gathered ZeRO-3 parameters apart, in `live`)."""
+    live: float = 0.0
+    """ZeRO-3's gathered parameters, through forward and backward."""
+    step: dict[str, float] = field(default_factory=dict)
+    new_fp32: float = 0.0
+    """The fp32 (and flattened 16-bit) gradient copies the step makes: what fragments."""
+
+    def at_backward(self) -> dict[str, float]:
+        """The terms at the end of backward: the gathered parameters, then the rest."""
+        return {"zero3_live_parameters": self.live, **self.backward}
+
+
+def _nonfused_temp(c: _Setting) -> float:
+    """Bytes of the temporary a non-fused optimizer makes in its step."""
+    # torch's foreach AdamW makes a temporary as large as the moments it steps (sqrt of exp_avg_sq); so
+    # does FusedLamb's update.
+    return 4 * c.trainable / c.shard_opt if c.cell.optimizer in ("adamw", "fusedlamb") else 0.0
+
+
+def _larger(first: dict[str, float], then: dict[str, float]) -> dict[str, float]:
+    """Of a step's two moments, the one that holds more (the first on a tie)."""
+    return first if sum(first.values()) >= sum(then.values()) else then
+
+
+def _buffers(c: _Setting) -> _Buffers:
+    """DeepSpeed's buffers and the gradients at the cell's ZeRO stage, and QLoRA's dequantized weight."""
+    if c.stage == 0:
+        b = _stage0_buffers(c)
+    elif c.stage in (1, 2):
+        b = _stage12_buffers(c)
+    else:
+        b = _stage3_buffers(c)
+    if c.cell.peft == "qlora":
+        # bitsandbytes dequantizes each 4-bit weight for its matmul (forward and backward).
+        b.backward["qlora_dequantized_weight"] = 2 * c.s.largest_linear * c.a
+    return b
+
+
+def _stage0_buffers(c: _Setting) -> _Buffers:
+    """ZeRO-0: every gradient, the engine's all-reduce bucket, and the fp32 gradients the step makes."""
+    tr, g16 = c.trainable, c.g16
+    b = _Buffers()
+    b.backward["gradients"] = g16
+    # The engine all-reduces the gradients at the end of backward, even on one GPU, through flat
+    # buckets of MEMORY_OPT_ALLREDUCE_SIZE (5e8) elements (engine.py, buffered_allreduce_fallback).
+    b.backward["allreduce_bucket"] = min(500_000_000, tr) * c.a
+    opt_temp = ONEBIT_STEP_TEMPORARIES * tr if c.onebit else _nonfused_temp(c)
+    b.new_fp32 = 4 * tr if c.mixed else 0.0
+    if c.mixed and c.cell.optimizer in ("fusedadam", "onebitadam", "zerooneadam"):
+        # FP16_Optimizer.step (fused_optimizer.py): every 16-bit gradient .to(fp32), then all flattened
+        # into one fp32 buffer; then the 16-bit gradients are freed and the optimizer steps.
+        flatten = {"gradients": g16, "fp32_gradients": 8 * tr}
+        b.new_fp32 = 8 * tr  # the per-parameter fp32 copies and the flat buffer, alive together
+        b.step = _larger(flatten, {"fp32_gradients": 4 * tr, "optimizer_step_temporaries": opt_temp})
+    elif c.mixed:
+        # FP16_UnfusedOptimizer.step (unfused_optimizer.py): an fp32 gradient per parameter beside the
+        # 16-bit ones, then the optimizer's own step.
+        b.step = {"gradients": g16, "fp32_gradients": 4 * tr, "optimizer_step_temporaries": opt_temp}
+    else:
+        b.step = {"gradients": g16, "optimizer_step_temporaries": opt_temp}
+    return b
+
+
+def _stage12_buffers(c: _Setting) -> _Buffers:
+    """ZeRO-1 and 2: the gradients, the reduce buckets, and step()'s fp32 copy of this rank's partition."""
+    z, n, tr, g16 = c.z, c.n, c.trainable, c.g16
+    b = _Buffers()
+    bf16_opt = c.stage == 1 and c.cell.precision == "bf16" and z.grad_accum_fp32 and not c.off_opt
+    ipg = 0.0
+    if z.contiguous_gradients or c.off_opt:
+        ipg = min(z.reduce_bucket_size * c.a, g16) * (2 if z.overlap_comm else 1)
+    if bf16_opt:
+        # BF16_Optimizer (bf16_optimizer.py): one fp32 gradient buffer as large as all parameters.
+        b.persistent["fp32_gradient_buffer"] = 4 * tr
+        b.backward["gradients"] = g16
+    elif c.stage == 1:
+        b.backward["gradients"] = g16  # stage 1 keeps every gradient until the end of backward
+        b.backward["reduce_buckets"] = ipg if z.overlap_comm or z.contiguous_gradients else 0.0
+    else:
+        # stage 2: gradients of this rank's partition in one flat buffer (grads_in_partition),
+        # the rest pass through the reduce buckets.
+        b.backward["gradients"] = g16 / n if not c.off_opt else 0.0
+        b.backward["reduce_buckets"] = ipg
+    if not c.off_opt and not bf16_opt:
+        # step() (stage_1_and_2.py): the partition's 16-bit gradients flattened, the flat copy converted
+        # to fp32 (all three alive at once); then the flat copy and the 16-bit gradients are freed
+        # before the optimizer steps, so its temporaries sit beside the fp32 gradients alone.
+        flatten = {"gradients": 2 * g16 / n, "fp32_gradients": 4 * tr / n}
+        b.step = _larger(flatten, {"fp32_gradients": 4 * tr / n, "optimizer_step_temporaries": _nonfused_temp(c)})
+        b.new_fp32 = 6 * tr / n
+    elif bf16_opt:
+        b.step["optimizer_step_temporaries"] = _nonfused_temp(c)
+    if c.off_opt:
+        # The CPU step's updated 16-bit partition comes back through a GPU buffer.
+        b.step["offload_copy_buffer"] = 0.0
+    return b
+
+
+def _stage3_buffers(c: _Setting) -> _Buffers:
+    """ZeRO-3: the gradient partition, the reduce bucket, the gathered parameters, a sub-group's fp32 gradients."""
+    z, n, a = c.z, c.n, c.a
+    b = _Buffers()
+    tr_part = c.trainable / n
+    if not c.off_opt:
+        # grad_partitions_flat_buffer (stage3.py): this rank's gradients, allocated at init.
+        b.persistent["zero3_gradient_partitions"] = a * tr_part
+    if z.contiguous_gradients:
+        b.persistent["reduce_buckets"] = z.reduce_bucket_size * a  # the ipg bucket, allocated at init
+    # Gathered parameters: up to stage3_max_live_parameters stay gathered while they will be used
+    # again within stage3_max_reuse_distance (the recompute of checkpointing reuses every one);
+    # with no reuse distance, a module's parameters and the prefetch bucket. One rank without
+    # parameter offload gathers nothing: its partition is the whole parameter.
+    if z.max_reuse_distance > 0:
+        gathered = min(z.max_live_parameters, c.total)
+    else:
+        gathered = min(z.max_live_parameters, z.prefetch_bucket_size + c.s.largest_param)
+    b.live = gathered * a if (n > 1 or c.off_par) else 0.0
+    if not c.off_opt:
+        # Each sub-group's gradients flattened, then converted to fp32 (_prepare_fp32_grad_for_sub_group).
+        sg = min(z.sub_group_size, tr_part)
+        b.step["fp32_gradients"] = 6 * sg
+        b.new_fp32 = 6 * sg
+        b.step["optimizer_step_temporaries"] = _nonfused_temp(c)
+    else:
+        b.step["fp32_gradients"] = 0.0
+    return b
+
+
 # -- activations -----------------------------------------------------------------------------------
-def _block_saved(
-    s: Shape, a: int, *, liger: bool, compiled: bool, eager: bool, seq: int, lora_r: int, lora_n: int, norms_train: bool
-):
+def _block_saved(c: _Setting) -> int:
     """Bytes autograd keeps per token for one decoder block."""
+    s, a = c.s, c.a
     h, i, kv = s.hidden, s.intermediate, s.kv_dim
-    if liger or compiled:
+    if c.liger or c.cell.compile:
         # Liger's RMSNorm keeps its input and 1/rms; its SwiGLU keeps gate and up and recomputes the
         # product; torch.compile's partitioner keeps about the same (elementwise chains recomputed).
         norms = 2 * (a * h + 4)
@@ -169,18 +438,18 @@ def _block_saved(
         # transformers' LlamaRMSNorm: the input upcast to fp32 (kept by pow and mul) and the
         # normalized value in the input dtype, kept by the weight multiply only for the weight's gradient:
         # under LoRA and QLoRA the norms are frozen and autograd keeps nothing for them.
-        norms = 2 * (4 * h + (a * h if norms_train else 0))
+        norms = 2 * (4 * h + (a * h if c.norms_train else 0))
         # SwiGLU: input of gate/up, gate output (SiLU), SiLU output and up output (mul), product (down).
         mlp = a * h + 4 * a * i
     # q/k/v input, rotated q and k and v (kept by SDPA; grouped-query k and v at their own width:
     # transformers passes enable_gqa to SDPA when there is no mask), SDPA's output (o_proj's input) and
     # log-sum-exp.
     attn = a * h + a * h + 2 * a * kv + a * h + 4 * s.heads
-    if eager:
+    if c.cell.attn == "eager":
         # Eager attention materializes the scores: softmax in fp32 and its cast (both kept), k and v
         # repeated to every head.
-        attn += (4 + a) * s.heads * seq + 2 * a * (h - kv)
-    lora = lora_n * a * lora_r  # each adapter's A output, kept by B
+        attn += (4 + a) * s.heads * c.cell.seq_len + 2 * a * (h - kv)
+    lora = c.lora_n * a * c.lora_r  # each adapter's A output, kept by B
     return norms + attn + mlp + lora
 
 
@@ -196,168 +465,18 @@ def _logits_bytes(s: Shape, a: int, *, fused_ce: bool, liger_ce: bool) -> tuple[
     return a * v + up + 4 * v, a * v + 4 * v
 
 
-# -- the prediction ----------------------------------------------------------------------------------
-def predict(cell: Any, ds_config: dict | None = None, hw: Hardware | None = None, k: Constants = FITTED) -> Estimate:
-    """Predict a cell's peaks from the cell (and its DeepSpeed config) alone."""
-    s = shape_of(cell.model)
-    if s is None:
-        raise ValueError(f"no shape for model {cell.model!r}: a preset or a local directory with config.json")
-    z = zero_settings(ds_config) if ds_config is not None else ZeroSettings(stage=cell.zero_stage)
-    stage = cell.zero_stage
-    n = max(int(cell.ranks), 1)  # what ZeRO partitions over: every rank of every node
-    spec = OPTIMIZERS.get(cell.optimizer)
-    a = 4 if cell.precision == "fp32" else 2  # bytes of a parameter, gradient and activation as trained
-    off_opt, off_par = optimizer_offloaded(cell.offload), params_offloaded(cell.offload)
+def _token_scale(c: _Setting, k: Constants) -> float:
+    """What per-token activation bytes are multiplied by: the micro-batch's tokens, scaled by the fitted constant."""
+    tokens = c.cell.micro_batch * c.cell.seq_len
+    return tokens * k.activation_scale
 
-    # -- parameters -----------------------------------------------------------------------------
-    lora_n = lora_r = 0
-    trainable = trainable_params(cell, s)
-    frozen = 0
-    if adapted(cell):
-        lora_n, lora_r = s.lora_targets(tuple(cell.lora.targets)), cell.lora.r
-        frozen = s.params  # the base weights under the adapter
-    total = frozen + trainable
-    shard3 = n if stage == 3 else 1
-    if cell.peft == "qlora":
-        const = NF4_CONSTANTS_DOUBLE if (cell.qlora is None or cell.qlora.double_quant) else NF4_CONSTANTS_SINGLE
-        quantized = s.linear_params
-        # The embedding, norms and LM head stay in the compute dtype (prepare_model_for_kbit_training
-        # upcasts them to fp32; DeepSpeed's engine casts every floating parameter back to the compute dtype).
-        weights = (quantized * NF4_BYTES + (frozen - quantized + trainable) * a) / shard3
-        quant_consts = quantized * const / shard3
-    else:
-        weights = (frozen + trainable) * a / shard3
-        quant_consts = 0.0
-    if off_par:
-        weights, quant_consts = 0.0, 0.0
 
-    # -- optimizer state ------------------------------------------------------------------------
-    moment = spec.moment_bytes if spec else 8
-    extra = spec.extra_state_bytes if spec else 0
-    paged = bool(spec and spec.paged)
-    mixed = a == 2
-    shard_opt = n if stage >= 1 else 1
-    master = (4 * trainable / shard_opt) if mixed else 0.0
-    state = moment * trainable / shard_opt
-    onebit = extra * trainable + (4 * trainable / n if spec and spec.onebit else 0.0)  # worker + server error
-    paged_bytes = 0.0
-    if paged:
-        paged_bytes, state = state, 0.0
-    if off_opt:
-        master, state, onebit = 0.0, 0.0, 0.0
-
-    persistent = {
-        "weights": weights,
-        "qlora_quant_constants": quant_consts,
-        "master_weights": master,
-        "optimizer_state": state,
-        "onebit_error_buffers": onebit,
-        "cublas_workspace": CUBLAS_WORKSPACE,
-    }
-
-    # -- DeepSpeed's buffers and the gradients -----------------------------------------------------
-    bwd: dict[str, float] = {}
-    step: dict[str, float] = {}
-    new_fp32 = 0.0  # the fp32 (and flattened 16-bit) gradient copies the step makes: what fragments
-    g16 = a * trainable  # the gradients as backward makes them
-    bucket = z.reduce_bucket_size * a
-    # torch's foreach AdamW makes a temporary as large as the moments it steps (sqrt of exp_avg_sq); so
-    # does FusedLamb's update.
-    nonfused_temp = 4 * trainable / shard_opt if cell.optimizer in ("adamw", "fusedlamb") else 0.0
-    if stage == 0:
-        bwd["gradients"] = g16
-        # The engine all-reduces the gradients at the end of backward, even on one GPU, through flat
-        # buckets of MEMORY_OPT_ALLREDUCE_SIZE (5e8) elements (engine.py, buffered_allreduce_fallback).
-        bwd["allreduce_bucket"] = min(500_000_000, trainable) * a
-        opt_temp = ONEBIT_STEP_TEMPORARIES * trainable if spec and spec.onebit else nonfused_temp
-        new_fp32 = 4 * trainable if mixed else 0.0
-        if mixed and cell.optimizer in ("fusedadam", "onebitadam", "zerooneadam"):
-            # FP16_Optimizer.step (fused_optimizer.py): every 16-bit gradient .to(fp32), then all flattened
-            # into one fp32 buffer; then the 16-bit gradients are freed and the optimizer steps.
-            flatten = {"gradients": g16, "fp32_gradients": 8 * trainable}
-            new_fp32 = 8 * trainable  # the per-parameter fp32 copies and the flat buffer, alive together
-            optimizer = {"fp32_gradients": 4 * trainable, "optimizer_step_temporaries": opt_temp}
-            step = flatten if sum(flatten.values()) >= sum(optimizer.values()) else optimizer
-        elif mixed:
-            # FP16_UnfusedOptimizer.step (unfused_optimizer.py): an fp32 gradient per parameter beside the
-            # 16-bit ones, then the optimizer's own step.
-            step = {"gradients": g16, "fp32_gradients": 4 * trainable, "optimizer_step_temporaries": opt_temp}
-        else:
-            step = {"gradients": g16, "optimizer_step_temporaries": opt_temp}
-    elif stage in (1, 2):
-        bf16_opt = stage == 1 and cell.precision == "bf16" and z.grad_accum_fp32 and not off_opt
-        ipg = 0.0
-        if z.contiguous_gradients or off_opt:
-            ipg = min(bucket, g16) * (2 if z.overlap_comm else 1)
-        if bf16_opt:
-            # BF16_Optimizer (bf16_optimizer.py): one fp32 gradient buffer as large as all parameters.
-            persistent["fp32_gradient_buffer"] = 4 * trainable
-            bwd["gradients"] = g16
-        elif stage == 1:
-            bwd["gradients"] = g16  # stage 1 keeps every gradient until the end of backward
-            bwd["reduce_buckets"] = ipg if z.overlap_comm or z.contiguous_gradients else 0.0
-        else:
-            # stage 2: gradients of this rank's partition in one flat buffer (grads_in_partition),
-            # the rest pass through the reduce buckets.
-            bwd["gradients"] = g16 / n if not off_opt else 0.0
-            bwd["reduce_buckets"] = ipg
-        if not off_opt and not bf16_opt:
-            # step() (stage_1_and_2.py): the partition's 16-bit gradients flattened, the flat copy converted
-            # to fp32 (all three alive at once); then the flat copy and the 16-bit gradients are freed
-            # before the optimizer steps, so its temporaries sit beside the fp32 gradients alone.
-            flatten = {"gradients": 2 * g16 / n, "fp32_gradients": 4 * trainable / n}
-            optimizer = {"fp32_gradients": 4 * trainable / n, "optimizer_step_temporaries": nonfused_temp}
-            step = flatten if sum(flatten.values()) >= sum(optimizer.values()) else optimizer
-            new_fp32 = 6 * trainable / n
-        elif bf16_opt:
-            step["optimizer_step_temporaries"] = nonfused_temp
-        if off_opt:
-            # The CPU step's updated 16-bit partition comes back through a GPU buffer.
-            step["offload_copy_buffer"] = 0.0
-    else:  # stage 3
-        tr_part = trainable / n
-        if not off_opt:
-            # grad_partitions_flat_buffer (stage3.py): this rank's gradients, allocated at init.
-            persistent["zero3_gradient_partitions"] = a * tr_part
-        if z.contiguous_gradients:
-            persistent["reduce_buckets"] = z.reduce_bucket_size * a  # the ipg bucket, allocated at init
-        # Gathered parameters: up to stage3_max_live_parameters stay gathered while they will be used
-        # again within stage3_max_reuse_distance (the recompute of checkpointing reuses every one);
-        # with no reuse distance, a module's parameters and the prefetch bucket. One rank without
-        # parameter offload gathers nothing: its partition is the whole parameter.
-        if z.max_reuse_distance > 0:
-            live = min(z.max_live_parameters, total)
-        else:
-            live = min(z.max_live_parameters, z.prefetch_bucket_size + s.largest_param)
-        bwd["zero3_live_parameters"] = live * a if (n > 1 or off_par) else 0.0
-        if not off_opt:
-            # Each sub-group's gradients flattened, then converted to fp32 (_prepare_fp32_grad_for_sub_group).
-            sg = min(z.sub_group_size, tr_part)
-            step["fp32_gradients"] = 6 * sg
-            new_fp32 = 6 * sg
-            step["optimizer_step_temporaries"] = nonfused_temp
-        else:
-            step["fp32_gradients"] = 0.0
-
-    # -- activations -------------------------------------------------------------------------------
-    tokens = cell.micro_batch * cell.seq_len
-    liger = cell.kernels == "liger"
-    compiled = bool(cell.compile)
-    eager = cell.attn == "eager"
-    fused_ce = liger and stage != 3  # bench.worker.models.liger_settings: no fused CE under ZeRO-3
-    norms_train = cell.peft not in ("lora", "qlora")  # PEFT freezes everything but the adapters
-    per_block = _block_saved(
-        s,
-        a,
-        liger=liger,
-        compiled=compiled,
-        eager=eager,
-        seq=cell.seq_len,
-        lora_r=lora_r,
-        lora_n=lora_n,
-        norms_train=norms_train,
-    )
-    lg_fwd, lg_kept = _logits_bytes(s, a, fused_ce=fused_ce, liger_ce=liger and stage == 3)
+def _activations(c: _Setting, k: Constants) -> dict[str, float]:
+    """Activation bytes at the forward pass's end, the loss's backward, and the end of backward."""
+    s, a, cell = c.s, c.a, c.cell
+    fused_ce = c.liger and c.stage != 3  # bench.worker.models.liger_settings: no fused CE under ZeRO-3
+    per_block = _block_saved(c)
+    lg_fwd, lg_kept = _logits_bytes(s, a, fused_ce=fused_ce, liger_ce=c.liger and c.stage == 3)
     if cell.grad_ckpt:
         saved = s.layers * a * s.hidden  # each block's input, kept by non-reentrant checkpointing
         recompute = per_block  # one block's activations, recomputed in backward
@@ -365,60 +484,97 @@ def predict(cell: Any, ds_config: dict | None = None, hw: Hardware | None = None
         saved, recompute = s.layers * per_block, 0.0
     # The final norm: its fp32 input, and its output for the norm's weight and the LM head's gradients
     # (both frozen under PEFT: all-linear leaves the LM head out).
-    head = 4 * s.hidden + (a * s.hidden if norms_train else 0)
+    head = 4 * s.hidden + (a * s.hidden if c.norms_train else 0)
     # Backward of the loss: the gradient of log_softmax (fp32) and of the logits, beside what is kept.
-    lg_bwd = lg_kept + (4 * s.vocab + a * s.vocab if not liger else 0)
-    scale = tokens * k.activation_scale
+    lg_bwd = lg_kept + (4 * s.vocab + a * s.vocab if not c.liger else 0)
+    scale = _token_scale(c, k)
     # "backward" is the end of backward, where the gradients are complete: autograd has freed every
     # saved tensor but the first block's (its checkpointed input and its recompute). Between the loss
     # and there, the gradients grow as the saved activations shrink (one block's of each at a time),
     # so the two ends bound the pass.
     first_block = (a * s.hidden + recompute) if cell.grad_ckpt else 0.0
-    act = {
+    return {
         "forward": scale * (saved + head + lg_fwd),
         "loss backward": scale * (saved + head + lg_bwd),
         "backward": scale * first_block,
     }
-    if cell.peft == "qlora":
-        # bitsandbytes dequantizes each 4-bit weight for its matmul (forward and backward).
-        bwd["qlora_dequantized_weight"] = 2 * s.largest_linear * a
-    live = {"zero3_live_parameters": bwd.pop("zero3_live_parameters", 0.0)}
-    p_total = sum(persistent.values()) + live["zero3_live_parameters"]
+
+
+# -- the prediction ----------------------------------------------------------------------------------
+def predict(cell: Any, ds_config: dict | None = None, hw: Hardware | None = None, k: Constants = FITTED) -> Estimate:
+    """Predict a cell's peaks from the cell (and its DeepSpeed config) alone."""
+    c = _setting(cell, ds_config)
+    persistent, paged_bytes = _persistent(c)
+    b = _buffers(c)
+    persistent.update(b.persistent)
+    act = _activations(c, k)
+    phase, peak_terms = _peak(persistent, b, act)
+    basis = _basis(c, k, persistent, b, act)
+    terms = _gpu_terms(c, k, peak_terms, basis)
+    host_terms = _host(c, k)
+    return Estimate(
+        gpu_bytes=sum(terms.values()),
+        host_bytes=sum(host_terms.values()),
+        gpu_terms=terms,
+        host_terms=host_terms,
+        phase=phase,
+        allocated_bytes=sum(peak_terms.values()),
+        paged_bytes=paged_bytes,
+        basis=basis,
+        moments={
+            "persistent": dict(persistent),
+            "backward": b.at_backward(),
+            "step": dict(b.step),
+            "activations": dict(act),
+        },
+    )
+
+
+def _peak(persistent: dict[str, float], b: _Buffers, act: dict[str, float]) -> tuple[str, dict[str, float]]:
+    """The moment of the allocator's peak allocation, and the terms allocated then."""
+    p_total = sum(persistent.values()) + b.live
     totals = {
         "forward": p_total + act["forward"],
         "loss backward": p_total + act["loss backward"],
-        "backward": p_total + sum(bwd.values()) + act["backward"],
-        "step": sum(persistent.values()) + sum(step.values()),
+        "backward": p_total + sum(b.backward.values()) + act["backward"],
+        "step": sum(persistent.values()) + sum(b.step.values()),
     }
     phase = max(totals, key=totals.get)
     if phase == "step":
-        peak_terms = {**persistent, **step}
-    elif phase == "backward":
-        peak_terms = {**persistent, **live, **bwd, "activations": act[phase]}
-    else:
-        peak_terms = {**persistent, **live, "activations": act[phase]}
-    allocated = sum(peak_terms.values())
+        return phase, {**persistent, **b.step}
+    if phase == "backward":
+        return phase, {**persistent, **b.at_backward(), "activations": act[phase]}
+    return phase, {**persistent, "zero3_live_parameters": b.live, "activations": act[phase]}
 
-    # -- outside the allocator's peak ----------------------------------------------------------------
-    # What the fragmentation constants multiply. The caching allocator keeps freed blocks for reuse, but
-    # the gradient copies the step makes (fp32, and the flattened 16-bit partition: few tensors, each as
-    # large as a parameter or a partition) and the activations (many tensors the size of a layer's
-    # output) do not fit each other's blocks: the reservation holds both, the smaller on top of the
-    # larger's peak. With checkpointing, backward recomputes a block's activations into the blocks the
-    # loss and the later layers left, interleaved with their gradients, and what cannot be reused grows
-    # as the square root of the activations; without it, backward frees them in the reverse order of
-    # forward and they are reused as they were made. DeepSpeed's reduce buckets: the gradients that pass
-    # through them (at most the buckets).
+
+def _basis(
+    c: _Setting, k: Constants, persistent: dict[str, float], b: _Buffers, act: dict[str, float]
+) -> dict[str, float]:
+    """What the fitted fragmentation constants multiply.
+
+    The caching allocator keeps freed blocks for reuse, but the gradient copies the step makes (fp32, and
+    the flattened 16-bit partition: few tensors, each as large as a parameter or a partition) and the
+    activations (many tensors the size of a layer's output) do not fit each other's blocks: the reservation
+    holds both, the smaller on top of the larger's peak. With checkpointing, backward recomputes a block's
+    activations into the blocks the loss and the later layers left, interleaved with their gradients, and
+    what cannot be reused grows as the square root of the activations; without it, backward frees them in
+    the reverse order of forward and they are reused as they were made. DeepSpeed's reduce buckets: the
+    gradients that pass through them (at most the buckets)."""
     act_peak = max(act.values())
     # The loss's fp32 tensors (the upcast logits, log_softmax's output and its gradient): blocks of
     # tokens x vocab that no activation, gradient or step copy fits, so what they leave is kept apart.
-    loss_fp32 = scale * 4 * s.vocab if not (fused_ce or liger) else 0.0
-    basis = {
+    # Liger's losses, fused or not, make none.
+    loss_fp32 = _token_scale(c, k) * 4 * c.s.vocab if not c.liger else 0.0
+    return {
         "loss": loss_fp32,
-        "shared": min(new_fp32, act_peak),
-        "activations": math.sqrt(act_peak * GiB) if cell.grad_ckpt else 0.0,
-        "buckets": min(bwd.get("reduce_buckets", 0.0) + persistent.get("reduce_buckets", 0.0), g16),
+        "shared": min(b.new_fp32, act_peak),
+        "activations": math.sqrt(act_peak * GiB) if c.cell.grad_ckpt else 0.0,
+        "buckets": min(b.backward.get("reduce_buckets", 0.0) + persistent.get("reduce_buckets", 0.0), c.g16),
     }
+
+
+def _gpu_terms(c: _Setting, k: Constants, peak_terms: dict[str, float], basis: dict[str, float]) -> dict[str, float]:
+    """NVML's per-process figure, term by term: the allocator's peak, what it could not reuse, what sits outside it."""
     frag = (
         k.frag_shared * basis["shared"]
         + k.frag_activations * basis["activations"]
@@ -428,31 +584,14 @@ def predict(cell: Any, ds_config: dict | None = None, hw: Hardware | None = None
     terms = {kk: v for kk, v in peak_terms.items() if v}
     terms["allocator_fragmentation"] = frag
     terms["cuda_context"] = k.cuda_context
-    if n > 1:
+    if c.n > 1:
         terms["nccl"] = k.nccl
-    if spec and spec.onebit:
-        terms["onebit_cupy_buffers"] = ONEBIT_CUPY_BYTES * trainable
-    gpu = sum(terms.values())
-
-    host_terms = _host(cell, s, total, trainable, a, z, k, off_opt, off_par, n)
-    return Estimate(
-        gpu_bytes=gpu,
-        host_bytes=sum(host_terms.values()),
-        gpu_terms=terms,
-        host_terms=host_terms,
-        phase=phase,
-        allocated_bytes=allocated,
-        paged_bytes=paged_bytes,
-        basis=basis,
-        moments={
-            "persistent": dict(persistent),
-            "backward": {**live, **bwd},
-            "step": dict(step),
-            "activations": dict(act),
-        },
-    )
+    if c.onebit:
+        terms["onebit_cupy_buffers"] = ONEBIT_CUPY_BYTES * c.trainable
+    return terms
 
 
+# -- the host ----------------------------------------------------------------------------------------
 def _pinned(nbytes: float, pin: bool) -> float:
     """Host bytes of a buffer: PyTorch's pinned-memory allocator rounds each block up to a power of two."""
     if not pin or nbytes <= 0:
@@ -460,10 +599,11 @@ def _pinned(nbytes: float, pin: bool) -> float:
     return float(1 << max(int(nbytes - 1).bit_length(), 0))
 
 
-def _host(cell, s: Shape, total: int, trainable: int, a: int, z: ZeroSettings, k: Constants, off_opt, off_par, n):
+def _host(c: _Setting, k: Constants) -> dict[str, float]:
     """Peak RSS of the cell's processes on one node: each of its ranks' interpreter with torch, DeepSpeed
     and transformers imported, and what offload keeps on the host (ZeRO-Offload's fp32 state and
     gradients) for those ranks. State is partitioned over all n ranks; a node holds its `cell.gpus` parts."""
+    cell, a, n, pin = c.cell, c.a, c.n, c.z.pin_memory
     local = max(int(cell.gpus), 1)
     t: dict[str, float] = {"processes": k.host_process * local}
     if n > 1:
@@ -471,22 +611,15 @@ def _host(cell, s: Shape, total: int, trainable: int, a: int, z: ZeroSettings, k
     if cell.compile:
         t["compile_workers"] = k.host_compile_workers
     if cell.peft == "qlora":
-        t["qlora_checkpoint_load"] = s.params * a  # the 16-bit checkpoint read before quantizing
-    if off_opt:
-        part = trainable / (n if cell.zero_stage >= 1 else 1)
-        spec = OPTIMIZERS.get(cell.optimizer)
-        moment = spec.moment_bytes if spec else 8
+        t["qlora_checkpoint_load"] = c.s.params * a  # the 16-bit checkpoint read before quantizing
+    if c.off_opt:
+        part = c.trainable / c.shard_opt
         # Per rank: the fp32 master partition, the optimizer's moments, the fp32 gradients (pinned when
         # pin_memory), and the 16-bit copy of the partition for the way back.
-        per_rank = (
-            _pinned(4 * part, z.pin_memory)
-            + moment * part
-            + _pinned(4 * part, z.pin_memory)
-            + _pinned(a * part, z.pin_memory)
-        )
+        per_rank = _pinned(4 * part, pin) + c.moment * part + _pinned(4 * part, pin) + _pinned(a * part, pin)
         if cell.offload == Offload.NVME:
-            per_rank = _pinned(4 * part, z.pin_memory) + _pinned(a * part, z.pin_memory)
+            per_rank = _pinned(4 * part, pin) + _pinned(a * part, pin)
         t["offloaded_optimizer"] = per_rank * local
-    if off_par and cell.offload != Offload.NVME:
-        t["offloaded_parameters"] = _pinned(a * total / n, z.pin_memory) * local
+    if c.off_par and cell.offload != Offload.NVME:
+        t["offloaded_parameters"] = _pinned(a * c.total / n, pin) * local
     return t
