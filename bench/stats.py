@@ -329,14 +329,13 @@ def judge_noisy(
     min_effect: float,
     base_sd: float | Sequence[float],
     cur_sd: float | Sequence[float],
-    offset: float = 0.0,
-    offset_var: float = 0.0,
+    offset: tuple[float, float] = (0.0, 0.0),
 ) -> Judgement:
     """A noisy figure (tokens/s, step time) by the one rule (the module's docstring): the ratio of the sides'
     geometric means with its interval at `conf`, called changed only when the interval lies beyond the minimum
     effect. base_sd, cur_sd: each value's noise on the log scale (one figure: the same for every value).
-    offset, offset_var: a difference between the sides' machines (ln, and its variance; bench.judge.blocks), taken
-    out of the ratio and added to its uncertainty."""
+    offset: a difference between the sides' machines, (ln, its variance) as log_diff gives one
+    (bench.judge.blocks), taken out of the ratio and added to its uncertainty."""
     pairs = [(x, s) for x, s in zip(base, _each(base_sd, base)) if _positive(x)]
     cpairs = [(x, s) for x, s in zip(cur, _each(cur_sd, cur)) if _positive(x)]
     n = (len(pairs), len(cpairs))
@@ -347,7 +346,8 @@ def judge_noisy(
         return Judgement(verdict=NO_DATA, n=n, why=f"no figure on {none}")
     b, c = [x for x, _ in pairs], [x for x, _ in cpairs]
     d, var = log_diff([math.log(x) for x in b], [s for _, s in pairs], [math.log(x) for x in c], [s for _, s in cpairs])
-    ratio, lo, hi = interval(d - offset, var + offset_var, conf)
+    shift, shift_var = offset
+    ratio, lo, hi = interval(d - shift, var + shift_var, conf)
     side = beyond(lo, hi, min_effect)
     worse = side < 0 if higher_is_better else side > 0
     verdict = {0: NO_CHANGE, 1: NOT_SETTLED, 2: REGRESSION if worse else IMPROVEMENT}[abs(side)]

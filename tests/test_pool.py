@@ -15,7 +15,7 @@ from bench.execute import local as pool
 from bench.execute.executor import WAIT, Attempt, Job, Shape, dispatch
 from bench.execute.launch import ports
 from bench.matrix.cells import Cell
-from bench.records.record import Record
+from bench.records.record import AttemptContext, Record
 from bench.records.store import Store
 
 
@@ -273,8 +273,9 @@ def test_appends_from_threads_are_whole_lines(tmp_path):
 def test_placement_is_kept_from_start_to_end():
     cell = Cell(matrix="m", model="llama-tiny")
     start = Record.started(
-        cell, run_id="r", attempt=1, matrix_file="", started_at="2026-01-01T00:00:00+00:00", placement={"gpus": [3]}
-    )
+        cell, run_id="r", attempt=1, matrix_file="", started_at="2026-01-01T00:00:00+00:00",
+        context=AttemptContext(placement={"gpus": [3]}),
+    )  # fmt: skip
     assert start.to_dict()["placement"] == {"gpus": [3]}
     stopped = Record.interrupted(start, "stopped by SIGTERM", ended_at="2026-01-01T00:00:01+00:00")
     assert stopped.to_dict()["placement"] == {"gpus": [3]}

@@ -19,7 +19,7 @@ from bench.host import env
 from bench.judge import results
 from bench.matrix import cells
 from bench.records import record
-from bench.records.record import SCHEMA_VERSION, Record, WorkerDoc, parse
+from bench.records.record import SCHEMA_VERSION, AttemptContext, Record, WorkerDoc, parse
 from bench.records.status import Status
 from bench.records.store import Store, read
 
@@ -365,7 +365,10 @@ if __name__ == "__main__":  # python -m tests.test_record --write-frame: a delib
 
 def test_an_outcome_a_cluster_node_ran_carries_that_nodes_provenance_and_the_orchestrators():
     started = Record.started(
-        CELL, started_at="2026-01-01T00:00:00.000+00:00", placement={"node": "n1", "node_id": "abc"}, **IDENT
+        CELL,
+        started_at="2026-01-01T00:00:00.000+00:00",
+        context=AttemptContext(placement={"node": "n1", "node_id": "abc"}),
+        **IDENT,
     )
     node_prov = {**env.provenance(), "host": "n1", "gpu_name": "node GPU", "gpu_count": 8}
     out = _outcome(node={"host": "n1", "node_id": "abc", "gpus": [2, 3], "provenance": node_prov}, port=29600)

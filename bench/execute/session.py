@@ -27,7 +27,7 @@ from ..matrix.axes import AUTO, AXES
 from ..matrix.cells import Cell
 from ..matrix.problems import InputError
 from ..records import quality
-from ..records.record import Record, Search, machine_of, parse
+from ..records.record import AttemptContext, Record, Search, machine_of, parse
 from ..records.status import Status
 from ..records.store import Store, StoreWriteError
 from . import answer, answer_text, launch, local, schedule
@@ -464,16 +464,14 @@ class Session:
             return False
         self.begun.add(h)
         pred = prediction(cell, handle.attempt.job.ds_config, self.hw, self.o.margin)
-        ident = {**self.ident(cell), "fixed_costs": self.costs}
+        ident = self.ident(cell)
         self.attempts[cell.hash] = ident["attempt"]
         log = self.o.logs / f"{cell.hash}.{ident['attempt']}.log"
         handle.attempt.job = dataclasses.replace(handle.attempt.job, log_path=str(log))
         req = unit.request
         note = {"role": req.role, "why": req.why, "rung": req.rung, "group": req.group} if req else None
-        started = Record.started(
-            cell, started_at=now(), predicted=pred, repeat=unit.repeat, placement=handle.where or None, answer=note,
-            **ident,
-        )  # fmt: skip
+        context = AttemptContext(predicted=pred, fixed_costs=self.costs, placement=handle.where or None, answer=note)
+        started = Record.started(cell, started_at=now(), repeat=unit.repeat, context=context, **ident)
         with launch.holding_signals():
             self.save(started)
         self.running[id(handle)] = started

@@ -427,11 +427,14 @@ def _judge(
         )  # fmt: skip
     if f.kind == "noisy":
         # Across machines, the machines' difference out of each cell's ratio (step time moves the other way).
-        offset = 0.0 if m.offset is None else m.offset if f.higher_is_better else -m.offset
+        offset = (
+            (0.0, 0.0)
+            if m.offset is None
+            else (m.offset if f.higher_is_better else -m.offset, m.offset_var + 2 * m.cross**2)
+        )
         return stats.judge_noisy(
             vb, vc, higher_is_better=f.higher_is_better, conf=1 - 2 * s.alpha, min_effect=s.min_effect,
             base_sd=_sd(b, vb), cur_sd=_sd(c, vc), offset=offset,
-            offset_var=0.0 if m.offset is None else m.offset_var + 2 * m.cross**2,
         )  # fmt: skip
     return stats.judge_bound(vb, vc, tolerance=getattr(s, f.tolerance), relative=f.relative, both_ways=f.both_ways)
 
@@ -643,6 +646,8 @@ _MARK = {
     MISSING: "",
 }  # fmt: skip
 MAX_ROWS = 60
+_SHOWN = ("tokens_per_s", "torch_max_allocated_bytes", "nvml_proc_peak_bytes", "host_rss_peak_bytes", "loss_final")
+"""The figures the table of all cells shows."""
 
 
 def _machines_text(m: Machines) -> list[str]:
@@ -669,7 +674,15 @@ def _machines_text(m: Machines) -> list[str]:
 
 
 def markdown(cmp: Comparison) -> str:
-    s = cmp.settings
+    """The comparison as Markdown fit for a pull-request comment: the verdict, the rules, what could not be
+    compared and why, the flagged cells, then every cell in a folded table."""
+    lines = _heading(cmp) + _rules_text(cmp) + _machines_text(cmp.machines) + _single_repeat_text(cmp)
+    lines += _environments_text(cmp) + _schedules(cmp) + _flagged_table(cmp) + _all_cells_table(cmp)
+    return "\n".join(lines)
+
+
+def _heading(cmp: Comparison) -> list[str]:
+    """The title, the replay notes and the one-line summary: regressions, counts by verdict, coverage, exit code."""
     counts = cmp.counts()
     n_reg = counts.get(REGRESSION, 0)
     head = (
@@ -679,8 +692,7 @@ def markdown(cmp: Comparison) -> str:
         if cmp.too_little
         else "**No regression**"
     )
-
-    lines = [
+    return [
         f"## zerobench compare: `{_esc(cmp.current)}` against `{_esc(cmp.baseline)}`",
         "",
         *[f"> **Replay**: {_esc(x)}." for x in cmp.replay_lines()],
@@ -689,6 +701,13 @@ def markdown(cmp: Comparison) -> str:
         + ", ".join(f"{n} {v}" for v, n in counts.items())
         + f"); {_esc(cmp.coverage_line())}. Exit code {cmp.exit_code}.",
         "",
+    ]
+
+
+def _rules_text(cmp: Comparison) -> list[str]:
+    """The rules the verdicts follow, with the thresholds in force and where they came from."""
+    s = cmp.settings
+    return [
         f"Rules (thresholds from {_esc(cmp.settings_source)}): tokens/s and step time change when the whole "
         f"{1 - 2 * s.alpha:.0%} interval of their ratio (over process-level repeats, never narrower than the measured "
         f"noise allows) lies beyond ±{s.min_effect:.0%} (one that excludes no change but reaches inside it is *not "
@@ -700,59 +719,72 @@ def markdown(cmp: Comparison) -> str:
         f"comparable; fewer than {s.min_compared:.0%} of the baseline's cells that ran compared exits 3.",
         "",
     ]
-    lines += _machines_text(cmp.machines)
+
+
+def _single_repeat_text(cmp: Comparison) -> list[str]:
+    """A warning when cells have one repeat on a side, so their own noise is unknown; nothing otherwise."""
     single = cmp.single_repeat
-    if single:
-        lines += [
-            f"> **{len(single)} cell(s) have one repeat on a side: their own run-to-run noise cannot be estimated.** "
-            "Their tokens/s and step time are judged against the noise measured on the committed runs (wider for a "
-            "host-bound or unstable measurement), so smaller real changes go unflagged. Run with `--repeats 3` (or "
-            "`repeats: 3` in the matrix) on both sides to test them.",
-            "",
-        ]
-    envs = {(label, vb, vc) for c in cmp.cells for label, vb, vc in c.environment_diff}
-    if envs:
-        lines += ["Environments differ, so those cells are not comparable (not regressions):", ""]
-        lines += ["| | baseline | current |", "|---|---|---|"]
-        lines += [f"| {_esc(a)} | {_esc(b)} | {_esc(c)} |" for a, b, c in sorted(envs)]
-        lines.append("")
-    lines += _schedules(cmp)
-    flagged = [c for c in cmp.cells if c.verdict in (REGRESSION, NOT_SETTLED, IMPROVEMENT)]
-    if flagged:
-        lines += ["| | cell | verdict | why |", "|---|---|---|---|"]
-        for c in flagged[:MAX_ROWS]:
-            lines.append(f"| {_MARK[c.verdict]} | {_esc(c.cell_name)} | {c.verdict} | {_esc('; '.join(c.reasons))} |")
-        lines.append("")
-    show = [
-        f
-        for f in FIGURES
-        if f.column
-        in ("tokens_per_s", "torch_max_allocated_bytes", "nvml_proc_peak_bytes", "host_rss_peak_bytes", "loss_final")
+    if not single:
+        return []
+    return [
+        f"> **{len(single)} cell(s) have one repeat on a side: their own run-to-run noise cannot be estimated.** "
+        "Their tokens/s and step time are judged against the noise measured on the committed runs (wider for a "
+        "host-bound or unstable measurement), so smaller real changes go unflagged. Run with `--repeats 3` (or "
+        "`repeats: 3` in the matrix) on both sides to test them.",
+        "",
     ]
-    lines += [
+
+
+def _environments_text(cmp: Comparison) -> list[str]:
+    """The environment settings that differ between the sides, as a table; nothing when none does."""
+    envs = {(label, vb, vc) for c in cmp.cells for label, vb, vc in c.environment_diff}
+    if not envs:
+        return []
+    lines = ["Environments differ, so those cells are not comparable (not regressions):", ""]
+    lines += ["| | baseline | current |", "|---|---|---|"]
+    lines += [f"| {_esc(a)} | {_esc(b)} | {_esc(c)} |" for a, b, c in sorted(envs)]
+    return [*lines, ""]
+
+
+def _flagged_table(cmp: Comparison) -> list[str]:
+    """The regressed, unsettled and improved cells with the reasons, up to MAX_ROWS; nothing when there are none."""
+    flagged = [c for c in cmp.cells if c.verdict in (REGRESSION, NOT_SETTLED, IMPROVEMENT)]
+    if not flagged:
+        return []
+    lines = ["| | cell | verdict | why |", "|---|---|---|---|"]
+    for c in flagged[:MAX_ROWS]:
+        lines.append(f"| {_MARK[c.verdict]} | {_esc(c.cell_name)} | {c.verdict} | {_esc('; '.join(c.reasons))} |")
+    return [*lines, ""]
+
+
+def _all_cells_table(cmp: Comparison) -> list[str]:
+    """Every cell (up to 4 x MAX_ROWS) with its statuses, repeats and main figures, folded in a <details>."""
+    show = [f for f in FIGURES if f.column in _SHOWN]
+    lines = [
         f"<details><summary>All {len(cmp.cells)} cells</summary>",
         "",
         "| cell | status | repeats | " + " | ".join(f"{f.label} (change)" for f in show) + " | verdict |",
         "|---|---|---:|" + "---:|" * len(show) + "---|",
     ]
-    for c in cmp.cells[: MAX_ROWS * 4]:
-        st = (
-            c.cur.status
-            if c.base and c.cur and c.base.status == c.cur.status
-            else f"{c.base.status if c.base else '–'} → {c.cur.status if c.cur else '–'}"
-        )
-        reps = f"{c.base.repeats if c.base else 0}/{c.cur.repeats if c.cur else 0}"
-        cells = []
-        for f in show:
-            j = c.figures.get(f.column)
-            if j is None or j.verdict == stats.NO_DATA:
-                cells.append("–")
-            else:
-                cells.append(f"{_fmt(j.cur, f.unit)} ({_change(j, f)})")
-        lines.append(
-            f"| {_esc(c.cell_name)} | {_esc(st)} | {reps} | "
-            + " | ".join(cells)
-            + f" | {_MARK[c.verdict]} {c.verdict} |"
-        )
-    lines += ["", "</details>", ""]
-    return "\n".join(lines)
+    lines += [_cell_row(c, show) for c in cmp.cells[: MAX_ROWS * 4]]
+    return [*lines, "", "</details>", ""]
+
+
+def _cell_row(c: CellComparison, show: list[Figure]) -> str:
+    """One cell's line of the table of all cells: each shown figure's current value and its change."""
+    st = (
+        c.cur.status
+        if c.base and c.cur and c.base.status == c.cur.status
+        else f"{c.base.status if c.base else '–'} → {c.cur.status if c.cur else '–'}"
+    )
+    reps = f"{c.base.repeats if c.base else 0}/{c.cur.repeats if c.cur else 0}"
+    cells = []
+    for f in show:
+        j = c.figures.get(f.column)
+        if j is None or j.verdict == stats.NO_DATA:
+            cells.append("–")
+        else:
+            cells.append(f"{_fmt(j.cur, f.unit)} ({_change(j, f)})")
+    return (
+        f"| {_esc(c.cell_name)} | {_esc(st)} | {reps} | " + " | ".join(cells) + f" | {_MARK[c.verdict]} {c.verdict} |"
+    )

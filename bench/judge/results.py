@@ -222,11 +222,28 @@ def _skip_text(rec: Record, cell: dict) -> tuple[str | None, str | None]:
 
 
 def _row(rec: Record) -> dict:
+    """One attempt's row of the results frame, its columns in the frame's order."""
     cell = rec.cell or {}
     prov = rec.provenance or _NO_PROVENANCE  # a v1 record written without one
     worker = rec.worker or _NO_WORKER
     versions = {**prov.versions, **(worker.versions or {})}  # the worker's own, where it reported them
-    row = {
+    return {
+        **_attempt_columns(rec),
+        **_setting_columns(rec, cell),
+        **_measured_columns(rec),
+        **_worker_columns(worker),
+        **_provenance_columns(worker, prov, versions),
+        **_end_columns(rec, cell),
+        **_host_columns(prov, versions),
+        **_estimate_columns(worker, cell),
+        **_plan_columns(rec),
+        **_quality_columns(rec),
+    }
+
+
+def _attempt_columns(rec: Record) -> dict:
+    """Which attempt of which cell, how it ended and when."""
+    return {
         "run_id": rec.run_id,
         "attempt": rec.attempt,
         "repeat": rec.repeat,
@@ -241,10 +258,14 @@ def _row(rec: Record) -> dict:
         "ended_at": rec.ended_at,
         "wall_s": rec.wall_s,
     }
+
+
+def _setting_columns(rec: Record, cell: dict) -> dict:
+    """The cell's settings and axis values, the step schedule it asked for and the steps it took."""
     # A record written before a field existed ran at that field's default (compile off, hf kernels); a compact
     # record whose matrix file is not here has no settings at all (None, filled from its matrix's other records).
     known = rec.cell is not None
-    row.update({k: cell.get(k, default if known else None) for k, default in _CELL_COLUMN_DEFAULTS})
+    row = {k: cell.get(k, default if known else None) for k, default in _CELL_COLUMN_DEFAULTS}
     if known:
         row.update(axis_values(cell))
     # The schedule the cell asked for (what cells must share to be compared), then the steps it took:
@@ -256,6 +277,12 @@ def _row(rec: Record) -> dict:
     for col, field_ in STEPS_COLUMNS.items():
         row[col] = getattr(taken, field_) if taken is not None else None
     row["qlora_quant_type"] = row["qlora_quant"]
+    return row
+
+
+def _measured_columns(rec: Record) -> dict:
+    """The worker's metrics and memory figures (lists and mappings left out), the run's fixed cost, how it began."""
+    row = {}
     if rec.metrics:
         row.update(rec.metrics.model_dump(exclude_unset=True))
     if rec.memory:
@@ -264,38 +291,67 @@ def _row(rec: Record) -> dict:
         )
     row["fixed_cost_s"] = fixed_cost_s(rec)
     row["started_by"] = rec.started_by.mode if rec.started_by else None
-    for k in (
-        "optimizer_class",
-        "params_total",
-        "params_trainable",
-        "fp16_skipped_steps",
-        "fp16_skipped_warmup_steps",
-        "loss_scale_final",
-    ):
-        row[k] = getattr(worker, k)
+    return row
+
+
+_WORKER_COLUMNS = (
+    "optimizer_class", "params_total", "params_trainable", "fp16_skipped_steps", "fp16_skipped_warmup_steps",
+    "loss_scale_final",
+)  # fmt: skip
+
+
+def _worker_columns(worker: WorkerFacts) -> dict:
+    """What the worker found of the model and optimizer it trained."""
+    row = {k: getattr(worker, k) for k in _WORKER_COLUMNS}
     if worker.weights_init:  # a column only where records carry it: older files' frames stay as they were
         row["weights_init"] = worker.weights_init
-    row["gpu_name"] = worker.gpu_name or prov.gpu_name
-    row["gpu_count"] = prov.gpu_count
-    row["host"] = prov.host
-    row["git_commit"] = prov.git_commit
-    row["git_dirty"] = prov.git_dirty
+    return row
+
+
+def _provenance_columns(worker: WorkerFacts, prov: Provenance, versions: dict) -> dict:
+    """Where and with what it ran: the GPU model and count, the host, the commit and the libraries' versions."""
+    row = {
+        "gpu_name": worker.gpu_name or prov.gpu_name,
+        "gpu_count": prov.gpu_count,
+        "host": prov.host,
+        "git_commit": prov.git_commit,
+        "git_dirty": prov.git_dirty,
+    }
     for lib in ("torch", "deepspeed", "transformers", "peft", "bitsandbytes"):
         row[f"{lib}_version"] = versions.get(lib)
-    row["skip_rule"] = rec.skip.rule if rec.skip else None
-    row["skip_fix"], row["skip_source"] = _skip_text(rec, cell)
-    row["exit_code"] = rec.exit_code
-    row["phase_at_end"] = rec.phase_at_end
-    row["warnings"] = list(rec.warnings) if rec.warnings else None
-    row["gpu_memory_bytes"] = prov.gpus[0].memory_bytes if prov.gpus else None
-    row["gpu_driver"] = prov.driver
-    row["cuda_version"] = versions.get("cuda")
-    row["os"] = prov.os
-    row["python_version"] = prov.python
-    row["cpu"] = prov.cpu
-    row["host_memory_bytes"] = prov.host_memory_bytes
+    return row
+
+
+def _end_columns(rec: Record, cell: dict) -> dict:
+    """How it ended beyond its status: the skip rule with its fix and source, the exit code, phase and warnings."""
+    fix, source = _skip_text(rec, cell)
+    return {
+        "skip_rule": rec.skip.rule if rec.skip else None,
+        "skip_fix": fix,
+        "skip_source": source,
+        "exit_code": rec.exit_code,
+        "phase_at_end": rec.phase_at_end,
+        "warnings": list(rec.warnings) if rec.warnings else None,
+    }
+
+
+def _host_columns(prov: Provenance, versions: dict) -> dict:
+    """The machine beyond its GPU model: GPU memory, driver and CUDA, OS, Python, CPU and host memory."""
+    return {
+        "gpu_memory_bytes": prov.gpus[0].memory_bytes if prov.gpus else None,
+        "gpu_driver": prov.driver,
+        "cuda_version": versions.get("cuda"),
+        "os": prov.os,
+        "python_version": prov.python,
+        "cpu": prov.cpu,
+        "host_memory_bytes": prov.host_memory_bytes,
+    }
+
+
+def _estimate_columns(worker: WorkerFacts, cell: dict) -> dict:
+    """The model states' bytes on the GPU and the host by bench.estimate, where the worker counted parameters."""
     # A model, not a measurement: computed when loading, so a better estimator needs no re-run.
-    row["estimate_model_states_bytes"] = row["estimate_model_states_host_bytes"] = None
+    row = {"estimate_model_states_bytes": None, "estimate_model_states_host_bytes": None}
     if worker.params_total and cell:
         from ..estimate import model_states
 
@@ -311,10 +367,18 @@ def _row(rec: Record) -> dict:
         )
         row["estimate_model_states_bytes"] = est["gpu_bytes"]
         row["estimate_model_states_host_bytes"] = est["host_bytes"]
+    return row
+
+
+def _plan_columns(rec: Record) -> dict:
+    """What the run planned for it: the memory model's prediction, a micro-batch search's result, answer mode's
+    note and a replay's source."""
     # What the memory model predicted when the cell ran (records from a GPU run since 2026-12).
-    row["predicted_gpu_bytes"] = rec.predicted.gpu_bytes if rec.predicted else None
-    row["predicted_host_bytes"] = rec.predicted.host_bytes if rec.predicted else None
-    row["search_largest_ok"] = rec.search.largest_ok if rec.search else None
+    row = {
+        "predicted_gpu_bytes": rec.predicted.gpu_bytes if rec.predicted else None,
+        "predicted_host_bytes": rec.predicted.host_bytes if rec.predicted else None,
+        "search_largest_ok": rec.search.largest_ok if rec.search else None,
+    }
     if rec.answer:  # columns only where records carry them: other files' frames stay as they were
         note = rec.answer
         row |= {"answer_role": note.role, "answer_rung": note.rung, "answer_group": note.group}
@@ -329,14 +393,20 @@ def _row(rec: Record) -> dict:
             row["answer_expected_error"] = note.expected_error
     if rec.replay:
         row["replay_source"] = rec.replay.source
-    # Where it ran and how far its measurement can be trusted (bench.records.quality).
-    row["machine"] = rec.machine.id if rec.machine is not None else None
-    row["block"] = rec.block
-    row["flags"] = quality.flags(rec) or None if rec.status is Status.OK else None
-    row["noise_sd"] = quality.noise_sd(rec) if rec.status is Status.OK else None
-    row["losses"] = rec.losses
-    row["step_times_s"] = rec.step_times_s
     return row
+
+
+def _quality_columns(rec: Record) -> dict:
+    """Where it ran and how far its measurement can be trusted (bench.records.quality), and its per-step lists."""
+    ok = rec.status is Status.OK
+    return {
+        "machine": rec.machine.id if rec.machine is not None else None,
+        "block": rec.block,
+        "flags": quality.flags(rec) or None if ok else None,
+        "noise_sd": quality.noise_sd(rec) if ok else None,
+        "losses": rec.losses,
+        "step_times_s": rec.step_times_s,
+    }
 
 
 def records_to_frame(records: Iterable[dict | Record], near: Sequence[Path] = ()):

@@ -85,57 +85,11 @@ def build(cell: Cell) -> dict[str, Any]:
     "auto" values and missing optimizer filled from the cell as the HF Trainer fills them)."""
     if cell.ds_config:
         return resolve(load(cell.ds_config), cell)
-    zero: dict[str, Any] = {"stage": cell.zero_stage}
-    if cell.zero_stage >= 1:
-        # Overlap and contiguous buffers are DeepSpeed's recommended settings for throughput.
-        zero.update(overlap_comm=cell.zero_stage >= 2, contiguous_gradients=cell.zero_stage >= 2)
-    if cell.offload in (Offload.OPTIMIZER, Offload.OPTIMIZER_PARAMS):
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    if cell.offload == Offload.OPTIMIZER_PARAMS:
-        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    if cell.offload == Offload.NVME:
-        # ZeRO-Infinity: optimizer state and parameters swap to files under nvme_path (the worker
-        # gives each attempt its own subfolder and removes it at the end).
-        path = cell.nvme_path or "/tmp"
-        zero["offload_optimizer"] = {"device": "nvme", "nvme_path": path, "pin_memory": True, "buffer_count": 4}
-        # max_in_cpu 0: every parameter of 1 MiB or more lives on the drive (smaller ones stay in CPU
-        # memory: DeepSpeed's MIN_AIO_BYTES). With DeepSpeed's 1e9 elements, a model of up to 1e9
-        # parameters stayed whole in pinned CPU memory, so an nvme cell of a small model measured CPU
-        # parameter offload, while a larger one went wholly to the drive (stage3.py
-        # _create_param_groups_fp16_flat_cpu_memory: its first sub-group, cut at sub_group_size 1e9,
-        # is a little over 1e9 and never fits).
-        # Each swap buffer must hold the largest weight's partition (swap_in asserts "More elements ...
-        # than buffer size"): DeepSpeed's 1e8 elements is less than a 7B Llama's embedding (32000 x 4096)
-        # on one GPU.
-        largest = -(-(presets.largest_weight(cell.model) or 0) // max(cell.ranks, 1))
-        zero["offload_param"] = {
-            "device": "nvme",
-            "nvme_path": path,
-            "pin_memory": True,
-            "buffer_count": 5,
-            "buffer_size": max(100_000_000, largest),
-            "max_in_cpu": 0,
-        }
-        # Release every parameter after its use. A parameter read from the drive holds one of the
-        # buffer_count pinned swap buffers until ZeRO-3 releases it, and the default reuse distance
-        # (1e9 elements) keeps each parameter whose next use is that close in the recorded trace
-        # (partitioned_param_coordinator.py __params_to_release, from the second step on). At 1.1B with
-        # gradient checkpointing that is layer 15 onwards, 7 swapped weights a layer against 5 buffers:
-        # layer 15's first five held them all and its up_proj found none ("Not enough buffers 0 for
-        # swapping 1", partitioned_param_swapper.py swap_in; results/nvme-1b.jsonl; DeepSpeed issue
-        # #3062). With nothing kept, the buffers hold the weights in use and those the NVMe prefetcher
-        # reads ahead, which takes only free ones. Costs a second read from the drive of the weights
-        # that backward uses again soon after forward.
-        zero["stage3_max_reuse_distance"] = 0
-    if cell.zero_stage == 3:
-        # Gather weights for save: not needed to benchmark, and it costs a full-model gather.
-        zero["stage3_gather_16bit_weights_on_model_save"] = False
-
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": cell.micro_batch,
         "gradient_accumulation_steps": cell.grad_accum,
         "gradient_clipping": 1.0,
-        "zero_optimization": zero,
+        "zero_optimization": _zero_section(cell),
         "steps_per_print": 10**9,  # DeepSpeed's own step log would interleave with ours
         "wall_clock_breakdown": False,
     }
@@ -147,23 +101,87 @@ def build(cell: Cell) -> dict[str, Any]:
             "single_submit": False,
             "overlap_events": True,
         }
-    if cell.precision == "bf16":
-        cfg["bf16"] = {"enabled": True}
-    elif cell.precision == "fp16":
-        # Dynamic loss scaling; overflow steps are skipped by DeepSpeed and counted by the worker.
-        cfg["fp16"] = {
-            "enabled": True,
-            "loss_scale": 0,
-            "initial_scale_power": 16,
-            "loss_scale_window": 1000,
-            "hysteresis": 2,
-            "min_loss_scale": 1,
-        }
+    cfg.update(_precision_section(cell))
     section = _optimizer_section(cell)
     if section is not None:
         cfg["optimizer"] = section
     _optimizer_flags(cell, cfg)
     return cfg
+
+
+def _zero_section(cell: Cell) -> dict[str, Any]:
+    """The "zero_optimization" section: the stage, its communication settings and where state is offloaded."""
+    zero: dict[str, Any] = {"stage": cell.zero_stage}
+    if cell.zero_stage >= 1:
+        # Overlap and contiguous buffers are DeepSpeed's recommended settings for throughput.
+        zero.update(overlap_comm=cell.zero_stage >= 2, contiguous_gradients=cell.zero_stage >= 2)
+    if cell.offload in (Offload.OPTIMIZER, Offload.OPTIMIZER_PARAMS):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if cell.offload == Offload.OPTIMIZER_PARAMS:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    if cell.offload == Offload.NVME:
+        zero.update(_nvme_offload(cell))
+    if cell.zero_stage == 3:
+        # Gather weights for save: not needed to benchmark, and it costs a full-model gather.
+        zero["stage3_gather_16bit_weights_on_model_save"] = False
+    return zero
+
+
+def _nvme_offload(cell: Cell) -> dict[str, Any]:
+    """ZeRO-Infinity's keys of the "zero_optimization" section: optimizer state and parameters swap to files
+    under nvme_path (the worker gives each attempt its own subfolder and removes it at the end)."""
+    path = cell.nvme_path or "/tmp"
+    # max_in_cpu 0: every parameter of 1 MiB or more lives on the drive (smaller ones stay in CPU
+    # memory: DeepSpeed's MIN_AIO_BYTES). With DeepSpeed's 1e9 elements, a model of up to 1e9
+    # parameters stayed whole in pinned CPU memory, so an nvme cell of a small model measured CPU
+    # parameter offload, while a larger one went wholly to the drive (stage3.py
+    # _create_param_groups_fp16_flat_cpu_memory: its first sub-group, cut at sub_group_size 1e9,
+    # is a little over 1e9 and never fits).
+    # Each swap buffer must hold the largest weight's partition (swap_in asserts "More elements ...
+    # than buffer size"): DeepSpeed's 1e8 elements is less than a 7B Llama's embedding (32000 x 4096)
+    # on one GPU.
+    largest = -(-(presets.largest_weight(cell.model) or 0) // max(cell.ranks, 1))
+    return {
+        "offload_optimizer": {"device": "nvme", "nvme_path": path, "pin_memory": True, "buffer_count": 4},
+        "offload_param": {
+            "device": "nvme",
+            "nvme_path": path,
+            "pin_memory": True,
+            "buffer_count": 5,
+            "buffer_size": max(100_000_000, largest),
+            "max_in_cpu": 0,
+        },
+        # Release every parameter after its use. A parameter read from the drive holds one of the
+        # buffer_count pinned swap buffers until ZeRO-3 releases it, and the default reuse distance
+        # (1e9 elements) keeps each parameter whose next use is that close in the recorded trace
+        # (partitioned_param_coordinator.py __params_to_release, from the second step on). At 1.1B with
+        # gradient checkpointing that is layer 15 onwards, 7 swapped weights a layer against 5 buffers:
+        # layer 15's first five held them all and its up_proj found none ("Not enough buffers 0 for
+        # swapping 1", partitioned_param_swapper.py swap_in; results/nvme-1b.jsonl; DeepSpeed issue
+        # #3062). With nothing kept, the buffers hold the weights in use and those the NVMe prefetcher
+        # reads ahead, which takes only free ones. Costs a second read from the drive of the weights
+        # that backward uses again soon after forward.
+        "stage3_max_reuse_distance": 0,
+    }
+
+
+def _precision_section(cell: Cell) -> dict[str, Any]:
+    """The "bf16" or "fp16" section that sets the cell's precision; none for fp32."""
+    if cell.precision == "bf16":
+        return {"bf16": {"enabled": True}}
+    if cell.precision == "fp16":
+        # Dynamic loss scaling; overflow steps are skipped by DeepSpeed and counted by the worker.
+        return {
+            "fp16": {
+                "enabled": True,
+                "loss_scale": 0,
+                "initial_scale_power": 16,
+                "loss_scale_window": 1000,
+                "hysteresis": 2,
+                "min_loss_scale": 1,
+            }
+        }
+    return {}
 
 
 # == A user's config: the tables ==============================================================

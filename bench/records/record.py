@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
@@ -74,6 +75,7 @@ __all__ = [
     "ImpliedBy",
     "StepsTaken",
     "NOT_RUN",
+    "AttemptContext",
 ]
 
 SCHEMA_VERSION = 4
@@ -714,6 +716,21 @@ class _Cell(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
 
+@dataclass(frozen=True, kw_only=True)
+class AttemptContext:
+    """What the run knows of an attempt as it starts it, beyond which cell and attempt it is: each part given
+    goes into its started record (and on to its end)."""
+
+    predicted: dict | None = None
+    """The memory model's prediction (bench.estimate), where a GPU is known."""
+    fixed_costs: dict | None = None
+    """What the run paid once before its cells."""
+    placement: dict | None = None
+    """Its GPUs (or CPU slots), port and neighbours; on a cluster its node and job."""
+    answer: dict | None = None
+    """In answer mode: why it is measured (its role, why, rung and group)."""
+
+
 class Record(BaseModel):
     """One cell attempt, as the store keeps it (one JSON line). The record of a cell that did not run (skipped,
     implied_oom, unmeasured) is compact: its cell by `cell_id` within its `matrix` and `matrix_file`, and why it
@@ -851,13 +868,11 @@ class Record(BaseModel):
         attempt: int,
         matrix_file: str,
         started_at: str,
-        predicted: dict | None = None,
         repeat: int = 1,
-        fixed_costs: dict | None = None,
-        placement: dict | None = None,
-        answer: dict | None = None,
+        context: AttemptContext = AttemptContext(),
     ) -> "Record":
-        """Written before launch, so a run killed mid-cell is found by --resume."""
+        """Written before launch, so a run killed mid-cell is found by --resume; with what the run knows of the
+        attempt as it starts it (`context`)."""
         prov = env.provenance()
         return cls(
             **_identity(cell, run_id, attempt, matrix_file, repeat),
@@ -865,11 +880,11 @@ class Record(BaseModel):
             reason="",
             started_at=started_at,
             provenance=prov,
-            machine=machine_of(prov, (placement or {}).get("gpus")),
-            **({"predicted": predicted} if predicted else {}),
-            **({"fixed_costs": fixed_costs} if fixed_costs else {}),
-            **({"placement": placement} if placement else {}),
-            **({"answer": answer} if answer else {}),
+            machine=machine_of(prov, (context.placement or {}).get("gpus")),
+            **({"predicted": context.predicted} if context.predicted else {}),
+            **({"fixed_costs": context.fixed_costs} if context.fixed_costs else {}),
+            **({"placement": context.placement} if context.placement else {}),
+            **({"answer": context.answer} if context.answer else {}),
         )
 
     @model_validator(mode="before")

@@ -146,10 +146,36 @@ def _tip(row: dict, number: int | None = None) -> str:
 def tradeoff(s: Section, name: str = "tradeoff") -> Chart | None:
     """Throughput against peak memory of one section (one model at one sequence length), one point per
     ok cell, the Pareto frontier joined per memory source. `name` tells the section's chart apart."""
+    pts, caption = _tradeoff_points(s)
+    if pts.empty:
+        return None
+    gib, tps = pts["peak_memory_bytes"] / 2**30, pts["tokens_per_s"]
+    log_y = tps.max() / tps.min() > LOG_SPAN
+    x_lo, x_hi = _range(gib.min(), gib.max(), pad=0.04, near_zero=True)
+    y_lo, y_hi = (
+        _log_range(tps.min(), tps.max(), pad=0.04) if log_y else _range(tps.min(), tps.max(), pad=0.04, near_zero=True)
+    )
+    return Chart(
+        name=name,
+        # The section on a line above: on the title's own line it would run under the legend.
+        title=("" if name == "tradeoff" else f"{s.label}\n") + "Throughput vs peak memory",
+        series=_tradeoff_series(s, pts),
+        x=Axis(label=f"{s.peak_label} (GiB)", lo=x_lo, hi=x_hi),
+        y=Axis(label="throughput (tokens/s" + (", log scale)" if log_y else ")"), lo=y_lo, hi=y_hi, log=log_y),
+        aria="throughput against peak memory, one point per ok cell, the Pareto frontier numbered",
+        legend="above",
+        height=4.2,
+        caption=caption,
+    )
+
+
+def _tradeoff_points(s: Section):
+    """The ok cells with a peak memory and a throughput, thinned past MAX_SCATTER_POINTS, and the caption
+    that says how many are drawn (empty points: nothing to draw)."""
     cols = ["cell_name", "tokens_per_s", "peak_memory_bytes", "peak_memory_source", "pareto"]
     pts = s.ok.loc[s.ok["peak_memory_bytes"].notna() & (s.ok["tokens_per_s"] > 0), cols]
     if pts.empty:
-        return None
+        return pts, ""
     caption = f"{len(pts)} ok cells, {int(pts['pareto'].sum())} on the frontier."
     if pts["peak_memory_source"].nunique() > 1:
         caption += (
@@ -161,12 +187,12 @@ def tradeoff(s: Section, name: str = "tradeoff") -> Chart | None:
         k = math.ceil(len(pts) / MAX_SCATTER_POINTS)
         pts = pts[pts["pareto"].to_numpy() | (np.arange(len(pts)) % k == 0)]
         caption += f" Showing {len(pts)} of them (every {k}th, and all of the frontier)."
-    gib, tps = pts["peak_memory_bytes"] / 2**30, pts["tokens_per_s"]
-    log_y = tps.max() / tps.min() > LOG_SPAN
-    x_lo, x_hi = _range(gib.min(), gib.max(), pad=0.04, near_zero=True)
-    y_lo, y_hi = (
-        _log_range(tps.min(), tps.max(), pad=0.04) if log_y else _range(tps.min(), tps.max(), pad=0.04, near_zero=True)
-    )
+    return pts, caption
+
+
+def _tradeoff_series(s: Section, pts) -> tuple[Series, ...]:
+    """The points off the frontier, a dashed line along each kind of memory figure's frontier, and the
+    frontier's points numbered."""
     rest = pts[~pts["pareto"]]
     series = (
         [
@@ -214,18 +240,7 @@ def tradeoff(s: Section, name: str = "tradeoff") -> Chart | None:
             tips=tuple(_tip(r, r["_n"]) for r in front.to_dict("records")),
         )
     )
-    return Chart(
-        name=name,
-        # The section on a line above: on the title's own line it would run under the legend.
-        title=("" if name == "tradeoff" else f"{s.label}\n") + "Throughput vs peak memory",
-        series=tuple(series),
-        x=Axis(label=f"{s.peak_label} (GiB)", lo=x_lo, hi=x_hi),
-        y=Axis(label="throughput (tokens/s" + (", log scale)" if log_y else ")"), lo=y_lo, hi=y_hi, log=log_y),
-        aria="throughput against peak memory, one point per ok cell, the Pareto frontier numbered",
-        legend="above",
-        height=4.2,
-        caption=caption,
-    )
+    return tuple(series)
 
 
 def loss(a: Analysis) -> Chart | None:

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..host.safefile import write_atomic
+
+if TYPE_CHECKING:
+    from ..judge.compare import CellSamples
 
 __all__ = ["to_csv", "to_parquet", "to_pytest_benchmark", "parquet_error", "ExportError"]
 
@@ -101,6 +105,13 @@ def _bench_stats(data: list[float]) -> dict:
     }
 
 
+# The cell's settings a benchmark's params carry.
+_PARAMS = (
+    "zero_stage", "offload", "precision", "grad_ckpt", "optimizer", "peft", "engine", "micro_batch", "grad_accum",
+    "seq_len", "gpus",
+)  # fmt: skip
+
+
 def to_pytest_benchmark(df, path: str | Path) -> tuple[Path, int, int]:
     """One benchmark per cell that ran ok: its rounds are the measured steps' times (seconds) of every
     ok repeat, so pytest-benchmark's min/median/stddev are per step; tokens/s, memory peaks, the
@@ -120,59 +131,10 @@ def to_pytest_benchmark(df, path: str | Path) -> tuple[Path, int, int]:
         if not times:
             left_out += 1
             continue
-        r = rows[key]
-        params = {
-            k: _plain(r.get(k))
-            for k in (
-                "zero_stage",
-                "offload",
-                "precision",
-                "grad_ckpt",
-                "optimizer",
-                "peft",
-                "engine",
-                "micro_batch",
-                "grad_accum",
-                "seq_len",
-                "gpus",
-            )
-        }
-        benches.append(
-            {
-                "group": str(r.get("matrix")),
-                "name": s.cell_name,
-                "fullname": f"{r.get('matrix')}::{r.get('cell_id')}",
-                "params": params,
-                "param": key,
-                "extra_info": {
-                    "cell_hash": r.get("cell_hash"),
-                    "status": s.status,
-                    "repeats": s.repeats,
-                    "unit": "seconds per training step",
-                    **{
-                        f.column: (_plain(compare.stats.median(s.values[f.column])) if s.values[f.column] else None)
-                        for f in compare.FIGURES
-                    },
-                    "tokens_per_s_by_repeat": s.values["tokens_per_s"],
-                    # A replay (`zerobench run --replay`) ran nothing anew: its times were recorded earlier.
-                    **({"replayed_from": r["replay_source"]} if isinstance(r.get("replay_source"), str) else {}),
-                },
-                "options": {"timer": "zerobench (torch.cuda.synchronize + perf_counter per step)", "warmup": True},
-                "stats": _bench_stats(times),
-            }
-        )
+        benches.append(_benchmark(key, s, rows[key], times))
     first = last.iloc[0].to_dict() if len(last) else {}
     doc = {
-        "machine_info": {
-            "node": _plain(first.get("host")),
-            "processor": _plain(first.get("cpu")),
-            "system": _plain(first.get("os")),
-            "python_version": _plain(first.get("python_version")),
-            "gpu": _plain(first.get("gpu_name")),
-            "driver": _plain(first.get("gpu_driver")),
-            "torch": _plain(first.get("torch_version")),
-            "deepspeed": _plain(first.get("deepspeed_version")),
-        },
+        "machine_info": _machine_info(first),
         "commit_info": {
             "id": _plain(first.get("git_commit")),
             "dirty": _plain(first.get("git_dirty")),
@@ -186,6 +148,49 @@ def to_pytest_benchmark(df, path: str | Path) -> tuple[Path, int, int]:
     with write_atomic(path) as f:  # a link at the path is replaced, not written through
         f.write(json.dumps(doc, indent=1, default=str) + "\n")
     return path, len(benches), left_out
+
+
+def _benchmark(key: str, s: CellSamples, r: dict, times: list[float]) -> dict:
+    """One cell's benchmark: `s` its samples, `r` its latest row, `times` the measured steps' times of its ok
+    repeats."""
+    from ..judge import compare
+
+    return {
+        "group": str(r.get("matrix")),
+        "name": s.cell_name,
+        "fullname": f"{r.get('matrix')}::{r.get('cell_id')}",
+        "params": {k: _plain(r.get(k)) for k in _PARAMS},
+        "param": key,
+        "extra_info": {
+            "cell_hash": r.get("cell_hash"),
+            "status": s.status,
+            "repeats": s.repeats,
+            "unit": "seconds per training step",
+            **{
+                f.column: (_plain(compare.stats.median(s.values[f.column])) if s.values[f.column] else None)
+                for f in compare.FIGURES
+            },
+            "tokens_per_s_by_repeat": s.values["tokens_per_s"],
+            # A replay (`zerobench run --replay`) ran nothing anew: its times were recorded earlier.
+            **({"replayed_from": r["replay_source"]} if isinstance(r.get("replay_source"), str) else {}),
+        },
+        "options": {"timer": "zerobench (torch.cuda.synchronize + perf_counter per step)", "warmup": True},
+        "stats": _bench_stats(times),
+    }
+
+
+def _machine_info(first: dict) -> dict:
+    """pytest-benchmark's machine_info, from the first row: host, CPU, OS, Python, GPU, driver, torch, DeepSpeed."""
+    return {
+        "node": _plain(first.get("host")),
+        "processor": _plain(first.get("cpu")),
+        "system": _plain(first.get("os")),
+        "python_version": _plain(first.get("python_version")),
+        "gpu": _plain(first.get("gpu_name")),
+        "driver": _plain(first.get("gpu_driver")),
+        "torch": _plain(first.get("torch_version")),
+        "deepspeed": _plain(first.get("deepspeed_version")),
+    }
 
 
 def _plain(v):

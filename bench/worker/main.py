@@ -36,25 +36,8 @@ def short_message(e: BaseException, limit: int = REASON_MAX) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.worker")
-    ap.add_argument("--spec", help="spec JSON written by the orchestrator")
-    ap.add_argument(
-        "--prebuild",
-        nargs="+",
-        metavar="BUILDER",
-        help="only build (JIT-compile) these DeepSpeed op builders, e.g. FusedAdamBuilder, and exit",
-    )
-    ap.add_argument(
-        "--report",
-        metavar="PATH",
-        help="with --prebuild: write what each builder left ready (its folder and libraries) as JSON here",
-    )
-    ap.add_argument(
-        "--checkpoint",
-        nargs=2,
-        metavar=("PRESET", "PRECISION"),
-        help="only build and cache the local checkpoint QLoRA cells quantize from, and exit",
-    )
+    """A one-off helper of the orchestrator (--prebuild, --checkpoint), or one rank of a cell (--spec)."""
+    ap = _parser()
     args = ap.parse_args(argv)
     # The parent stops a cell or a helper with SIGTERM (timeout, Ctrl-C): unwind, so the result says so
     # and a build in progress releases its lock in the extensions folder.
@@ -77,6 +60,38 @@ def main(argv: list[str] | None = None) -> int:
             spec = json.load(f)
     except (OSError, ValueError) as e:  # no result path to write to: the message goes to the log
         raise SystemExit(f"zerobench worker: cannot read the spec {args.spec}: {e}") from None
+    code = _run_rank(spec, t_start)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The worker's command line."""
+    ap = argparse.ArgumentParser(prog="python -m bench.worker")
+    ap.add_argument("--spec", help="spec JSON written by the orchestrator")
+    ap.add_argument(
+        "--prebuild",
+        nargs="+",
+        metavar="BUILDER",
+        help="only build (JIT-compile) these DeepSpeed op builders, e.g. FusedAdamBuilder, and exit",
+    )
+    ap.add_argument(
+        "--report",
+        metavar="PATH",
+        help="with --prebuild: write what each builder left ready (its folder and libraries) as JSON here",
+    )
+    ap.add_argument(
+        "--checkpoint",
+        nargs=2,
+        metavar=("PRESET", "PRECISION"),
+        help="only build and cache the local checkpoint QLoRA cells quantize from, and exit",
+    )
+    return ap
+
+
+def _run_rank(spec: dict, t_start: float) -> int:
+    """Train this rank's part of the cell and write its result document, whatever happens; the exit code."""
     rank = int(os.environ.get("RANK", "0"))
     # A rank of several stays in torchrun's group; a single worker leads its own and takes its
     # children (a compiler building an op) with it.
@@ -114,8 +129,6 @@ def main(argv: list[str] | None = None) -> int:
         doc["t_end"] = time.time()
         events.phase("exit")
         write_result(result_path, worker_document(doc))
-    sys.stdout.flush()
-    sys.stderr.flush()
     return code
 
 
