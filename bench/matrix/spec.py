@@ -50,6 +50,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True)
 
 
+# A cell's defaults are the Cell's: the matrix file's fields take them from there (one place for each).
+_CELL = {f.name: f.default for f in dataclasses.fields(Cell)}
+
+
 def _setting_field(axis: str):
     """A fixed setting that an axis can replace: its default and description are the axis's."""
     a = AXIS[axis]
@@ -75,12 +79,12 @@ class Steps(_Strict):
     after `measured` tune the adaptive rules; each applies only to the phase it names."""
 
     warmup: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
-        2,
+        _CELL["warmup_steps"],
         description="Steps run but not measured (kernel autotune, allocator warm-up); auto: until step time "
         "settles (settle_window, settle_within), at most max_warmup.",
     )
     measured: Annotated[int, Field(ge=2)] | Literal["auto"] = Field(
-        8,
+        _CELL["measured_steps"],
         description="Steps timed; throughput is their median. auto: until the median's interval is within "
         "tolerance, at least min_steps, at most max_steps.",
     )
@@ -348,15 +352,15 @@ class Matrix(_Strict):
     """The matrix's name: its default results file (results/NAME.jsonl) and report; default: the file's name."""
     description: str = ""
     """What the matrix is for, in words (free text)."""
-    model: str = "llama-tiny"
+    model: str = _CELL["model"]
     """A preset (llama-tiny, llama-small, llama-1b, llama-7b, llama-13b: a shape built with random weights, no
     download) or a local Hugging Face model folder."""
-    data: str = "builtin"
+    data: str = _CELL["data"]
     """builtin (a deterministic, learnable token source, the same on every machine) or a local .txt or .jsonl
     file (a "text" field per line), tokenized with `tokenizer`."""
     tokenizer: str | None = None
     """A local tokenizer folder, for `data` from a file."""
-    seq_len: int = Field(128, ge=8)
+    seq_len: int = Field(_CELL["seq_len"], ge=8)
     """Tokens per sequence."""
     batch: Batch = Batch()
     """The micro-batch and gradient accumulation of every cell, unless the micro_batch or grad_accum axis lists
@@ -373,21 +377,21 @@ class Matrix(_Strict):
     )
     compare: CompareSettings = CompareSettings()
     """How `zerobench compare` judges these cells against a baseline."""
-    lr: float = Field(1e-3, gt=0)
+    lr: float = Field(_CELL["lr"], gt=0)
     """Learning rate of every cell's optimizer."""
-    seed: int = 0
+    seed: int = _CELL["seed"]
     """Seed of the initial weights, the data and the adapters."""
-    gpus: int = Field(1, ge=1)
+    gpus: int = Field(_CELL["gpus"], ge=1)
     """GPUs (ranks) per node of every cell; on a CPU host, N gloo ranks."""
-    nodes: int = Field(1, ge=1)
+    nodes: int = Field(_CELL["nodes"], ge=1)
     """Nodes every cell spans, each with `gpus` ranks (gpus x nodes ranks in all, torchrun on each node with the
     rendezvous on the first). On one host (`--executor local`) the nodes run side by side on 127.0.0.1, which
     only a CPU host does (a test of the multi-node path, not a multi-node measurement)."""
-    timeout_s: float = Field(1800.0, gt=0)
+    timeout_s: float = Field(_CELL["timeout_s"], gt=0)
     """Wall-clock limit of one cell attempt: past it the cell is stopped and recorded `timeout`."""
     nvme_path: str | None = None
     """Folder on a local NVMe drive, for cells with offload: nvme (it must exist)."""
-    attn: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    attn: Literal["sdpa", "eager", "flash_attention_2"] = _CELL["attn"]
     """transformers' attention implementation."""
     axes: Axes = Axes()
     """The values each axis takes; the matrix crosses them (the axes table)."""
