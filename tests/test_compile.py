@@ -28,7 +28,7 @@ def test_compiled_cell_runs_compiled_and_matches_eager(tmp_path):
             timeout_s=600,
             compile=comp,
         )
-        o = launch.run_cell(c, dsconfig.build(c), log_path=tmp_path / f"{comp}.log", gpus=None, sample_interval_s=0.05)
+        o = launch.run_cell(c, dsconfig.build(c), launch.Launch(tmp_path / f"{comp}.log", sample_interval_s=0.05))
         assert o.status.value == "ok", o.reason
         outs[comp] = o.ranks[0]
     assert outs[True]["compiled"] is True and outs[False]["compiled"] is False

@@ -28,7 +28,7 @@ CELL = Cell(
 
 def _run(tmp_path, name: str, **kw) -> launch.Outcome:
     return launch.run_cell(
-        CELL, dsconfig.build(CELL), log_path=tmp_path / f"{name}.log", gpus=None, sample_interval_s=0.05, **kw
+        CELL, dsconfig.build(CELL), launch.Launch(tmp_path / f"{name}.log", sample_interval_s=0.05, **kw)
     )
 
 

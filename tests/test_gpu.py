@@ -118,7 +118,7 @@ def test_wrong_optimizer_name_is_refused_on_gpu(tmp_path):
         warmup_steps=1,
         measured_steps=2,
     )
-    out = launch.run_cell(cell, dsconfig.build(cell), log_path=tmp_path / "log", gpus=[0])
+    out = launch.run_cell(cell, dsconfig.build(cell), launch.Launch(tmp_path / "log", gpus=[0]))
     assert out.status.value == "error" and "but DeepSpeed built DeepSpeedCPUAdam" in out.reason
 
 

@@ -130,7 +130,7 @@ def _params(cases, ids):
 def test_rule_holds_on_gpu(tmp_path, rule, cell, says):
     skip = rules.check(cell, GPU)
     assert skip is not None and skip.rule == rule
-    out = launch.run_cell(cell, dsconfig.build(cell), log_path=tmp_path / "log", gpus=[0])
+    out = launch.run_cell(cell, dsconfig.build(cell), launch.Launch(tmp_path / "log", gpus=[0]))
     trained, losses = _trained(out, runaway_only=cell.model == BIG["model"])
     print(rule, out.status.value, losses, out.reason[:300])
     assert not trained, f"{rule}: the combination trained on this GPU (losses {losses}); the rule must go"
@@ -141,7 +141,7 @@ def test_rule_holds_on_gpu(tmp_path, rule, cell, says):
 @pytest.mark.parametrize("name,cell", _params(RUNS, [n for n, _ in RUNS]))
 def test_formerly_ruled_out_combination_runs(tmp_path, name, cell):
     assert rules.check(cell, GPU) is None, f"{name}: a rule stops it again; show it failing on a GPU first"
-    out = launch.run_cell(cell, dsconfig.build(cell), log_path=tmp_path / "log", gpus=[0])
+    out = launch.run_cell(cell, dsconfig.build(cell), launch.Launch(tmp_path / "log", gpus=[0]))
     trained, losses = _trained(out, runaway_only=cell.model == BIG["model"])
     assert trained, f"{name}: {out.status.value}, losses {losses}: {out.reason[:300]}"
     spec = OPTIMIZERS[cell.optimizer]

@@ -83,7 +83,7 @@ def _trainer_cell(tmp_path, optimizer: str, builds: str = ""):
     cell = Cell(engine="hf_trainer", optimizer=optimizer, precision="fp32", seq_len=32, micro_batch=2,
                 warmup_steps=1, measured_steps=2)  # fmt: skip
     env = {"PYTHONPATH": os.pathsep.join([str(FAKE_BNB), os.environ.get("PYTHONPATH", "")]), "FAKE_BNB_BUILDS": builds}
-    return launch.run_cell(cell, dsconfig.build(cell), log_path=tmp_path / "log", gpus=None, extra_env=env)
+    return launch.run_cell(cell, dsconfig.build(cell), launch.Launch(tmp_path / "log", extra_env=env))
 
 
 @pytest.mark.slow

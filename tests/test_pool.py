@@ -7,13 +7,14 @@ import json
 import os
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from bench.execute import local as pool
 from bench.execute.executor import WAIT, Attempt, Job, Shape, dispatch
-from bench.execute.launch import ports
+from bench.execute.launch import Launch, ports
 from bench.matrix.cells import Cell
 from bench.records.record import AttemptContext, Record
 from bench.records.store import Store
@@ -285,11 +286,11 @@ def test_placement_is_kept_from_start_to_end():
 
 def test_cells_sharing_a_cpu_host_each_get_their_share_of_the_cores(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    job = Job(cell=Cell(matrix="m", model="llama-tiny"), ds_config=None, log_path="x.log", extra_env={"A": "1"})
+    job = Job(Cell(matrix="m", model="llama-tiny"), None, Launch(Path("x.log"), extra_env={"A": "1"}))
     cores = len(os.sched_getaffinity(0))
     two = pool._sharing_cores(job, 1, 2)
-    assert two.extra_env == {"A": "1", "OMP_NUM_THREADS": str(max(1, cores // 2))}
-    assert pool._sharing_cores(job, 2, 2).extra_env["OMP_NUM_THREADS"] == str(max(1, cores // 2) * 2)
+    assert two.launch.extra_env == {"A": "1", "OMP_NUM_THREADS": str(max(1, cores // 2))}
+    assert pool._sharing_cores(job, 2, 2).launch.extra_env["OMP_NUM_THREADS"] == str(max(1, cores // 2) * 2)
     assert pool._sharing_cores(job, 1, 1) is job  # alone: the whole host, as torch sizes it
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert pool._sharing_cores(job, 1, 2) is job  # the user's setting wins

@@ -22,6 +22,7 @@ from ray.cluster_utils import Cluster
 
 from bench.cli import DEFAULT_MATRIX
 from bench.execute.executor import Attempt, Handle, Job, Shape
+from bench.execute.launch import Launch
 from bench.execute.ray import SLOT, _Held, _killed, _Node, _per_node
 from bench.matrix.cells import Cell
 from bench.matrix.problems import InputError
@@ -402,7 +403,7 @@ def test_a_kill_by_rays_memory_monitor_is_killed_with_rays_words(tmp_path):
     )
     log = tmp_path / "cell.log"
     log.write_text("step 1\nstep 2\n")
-    job = Job(Cell(matrix="m", model="llama-tiny"), None, str(log))
+    job = Job(Cell(matrix="m", model="llama-tiny"), None, Launch(log))
     attempt = Attempt(key=None, cell=job.cell, shape=Shape(), job=job)
     handle = Handle(attempt, placement=_Held(pg=None, width=1, node_ids=["abc"]), where={})
     out = _killed(handle, ray.exceptions.OutOfMemoryError(msg), 12.5, _Node("node-a", 1, {"host": "node-a"}))

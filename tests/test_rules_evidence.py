@@ -62,7 +62,7 @@ CPU = env.Platform(gpus=(), versions={"deepspeed": "0.19.6", "torch": "2.13.0+cp
 def test_rule_is_true_on_cpu(tmp_path, rule, cell, expect):
     skip = rules.check(cell, CPU)
     assert skip is not None and skip.rule == rule
-    out = launch.run_cell(cell, dsconfig.build(cell), log_path=tmp_path / "log", gpus=None)
+    out = launch.run_cell(cell, dsconfig.build(cell), launch.Launch(tmp_path / "log"))
     if rule == "fp16-needs-cuda" and _cpu_has_fp16():
         # oneDNN (and so DeepSpeed's CPU accelerator) has fp16 on CPUs with AVX512-FP16 or AMX-FP16: there the
         # cell trains, and the rule is zerobench's choice (fp16 is measured on GPUs), as its reason says.
@@ -80,7 +80,7 @@ def test_onebit_without_cupy_on_cpu(tmp_path):
     )
     # With fp32 (past the fp16 check), the 1-bit optimizer itself fails: it needs cupy/NCCL.
     cell = Cell(optimizer="onebitadam", precision="fp32", seq_len=32, micro_batch=1, warmup_steps=1, measured_steps=2)
-    out = launch.run_cell(cell, dsconfig.build(cell), log_path=tmp_path / "log", gpus=None)
+    out = launch.run_cell(cell, dsconfig.build(cell), launch.Launch(tmp_path / "log"))
     assert out.status.value == "error" and "cupy" in out.reason
 
 
@@ -96,7 +96,7 @@ def test_torch_adamw_with_offload_really_runs(tmp_path):
         measured_steps=2,
     )
     assert rules.check(cell, CPU) is None
-    out = launch.run_cell(cell, dsconfig.build(cell), log_path=tmp_path / "log", gpus=None)
+    out = launch.run_cell(cell, dsconfig.build(cell), launch.Launch(tmp_path / "log"))
     assert out.status.value == "ok", out.reason
     assert out.ranks[0]["optimizer_class"] == "torch.optim.adamw.AdamW"
 

@@ -6,12 +6,13 @@ the command line's options, and the partition the rules judge a run by (sinfo on
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
 from bench.execute import slurm
 from bench.execute.executor import Attempt, Job, Shape
-from bench.execute.launch import NodeEnd, Outcome
+from bench.execute.launch import Launch, NodeEnd, Outcome
 from bench.matrix.cells import Cell
 from bench.matrix.problems import InputError
 from bench.matrix.spec import MatrixError, SlurmSettings, loads
@@ -144,7 +145,7 @@ PART = slurm.Partition("gpu", nodes=4, gpus_per_node=8, gpu_type="h100", gpus=32
 
 
 def _attempt(cell: Cell) -> Attempt:
-    job = Job(cell, None, f"/shared/logs/{cell.hash}.1.log")
+    job = Job(cell, None, Launch(Path(f"/shared/logs/{cell.hash}.1.log")))
     return Attempt(key=None, cell=cell, shape=Shape(gpus_per_node=cell.gpus, nodes=cell.nodes), job=job)
 
 

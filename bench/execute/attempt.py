@@ -9,11 +9,11 @@ from __future__ import annotations
 import datetime as dt
 import errno
 import traceback
-from pathlib import Path
 
 from ..matrix.cells import Cell
 from ..records.record import Record
 from .executor import Job
+from .launch import Launch
 from .replay import Replayed
 
 __all__ = ["HarnessError", "now", "attempt", "ended"]
@@ -39,15 +39,12 @@ def now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
-def attempt(
-    started: Record, cell: Cell, ds_config: dict | None, *, log_path: Path, gpus: list[int] | None,
-    variant: str | None = None, **job_kw,
-) -> Record:  # fmt: skip
-    """Run the attempt that `started` opened here, in this thread, and return its outcome record (selfcheck).
-    job_kw go to the Job (stall_s, extra_env, sample_interval_s, module). A stop is raised again."""
-    job = Job(cell, ds_config, str(log_path), **job_kw)
+def attempt(started: Record, cell: Cell, ds_config: dict | None, how: Launch, variant: str | None = None) -> Record:
+    """Run the attempt that `started` opened here, in this thread, on how.gpus, and return its outcome record
+    (selfcheck). A stop is raised again."""
+    job = Job(cell, ds_config, how)
     try:
-        out = job(gpus)
+        out = job(how.gpus)
     except KeyboardInterrupt:
         raise
     except Exception as e:  # noqa: BLE001 - a bug of ours in one cell must not lose the others
@@ -63,6 +60,7 @@ def ended(
     classified it; interrupted for a stop (a KeyboardInterrupt: Ctrl-C, SIGTERM, a halt); an error record
     when zerobench itself failed around the cell. An OSError writing zerobench's own files is not the cell's
     outcome: it is raised as HarnessError."""
+    log = str(job.launch.log_path)
     if isinstance(value, Replayed):
         return Record.replayed(started, value.record, source=value.source, reused=value.reused, ended_at=now())
     if error is None:
@@ -70,14 +68,14 @@ def ended(
             # Inside the try: a record that cannot be built is an error record, not a lost run
             # (seen on the H200: GPU-indexed figures the record model once refused).
             return Record.from_outcome(
-                started, value, ds_config=job.ds_config, log=job.log_path, ended_at=now(), variant=variant,
+                started, value, ds_config=job.ds_config, log=log, ended_at=now(), variant=variant,
                 beside=value.beside,
             )  # fmt: skip
         except Exception as e:  # noqa: BLE001
             error, tb = e, traceback.format_exc()
     if isinstance(error, KeyboardInterrupt):
         reason = getattr(error, "reason", None) or "stopped by the user"  # Stopped, Halted: theirs
-        return Record.interrupted(started, reason, ended_at=now(), log=job.log_path)
+        return Record.interrupted(started, reason, ended_at=now(), log=log)
     if isinstance(error, OSError) and error.errno in HARNESS_ERRNOS:
         raise HarnessError(job.cell, error) from error
     return Record.error(
@@ -85,5 +83,5 @@ def ended(
         f"zerobench failed around this cell: {type(error).__name__}: {error}",
         ended_at=now(),
         traceback=tb[-6000:],
-        log=job.log_path,
+        log=log,
     )

@@ -20,10 +20,10 @@ executor. bench.execute.registry names the executors `--executor` chooses from.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from ..matrix.cells import Cell
@@ -47,32 +47,21 @@ class Shape:
 @dataclass(frozen=True)
 class Job:
     """What an attempt runs where it is placed: one cell's worker(s) through the launcher, to an Outcome.
-    Plain data, so it pickles to another node; the log path must be on storage that node can write."""
+    Plain data, so it pickles to another node; the launch's log path must be on storage that node can write."""
 
     cell: Cell
     ds_config: dict | None
-    log_path: str
-    stall_s: float = 600.0
-    sample_interval_s: float | None = 0.01
-    extra_env: dict[str, str] | None = None
-    module: str = "bench.worker"
-    spawn_why: str | None = None  # why every worker starts a fresh interpreter here (None: fork where it can)
+    launch: launch.Launch
+    """How the worker(s) are launched; its GPUs are left to where the attempt is placed (the call's)."""
 
     def __call__(self, gpus: list[int] | None, stop: launch.StopRequest | None = None) -> launch.Outcome:
         """Run it here on `gpus` (None: a CPU host). A stop (Ctrl-C, stop.exc) is raised once the worker is
         stopped; any other exception is zerobench's own failure around the cell."""
-        return launch.run_cell(
-            self.cell,
-            self.ds_config,
-            log_path=Path(self.log_path),
-            gpus=gpus,
-            stall_s=self.stall_s,
-            sample_interval_s=self.sample_interval_s,
-            extra_env=self.extra_env,
-            module=self.module,
-            stop=stop,
-            spawn_why=self.spawn_why,
-        )
+        return launch.run_cell(self.cell, self.ds_config, dataclasses.replace(self.launch, gpus=gpus), stop)
+
+    def with_launch(self, **changes) -> Job:
+        """The same job with some of its launch's fields changed (dataclasses.replace's)."""
+        return dataclasses.replace(self, launch=dataclasses.replace(self.launch, **changes))
 
 
 @dataclass

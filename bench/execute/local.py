@@ -16,7 +16,6 @@ cancels: every running cell is asked to stop (launch.StopRequest), and each one'
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 import queue
 import threading
@@ -84,11 +83,12 @@ def _sharing_cores(job: Job, width: int, cells: int) -> Job:
     """On a CPU host whose cores several cells share: each cell's worker gets its share of the cores as its
     thread count (OMP_NUM_THREADS, applied by the worker), unless the user set one. Without it every cell
     sizes its thread pool to the whole host, and two cells side by side each ran 16x slower than alone."""
-    if cells < 2 or "OMP_NUM_THREADS" in os.environ or "OMP_NUM_THREADS" in (job.extra_env or {}):
+    extra = job.launch.extra_env or {}
+    if cells < 2 or "OMP_NUM_THREADS" in os.environ or "OMP_NUM_THREADS" in extra:
         return job
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # macOS: none
     share = max(1, cores // cells) * width
-    return dataclasses.replace(job, extra_env={**(job.extra_env or {}), "OMP_NUM_THREADS": str(share)})
+    return job.with_launch(extra_env={**extra, "OMP_NUM_THREADS": str(share)})
 
 
 class LocalExecutor:

@@ -163,7 +163,7 @@ def _settle(job: Job, cwd: str) -> str | None:
     raylet's CPU priority (_renice's warning, if it could not)."""
     if Path(cwd).is_dir():
         os.chdir(cwd)  # relative paths of the run (a local model's folder) mean what they mean to the orchestrator
-    if "OMP_NUM_THREADS" not in (job.extra_env or {}):
+    if "OMP_NUM_THREADS" not in (job.launch.extra_env or {}):
         os.environ.pop("OMP_NUM_THREADS", None)  # Ray's 1 thread per worker is not the cell's setting
     return _renice()
 
@@ -185,9 +185,9 @@ def _run_job(job: Job, gpu: bool, width: int, cwd: str) -> _NodeEnd:
     try:
         gpus = _gpus(gpu, width)
         node["gpus"] = gpus
-        if job.cell.gpus == 1 and job.module == "bench.worker":
-            if not launch.warm_forkserver(job.extra_env, Path(job.log_path).parent, gpus):
-                job = dataclasses.replace(job, spawn_why=_WARMING)
+        if job.cell.gpus == 1 and job.launch.module == "bench.worker":
+            if not launch.warm_forkserver(job.launch.extra_env, job.launch.log_path.parent, gpus):
+                job = job.with_launch(spawn_why=_WARMING)
         out = job(gpus)
         out.warnings += [niceness] if niceness else []
         return _NodeEnd(node, value=out)
@@ -269,11 +269,9 @@ def _run_part(job: Job, node: int, actor, gpu: bool, width: int, cwd: str) -> _N
 
 
 def _node_launch(job: Job, node: int, gpus: list[int] | None) -> launch.NodeLaunch:
-    """A node's launch of a multi-node attempt, its rendezvous left to launch.take_part."""
-    return launch.NodeLaunch(
-        job.cell, job.ds_config, node, "", 0, str(launch.node_log(Path(job.log_path), node)),
-        tuple(gpus) if gpus is not None else None, job.stall_s, job.sample_interval_s, job.extra_env, job.module,
-    )  # fmt: skip
+    """A node's launch of a multi-node attempt, its rendezvous's address and port left to launch.take_part."""
+    here = dataclasses.replace(job.launch, log_path=launch.node_log(job.launch.log_path, node), gpus=gpus)
+    return launch.NodeLaunch(job.cell, job.ds_config, here, launch.Rendezvous(0, "", job.cell.nodes, node))
 
 
 def _probe_node(logs: str) -> dict:
@@ -536,10 +534,8 @@ class RayExecutor:
     def start(self, handle: Handle) -> None:
         """The attempt's task (a cell of several nodes: a task per node, bundle k on node k, and its meeting)."""
         held, job = handle.placement, handle.attempt.job
-        job = dataclasses.replace(
-            job,
-            log_path=str(Path(job.log_path).absolute()),
-            extra_env={**_forwarded(), **(job.extra_env or {})},
+        job = job.with_launch(
+            log_path=job.launch.log_path.absolute(), extra_env={**_forwarded(), **(job.launch.extra_env or {})}
         )
         gpu = self.resource == "GPU"
         holds = {"num_gpus": held.width} if gpu else {"resources": {self.resource: held.width}}
@@ -701,7 +697,7 @@ def _killed(handle: Handle, e: BaseException, wall_s: float, node: _Node | None,
         )
     else:
         why = f"the Ray worker that ran {what} died ({type(e).__name__}); Ray did not retry it (max_retries=0)"
-    log = launch.node_log(Path(handle.attempt.job.log_path), part)
+    log = launch.node_log(handle.attempt.job.launch.log_path, part)
     placed = {"host": node.host, "provenance": node.provenance} if node else {}
     return launch.Outcome(
         status=Status.KILLED,

@@ -74,7 +74,7 @@ def _variants(p, matrix_path, store, logs, run_id, platform, printer) -> list[di
             started = Record.started(it.cell, run_id=run_id, attempt=1, matrix_file=str(matrix_path), started_at=now())
             log = logs / f"{it.cell.hash}.{name}.log"
             kw = {"sample_interval_s": telemetry.interval_for(platform.cuda), **kw}
-            rec = attempt(started, it.cell, it.ds_config, log_path=log, gpus=gpus, variant=name, **kw)
+            rec = attempt(started, it.cell, it.ds_config, launch.Launch(log, gpus=gpus, **kw), variant=name)
             rec = store.append(rec)
             written.append(rec)
             printer(f"{name:<13} {rec['status']:<8} {it.cell.name}  {_median(rec) or 0:.4f} s/step")

@@ -417,11 +417,12 @@ class Session:
 
     def attempt_of(self, unit: Unit, cell: Cell, ds_config: dict | None) -> Attempt:
         o = self.o
-        job = Job(
-            cell, ds_config, "",  # the log's name has the attempt's number, taken when it starts (admit)
+        how = launch.Launch(
+            Path(),  # the log's name has the attempt's number, taken when it starts (admit)
             stall_s=stall_s({**os.environ, **(o.extra_env or {})}), extra_env=o.extra_env,
             sample_interval_s=telemetry.interval_for(o.platform.cuda),
         )  # fmt: skip
+        job = Job(cell, ds_config, how)
         return Attempt(key=unit, cell=cell, shape=Shape(gpus_per_node=cell.gpus, nodes=cell.nodes), job=job)
 
     def probe(self, unit: Unit) -> None:
@@ -467,7 +468,7 @@ class Session:
         ident = self.ident(cell)
         self.attempts[cell.hash] = ident["attempt"]
         log = self.o.logs / f"{cell.hash}.{ident['attempt']}.log"
-        handle.attempt.job = dataclasses.replace(handle.attempt.job, log_path=str(log))
+        handle.attempt.job = handle.attempt.job.with_launch(log_path=log)
         req = unit.request
         note = {"role": req.role, "why": req.why, "rung": req.rung, "group": req.group} if req else None
         context = AttemptContext(predicted=pred, fixed_costs=self.costs, placement=handle.where or None, answer=note)

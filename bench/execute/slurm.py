@@ -266,12 +266,10 @@ def _node_addr(name: str) -> str:
 
 
 def _node_launch(job: Job, node: int, gpus: list[int] | None) -> launch.NodeLaunch:
-    """The node's launch, its rendezvous left to launch.take_part."""
-    log = launch.node_log(Path(job.log_path), node)
-    return launch.NodeLaunch(
-        job.cell, job.ds_config, node, "", 0, str(log), tuple(gpus) if gpus is not None else None,
-        job.stall_s, job.sample_interval_s, job.extra_env, job.module, spawn_why=SPAWN_WHY,
-    )  # fmt: skip
+    """The node's launch, its rendezvous's address and port left to launch.take_part."""
+    log = launch.node_log(job.launch.log_path, node)
+    here = dataclasses.replace(job.launch, log_path=log, gpus=gpus, spawn_why=SPAWN_WHY)
+    return launch.NodeLaunch(job.cell, job.ds_config, here, launch.Rendezvous(0, "", job.cell.nodes, node))
 
 
 class _Folder:
@@ -446,8 +444,8 @@ class SlurmExecutor:
         """Submit the attempt's job (with signals held: a job submitted is one this run knows, and cancels)."""
         a = handle.attempt
         self._in += 1
-        folder = self.folder / Path(a.job.log_path).stem
-        job = dataclasses.replace(a.job, log_path=str(Path(a.job.log_path).absolute()))
+        folder = self.folder / a.job.launch.log_path.stem
+        job = a.job.with_launch(log_path=a.job.launch.log_path.absolute())
         try:
             ex = self.submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
             ex.update_parameters(**self.parameters(a))
@@ -466,7 +464,7 @@ class SlurmExecutor:
         limit_s = s.time_limit_s or cell.timeout_s + JOB_START_S
         per_rank = s.cpus_per_gpu or (max(1, p.cpus // p.gpus_per_node) if self.cuda and p.gpus_per_node else 1)
         params: dict[str, Any] = {
-            "job_name": f"zerobench-{Path(a.job.log_path).stem}",
+            "job_name": f"zerobench-{a.job.launch.log_path.stem}",
             "partition": p.name,
             "nodes": a.shape.nodes,
             "ntasks_per_node": 1,
@@ -617,7 +615,7 @@ def _stderr_tails(j: _Job, ends: list[TaskEnd], n: int = 20) -> str:
     and the worker log's tail where a node handed back no launch."""
     parts = []
     if len(ends) < j.handle.attempt.shape.nodes:
-        log = launch.log_tail(Path(j.handle.attempt.job.log_path).absolute(), n)
+        log = launch.log_tail(j.handle.attempt.job.launch.log_path.absolute(), n)
         parts += [f"--- worker log ---\n{log}"] if log else []
     for k in range(j.handle.attempt.shape.nodes):
         text = launch.log_tail(j.job.task(k).paths.stderr, n)

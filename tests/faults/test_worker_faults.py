@@ -339,14 +339,8 @@ def test_an_op_built_inside_the_cell_is_flagged(tmp_path, ledger):
     store.append(started)
     # run_cell itself, not `zerobench run`: a run's prebuild would rebuild the op before the cell.
     try:
-        out = launch.run_cell(
-            cell,
-            dsconfig.build(cell),
-            log_path=tmp_path / "op.log",
-            gpus=None,
-            sample_interval_s=0.05,
-            extra_env={"TORCH_EXTENSIONS_DIR": str(ext)},
-        )
+        how = launch.Launch(tmp_path / "op.log", sample_interval_s=0.05, extra_env={"TORCH_EXTENSIONS_DIR": str(ext)})
+        out = launch.run_cell(cell, dsconfig.build(cell), how)
     finally:
         launch.stop_forkserver()
     rec = store.append(Record.from_outcome(started, out, ds_config={}, log="op.log", ended_at="2026-01-01T00:01:00Z"))

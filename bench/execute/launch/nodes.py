@@ -2,11 +2,11 @@
 the rendezvous on the first (its address, a port free there), each node's launch watched where it runs.
 
 run_node(NodeLaunch) is one node's part, run where an executor placed it: that node's ranks started,
-sampled and watched as on one host (the wall-clock timeout; the watchdog, which each node's first rank
-feeds), its documents and telemetry handed back in a NodeEnd; outcome.of_nodes classifies the attempt
-from every node's. launch_here runs every node on this host at 127.0.0.1, each its own torchrun with its
-own ranks: how one machine tests the multi-node path on CPU (a GPU host does not: bench.matrix.rules
-"nodes-on-one-host").
+sampled and watched as on one host (bench.execute.launch.protocol: the wall-clock timeout; the watchdog, which
+each node's first rank feeds), its documents and telemetry handed back in a NodeEnd; outcome.of_nodes
+classifies the attempt from every node's. launch_here runs every node on this host at 127.0.0.1, each its own
+torchrun with its own ranks: how one machine tests the multi-node path on CPU (a GPU host does not:
+bench.matrix.rules "nodes-on-one-host"); bench.execute.launch.cell.run_cell calls it for a cell of several nodes.
 
 A cluster executor runs each node's part where it placed it through take_part: the nodes meet on a Board
 (wherever the executor lets them share a few facts: a folder on Slurm, an actor on Ray), where node 0
@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import os
 import shutil
 import signal
 import socket
@@ -35,7 +34,7 @@ from ...matrix.cells import Cell
 from .folders import new_attempt_folder
 from .outcome import NodeEnd, Outcome, of_nodes
 from .ports import first_port
-from .protocol import Rendezvous, StopRequest, _run
+from .protocol import Launch, Rendezvous, StopRequest, run_launch
 
 # How long the other nodes may take to end by themselves after one node's launch failed (their next
 # collective fails, or torchrun stops them), before they are stopped: NCCL can wait far longer.
@@ -50,25 +49,13 @@ class NodeLaunch:
 
     cell: Cell
     ds_config: dict | None
-    node: int
-    """This node's rank in the cell (0 .. cell.nodes-1): node 0 hosts the rendezvous and rank 0."""
-    addr: str
-    """The first node's address, as the other nodes reach it."""
-    port: int
-    """The rendezvous port, free on the first node."""
-    log_path: str
-    """This node's log (each node its own)."""
-    gpus: tuple[int, ...] | None = None
-    """This node's GPUs, by physical index (CUDA_VISIBLE_DEVICES); None on a CPU node."""
-    stall_s: float = 600.0
-    sample_interval_s: float | None = 0.01
-    extra_env: dict[str, str] | None = None
-    module: str = "bench.worker"
+    launch: Launch
+    """This node's launch: its own log (node_log) and its GPUs."""
+    rdzv: Rendezvous
+    """Where the cell's ranks meet (node 0's address, a port free there) and which node this is (rdzv.node:
+    node 0 hosts the rendezvous and rank 0)."""
     again: bool = False
     """A relaunch of the attempt (its log is appended to, not started)."""
-    spawn_why: str | None = None
-    """Why its worker starts a fresh interpreter even as one rank of one node (an executor whose job runs one
-    attempt, where a fork server would be started for that attempt alone); None: from the fork server."""
 
 
 def node_log(log_path: Path, node: int) -> Path:
@@ -76,28 +63,21 @@ def node_log(log_path: Path, node: int) -> Path:
     return log_path if node == 0 else log_path.with_name(f"{log_path.stem}.node{node}{log_path.suffix}")
 
 
-def run_node(launch: NodeLaunch, stop: StopRequest | None = None) -> NodeEnd:
+def run_node(part: NodeLaunch, stop: StopRequest | None = None) -> NodeEnd:
     """This node's part of the attempt, to its end, whatever the end: never raises for the cell's sake. A stop
     (`stop`; in the main thread a Ctrl-C, or a SIGTERM: a scheduler's cancel, time limit or preemption)
     ends the node's launch and is recorded in the NodeEnd (killed_for interrupt, or peer), not raised."""
-    cell = launch.cell
+    cell, log_path, node = part.cell, part.launch.log_path, part.rdzv.node
     work = new_attempt_folder()
     try:
-        env = {**os.environ, **(launch.extra_env or {})}
-        log_path = Path(launch.log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        rdzv = Rendezvous(launch.port, launch.addr, cell.nodes, launch.node)
-        gpus = list(launch.gpus) if launch.gpus is not None else None
         with _sigterm_interrupts():
-            out, watch = _run(
-                cell, launch.ds_config, work, rdzv, log_path, gpus, launch.stall_s, launch.sample_interval_s, env,
-                launch.module, launch.again, stop, spawn_why=launch.spawn_why,
-            )  # fmt: skip
+            out, watch = run_launch(cell, part.ds_config, part.launch, part.rdzv, work, part.again, stop)
         return NodeEnd(
-            node=launch.node,
+            node=node,
             host=socket.gethostname(),
-            addr=launch.addr,
-            ranks=list(range(launch.node * cell.gpus, (launch.node + 1) * cell.gpus)),
+            addr=part.rdzv.addr,
+            ranks=list(range(node * cell.gpus, (node + 1) * cell.gpus)),
             outcome=out,
             killed_for=watch.killed_for,
             provenance=_env.provenance(),
@@ -123,34 +103,23 @@ def _sigterm_interrupts():
 
 
 def launch_here(
-    cell: Cell,
-    ds_config: dict | None,
-    port: int,
-    log_path: Path,
-    gpus: list[int] | None,
-    stall_s: float,
-    sample_interval_s: float | None,
-    env: dict[str, str],
-    module: str,
-    again: bool,
-    stop: StopRequest | None,
+    cell: Cell, ds_config: dict | None, launch: Launch, port: int, again: bool, stop: StopRequest | None
 ) -> Outcome:
     """Every node of the cell on this host, at 127.0.0.1 on `port`, each node's launch in a thread of its
-    own (gpus, if any, split in node order): the attempt's Outcome, classified. A node whose launch fails
-    leaves the others PEER_GRACE_S to end by themselves before they are stopped. A stop (`stop`, or a
-    Ctrl-C in this thread) stops every node and is raised again once they have ended."""
+    own (launch.gpus, if any, split in node order; each node's log beside the attempt's, node_log): the attempt's
+    Outcome, classified. A node whose launch fails leaves the others PEER_GRACE_S to end by themselves before
+    they are stopped. A stop (`stop`, or a Ctrl-C in this thread) stops every node and is raised again once they
+    have ended."""
     stops = [StopRequest() for _ in range(cell.nodes)]
     ends: list[NodeEnd | BaseException | None] = [None] * cell.nodes
-    extra = {k: v for k, v in env.items() if os.environ.get(k) != v}
+    gpus = launch.gpus
 
     def node(k: int) -> None:
-        part = None if gpus is None else tuple(gpus[k * cell.gpus : (k + 1) * cell.gpus])
-        launch = NodeLaunch(
-            cell, ds_config, k, "127.0.0.1", port, str(node_log(log_path, k)), part, stall_s, sample_interval_s,
-            extra, module, again,
-        )  # fmt: skip
+        mine = None if gpus is None else tuple(gpus[k * cell.gpus : (k + 1) * cell.gpus])
+        here = dataclasses.replace(launch, log_path=node_log(launch.log_path, k), gpus=mine)
+        part = NodeLaunch(cell, ds_config, here, Rendezvous(port, "127.0.0.1", cell.nodes, k), again)
         try:
-            ends[k] = run_node(launch, stops[k])
+            ends[k] = run_node(part, stops[k])
         except BaseException as e:  # noqa: BLE001 - handed to the coordinating thread, which raises it
             ends[k] = e
 
@@ -225,18 +194,19 @@ class Board(Protocol):
 def take_part(
     board: Board, node: int, part: Callable[[], NodeLaunch], addr: Callable[[], str], stop: StopRequest
 ) -> NodeEnd | None:
-    """One node's part of an attempt: its launch built (part(), without the rendezvous: it may raise, e.g. for
-    the GPUs it was given), the other nodes met on the board (node 0 publishes addr() and a port free here),
-    then the launch run with its peers watched (run_watched), and how it ended marked for them. None: stopped,
-    or a peer failed, before the launch began. Raises only zerobench's own failure (or a stop raised here),
-    marked failed first so the peers do not wait for this node."""
+    """One node's part of an attempt: its launch built (part(), its rendezvous's address and port left to the
+    meeting; it may raise, e.g. for the GPUs it was given), the other nodes met on the board (node 0 publishes
+    addr() and a port free here), then the launch run with its peers watched (run_watched), and how it ended
+    marked for them. None: stopped, or a peer failed, before the launch began. Raises only zerobench's own
+    failure (or a stop raised here), marked failed first so the peers do not wait for this node."""
     try:
         nl = part()
-        met = meet(board, node, nl.cell.nodes, addr, {**os.environ, **(nl.extra_env or {})}, stop)
+        met = meet(board, node, nl.cell.nodes, addr, nl.launch.env(), stop)
         if met is None:
             board.mark(node, failed=True)
             return None
-        end = run_watched(dataclasses.replace(nl, addr=met[0], port=met[1]), board, stop)
+        rdzv = dataclasses.replace(nl.rdzv, addr=met[0], port=met[1])
+        end = run_watched(dataclasses.replace(nl, rdzv=rdzv), board, stop)
     except BaseException:
         with contextlib.suppress(Exception):
             board.mark(node, failed=True)
@@ -289,7 +259,7 @@ def run_watched(nl: NodeLaunch, board: Board, stop: StopRequest) -> NodeEnd:
             time.sleep(0.2)
             if nl.cell.nodes > 1 and failed_at is None and time.time() >= look_at:
                 look_at = time.time() + WATCH_S
-                failed_at = time.time() if board.peer_failed(nl.node) else None
+                failed_at = time.time() if board.peer_failed(nl.rdzv.node) else None
             if failed_at is not None and time.time() - failed_at > PEER_GRACE_S and not stop.is_set():
                 stop.request(KeyboardInterrupt("another node of the cell ended first"), why="peer")
         except KeyboardInterrupt as e:

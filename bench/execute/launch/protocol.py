@@ -1,15 +1,20 @@
-"""One attempt of one cell in its own process, to its end: folder, port, launch, watchdog, outcome."""
+"""One launch of a cell's worker(s) on one node, to its end: the spec in the attempt's folder, the worker started
+(forked from the fork server, or a fresh interpreter; torchrun for several ranks or nodes), its telemetry sampled,
+the wall-clock timeout and the no-progress watchdog enforced, and the Outcome it left, not yet classified.
+
+Above it: bench.execute.launch.nodes (a cell's nodes, each one such launch) and bench.execute.launch.cell (one
+attempt: its rendezvous port, relaunches, and the classified Outcome).
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,18 +24,18 @@ from ...matrix import faults
 from ...matrix.cells import Cell
 from ...records.status import Status
 from . import telemetry
-from .folders import clear_attempt_folder, new_attempt_folder
+from .folders import clear_attempt_folder
 from .forkserver import _forkserver
-from .outcome import Outcome, _classify
-from .ports import _LAUNCHES, _PORT_TAKEN_RE, _hold_port, _release_port, child_env
+from .outcome import Outcome
+from .ports import child_env
 from .procs import _kill_tree, holding_signals
 
 
 class StopRequest(threading.Event):
     """Stops a cell that runs in another thread as Ctrl-C stops one in the main thread (signals reach only
-    the main thread): run_cell stops the worker, and raises `exc` once it is cleaned up. `why` is how the
-    launch records the stop: "interrupt" (the user, or the run failing beside it), or "peer" (another
-    node of the cell ended first: bench.execute.launch.nodes)."""
+    the main thread): the launch stops the worker, and run_cell raises `exc` once it is cleaned up (run_node
+    records it instead). `why` is how the launch records the stop: "interrupt" (the user, or the run failing
+    beside it), or "peer" (another node of the cell ended first: bench.execute.launch.nodes)."""
 
     exc: BaseException = KeyboardInterrupt()
     why: str = "interrupt"
@@ -38,6 +43,37 @@ class StopRequest(threading.Event):
     def request(self, exc: BaseException, why: str = "interrupt") -> None:
         self.exc, self.why = exc, why
         self.set()
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How an attempt's worker(s) are launched, whatever cell they run: built once where the attempt is prepared
+    and handed down whole (bench.execute.executor.Job, launch.run_cell, each node's NodeLaunch). Plain
+    picklable values: a cluster executor ships it to the node that runs it."""
+
+    log_path: Path
+    """The worker's stdout and stderr: the attempt's log (node k's beside it, nodes.node_log, where the cell spans
+    several nodes), on storage the node that runs it can write."""
+    gpus: Sequence[int] | None = None
+    """Its GPUs, by physical (NVML) index, set as CUDA_VISIBLE_DEVICES; None on a CPU host. An executor's Job
+    leaves them to where the attempt is placed."""
+    stall_s: float = 600.0
+    """The no-progress watchdog: seconds without a new event, once the warmup has begun, before the worker is
+    killed (the wall-clock limit is the cell's timeout_s)."""
+    sample_interval_s: float | None = 0.01
+    """How often telemetry is sampled; None runs without it (to measure what telemetry costs)."""
+    extra_env: dict[str, str] | None = None
+    """Set for the worker over this process's environment."""
+    module: str = "bench.worker"
+    """The worker's program (python -m): bench.worker, or bench.worker.reference, the hand-written yardstick loop."""
+    spawn_why: str | None = None
+    """Why every worker starts a fresh interpreter, as the record's started_by says (an executor whose job runs one
+    attempt, where a fork server would start for that attempt alone); None: from the fork server where it can."""
+
+    def env(self) -> dict[str, str]:
+        """What the worker's environment is made from (ports.child_env adds the rendezvous and the GPUs): this
+        process's, extra_env over it."""
+        return {**os.environ, **(self.extra_env or {})}
 
 
 @dataclass(frozen=True)
@@ -101,84 +137,6 @@ def log_tail(path: Path, n: int = 60) -> str:
         return ""
 
 
-def run_cell(
-    cell: Cell,
-    ds_config: dict,
-    *,
-    log_path: Path,
-    gpus: list[int] | None,
-    stall_s: float = 600.0,
-    sample_interval_s: float | None = 0.01,
-    extra_env: dict[str, str] | None = None,
-    module: str = "bench.worker",
-    stop: StopRequest | None = None,
-    spawn_why: str | None = None,
-) -> Outcome:
-    """Run one cell attempt to its end, whatever that end is. A Ctrl-C (or the orchestrator's SIGTERM,
-    as KeyboardInterrupt) stops the worker and is raised again after cleaning up; so is stop.exc once
-    another thread sets `stop` (a cell run beside others, bench.execute.local).
-
-    sample_interval_s=None runs without telemetry (to measure what telemetry costs); module picks the
-    program (bench.worker.reference is the hand-written yardstick loop); spawn_why, where set, is why every
-    worker starts a fresh interpreter (no fork server), as the record's started_by says. A cell of several
-    nodes runs every node here, at 127.0.0.1 (bench.execute.launch.nodes.launch_here)."""
-    if stop is not None and stop.is_set():
-        raise stop.exc  # nothing started yet: nothing to stop
-    env = {**os.environ, **(extra_env or {})}
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    if cell.nodes > 1:
-        from .nodes import launch_here, node_log
-
-        def here(port: int, again: bool) -> Outcome:
-            return launch_here(
-                cell, ds_config, port, log_path, gpus, stall_s, sample_interval_s, env, module, again, stop
-            )
-
-        return _relaunching(here, env, [node_log(log_path, k) for k in range(cell.nodes)])
-    work = new_attempt_folder()
-    try:
-
-        def one(port: int, again: bool) -> Outcome:
-            rdzv = Rendezvous(port)
-            return _launch(
-                cell, ds_config, work, rdzv, log_path, gpus, stall_s, sample_interval_s, env, module, again, stop,
-                spawn_why=spawn_why,
-            )  # fmt: skip
-
-        return _relaunching(one, env, [log_path])
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def _relaunching(launch: Callable[[int, bool], Outcome], env: dict[str, str], logs: list[Path]) -> Outcome:
-    """launch(port, again) on a rendezvous port held while it runs, again on another port (noted in each
-    of `logs`) when the port was taken before any step ran: nothing of the cell was measured then."""
-    port = _hold_port(env, first=True)
-    try:
-        notes: list[str] = []
-        for n in range(_LAUNCHES):
-            out = launch(port, n > 0)
-            if not (
-                out.status is Status.ERROR
-                and out.last_step is None
-                and _PORT_TAKEN_RE.search(out.reason + "\n" + out.log_tail)
-                and n + 1 < _LAUNCHES
-            ):
-                break
-            new = _hold_port(env, first=False)
-            _release_port(port)
-            notes.append(f"the rendezvous port {port} was in use; relaunched on port {new}")
-            for log_path in logs:
-                with os.fdopen(open_append(log_path), "ab") as log:
-                    log.write(f"\n--- zerobench: port {port} was in use; relaunching on port {new} ---\n".encode())
-            port = new
-        out.warnings = notes + out.warnings
-        out.port = port
-        return out
-    finally:
-        _release_port(port)
-
-
 @dataclass
 class _Watch:
     """What the launch loop learnt while the worker ran: why it was killed, if it was, and the stop that
@@ -188,81 +146,51 @@ class _Watch:
     stop: BaseException | None = None
 
 
-def _launch(
-    cell: Cell,
-    ds_config: dict,
-    work: Path,
-    rdzv: Rendezvous,
-    log_path: Path,
-    gpus: list[int] | None,
-    stall_s: float,
-    sample_interval_s: float | None,
-    base_env: dict[str, str],
-    module: str,
-    again: bool,
-    stop_request: StopRequest | None = None,
-    *,
-    spawn_why: str | None = None,
-) -> Outcome:
-    """One launch of a cell's worker(s) on one node, classified; a stop is raised once it is cleaned up."""
-    out, watch = _run(
-        cell, ds_config, work, rdzv, log_path, gpus, stall_s, sample_interval_s, base_env, module, again, stop_request,
-        spawn_why=spawn_why,
-    )  # fmt: skip
-    out.status, out.reason = _classify(out, watch.killed_for, cell)
-    if watch.stop is not None:
-        raise watch.stop
-    return out
+@dataclass(frozen=True)
+class _Before:
+    """The host as the worker found it: its GPUs' memory (NVML's, by index), the OOM kills counted so far, and
+    when the launch's clock started."""
+
+    gpus: dict
+    oom: hostmem.OomCounts
+    t0: float
 
 
-def _run(
-    cell: Cell,
-    ds_config: dict,
-    work: Path,
-    rdzv: Rendezvous,
-    log_path: Path,
-    gpus: list[int] | None,
-    stall_s: float,
-    sample_interval_s: float | None,
-    base_env: dict[str, str],
-    module: str,
-    again: bool,
-    stop_request: StopRequest | None = None,
-    *,
-    spawn_why: str | None = None,
-) -> tuple[Outcome, _Watch]:
-    """This node's worker(s) of one launch, in the attempt's folder `work`, to their end: the Outcome (not
-    yet classified) and what the watch learnt. Only a stop's cleanup is left to the caller (re-raising it)."""
+def run_launch(
+    cell: Cell, ds_config: dict | None, launch: Launch, rdzv: Rendezvous, work: Path, again: bool = False,
+    stop: StopRequest | None = None,
+) -> tuple[Outcome, _Watch]:  # fmt: skip
+    """This node's worker(s) of one launch, in the attempt's folder `work`, to their end: the Outcome (not yet
+    classified) and what the watch learnt. `again`: a relaunch, whose log is appended to. A stop (`stop`, or a
+    Ctrl-C in this thread) stops the worker and is recorded in the watch; raising it is left to the caller."""
     clear_attempt_folder(work)
     spec_path, events_path = _write_spec(cell, ds_config, work)
-    env = child_env(base_env, port=rdzv.port, gpus=gpus, addr=rdzv.addr)
+    env = child_env(launch.env(), port=rdzv.port, gpus=launch.gpus, addr=rdzv.addr)
     # NVML indexes all GPUs, not the CUDA_VISIBLE_DEVICES view: sample the physical ones.
-    nvml_idx = list(gpus) if gpus and telemetry.nvml_available() else []  # none to sample without NVML
-    before = telemetry.gpu_snapshot(nvml_idx)
-    oom_before = hostmem.oom_kills()
-    t0 = time.time()
+    nvml_idx = list(launch.gpus) if launch.gpus and telemetry.nvml_available() else []  # none to sample without NVML
+    before = _Before(telemetry.gpu_snapshot(nvml_idx), hostmem.oom_kills(), time.time())
     watch = _Watch()
     # Never through a link planted at the log's predictable name (a shared logs folder).
-    with os.fdopen(open_append(log_path) if again else safe_open_new(log_path), "ab") as log:
+    with os.fdopen(open_append(launch.log_path) if again else safe_open_new(launch.log_path), "ab") as log:
         with holding_signals():  # a worker started is a worker this function will stop
-            proc, started_by = _start(cell, spec_path, env, rdzv, log, log_path, module, spawn_why)
-        sampler = telemetry.Sampler(proc.pid, nvml_idx, sample_interval_s) if sample_interval_s else None
+            proc, started_by = _start(cell, spec_path, env, rdzv, log, launch)
+        interval = launch.sample_interval_s
+        sampler = telemetry.Sampler(proc.pid, nvml_idx, interval) if interval else None
         if sampler is not None:
             sampler.start()
         try:
-            _watch(proc, cell, events_path, t0, stall_s, stop_request, watch)
+            _watch(proc, cell, events_path, before.t0, launch.stall_s, stop, watch)
         finally:
             series = sampler.stop() if sampler is not None else telemetry.Series()
     ranks = range(rdzv.node * cell.gpus, (rdzv.node + 1) * cell.gpus)
-    out, phases, end_t = _outcome(
-        cell, work, events_path, log_path, proc, t0, before, started_by, env, oom_before, ranks
-    )
+    out, phases, end_t = _outcome(cell, work, events_path, launch.log_path, proc, before, ranks)
+    out.started_by, out.fault = started_by, faults.for_cell(env.get("ZEROBENCH_FAULT"), cell.id)
     out.telemetry = telemetry.summarize(series, phases, end_t)
-    out.gpu_after = _wait_gpu_baseline(nvml_idx, before)
+    out.gpu_after = _wait_gpu_baseline(nvml_idx, before.gpus)
     return out, watch
 
 
-def _write_spec(cell: Cell, ds_config: dict, work: Path) -> tuple[Path, Path]:
+def _write_spec(cell: Cell, ds_config: dict | None, work: Path) -> tuple[Path, Path]:
     spec_path, events_path = work / "spec.json", work / "events.jsonl"
     spec = {
         "cell": cell.to_dict(),
@@ -276,16 +204,13 @@ def _write_spec(cell: Cell, ds_config: dict, work: Path) -> tuple[Path, Path]:
     return spec_path, events_path
 
 
-def _start(
-    cell: Cell, spec_path: Path, env: dict[str, str], rdzv: Rendezvous, log, log_path: Path, module: str,
-    spawn_why: str | None = None,
-):  # fmt: skip
+def _start(cell: Cell, spec_path: Path, env: dict[str, str], rdzv: Rendezvous, log, launch: Launch):
     """Start the worker(s): one rank of the standard worker is forked from the pre-imported server;
     everything else (several ranks or nodes under torchrun, the reference loop, no usable server, or the
-    caller's spawn_why) starts a fresh interpreter. The server's one-time start is not the cell's time (the
+    launch's spawn_why) starts a fresh interpreter. The server's one-time start is not the cell's time (the
     clock started before)."""
     # One rank per GPU; on a CPU host `gpus: N` runs N CPU ranks over gloo (how CI tests multi-rank cells).
-    nprocs = cell.gpus
+    nprocs, module, spawn_why = cell.gpus, launch.module, launch.spawn_why
     if spawn_why:
         server, why = None, spawn_why
     elif rdzv.nodes > 1 or nprocs > 1 or module != "bench.worker":
@@ -300,9 +225,9 @@ def _start(
             else spawn_why,
         )
     else:
-        server, why = _forkserver(env, log_path.parent)
+        server, why = _forkserver(env, launch.log_path.parent)
     if server is not None:
-        return server.start(["--spec", str(spec_path)], env, log_path), {
+        return server.start(["--spec", str(spec_path)], env, launch.log_path), {
             "mode": "fork",
             "server_import_s": server.import_s,
         }
@@ -344,10 +269,12 @@ def _watch(proc, cell: Cell, events_path: Path, t0: float, stall_s: float, stop_
             _kill_tree(proc)
 
 
-def _outcome(cell, work, events_path, log_path, proc, t0, before, started_by, env, oom_before, ranks: range):
+def _outcome(
+    cell: Cell, work: Path, events_path: Path, log_path: Path, proc, before: _Before, ranks: range
+) -> tuple[Outcome, list, float]:
     """The Outcome of a launch from what the worker left (events, result documents of `ranks`, the ranks
-    this node ran; log), unclassified, with the worker's phases and the launch's end time (for the
-    telemetry summary)."""
+    this node ran; log), unclassified and without what the launch itself knows (how the worker started, its
+    fault, telemetry), with the worker's phases and the launch's end time (for the telemetry summary)."""
     end_t = time.time()
     events = _read_events(events_path)
     phases = [(e["phase"], e["t"]) for e in events if e.get("event") == "phase"]
@@ -368,15 +295,13 @@ def _outcome(cell, work, events_path, log_path, proc, t0, before, started_by, en
         reason="",
         ranks=docs,
         exit_code=proc.returncode,
-        wall_s=end_t - t0,
+        wall_s=end_t - before.t0,
         log_tail=log_tail(log_path),
         phase_at_end=next((ph for ph, _ in reversed(phases) if ph != "exit"), None),
         last_step=steps[-1]["step"] if steps else None,
-        gpu_before=before,
-        started_by=started_by,
-        fault=faults.for_cell(env.get("ZEROBENCH_FAULT"), cell.id),
-        oom_evidence=oom_before.rise(hostmem.oom_kills()),
-        window=measured[0] if measured else (t0, end_t),
+        gpu_before=before.gpus,
+        oom_evidence=before.oom.rise(hostmem.oom_kills()),
+        window=measured[0] if measured else (before.t0, end_t),
     )
     return out, phases, end_t
 
