@@ -189,11 +189,12 @@ def test_a_stopped_answer_run_still_records_every_cell(tmp_path):
         if rec["status"] == "ok" and sum(r["status"] == "ok" for r in seen) == 2:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    from bench.execute import Stopped, run
+    from bench.execute import RunSettings, Stopped, run
 
+    s = RunSettings(matrix="matrices/1b.yaml", answer=answer.Settings(), replay=tuple(GRIDS["1b"]), results=str(out),
+                    progress=False)  # fmt: skip
     with pytest.raises(Stopped):
-        run("matrices/1b.yaml", answer=answer.Settings(), replay=GRIDS["1b"], results=str(out), progress=False,
-            on_record=stop_after_two, printer=lambda *a: None)  # fmt: skip
+        run(s, on_record=stop_after_two, printer=lambda *a: None)
     last = {r["cell_hash"]: r for r in Store(out).records() if r["status"] != "started"}
     p = plan("matrices/1b.yaml", platform=Recording(GRIDS["1b"]).platform())
     assert set(last) == {it.cell.hash for it in p.items}

@@ -3,6 +3,7 @@ does not check out is built again. The slow test runs `zerobench run` twice on o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.execute import prepare, progress, run
+from bench.execute import RunSettings, prepare, progress, run
 from bench.host import env
 from bench.matrix.cells import Cell
 from bench.records import cache
@@ -194,9 +195,8 @@ def test_nothing_is_prepared_for_cells_predicted_not_to_fit(tmp_path, monkeypatc
         "axes: {zero_stage: [2], offload: [optimizer], optimizer: [cpuadam], micro_batch: [256]}\n",
     )
     lines: list[str] = []
-    _, path, written = run(
-        str(m), results=str(tmp_path / "r.jsonl"), progress=False, printer=lines.append, gpu_mem=2 * 2**30
-    )
+    s = RunSettings(matrix=str(m), results=str(tmp_path / "r.jsonl"), progress=False, gpu_mem=2 * 2**30)
+    _, path, written = run(s, printer=lines.append)
     assert [r["status"] for r in written] == ["skipped"] and written[0]["skip"]["rule"] == "predicted-oom"
     assert not any("building" in line or "fixed costs" in line for line in lines), lines
     assert not (tmp_path / "ext").exists() and not (tmp_path / "logs").exists()
@@ -210,9 +210,9 @@ def test_a_pruned_cell_is_recorded_once_whatever_the_repeats(tmp_path, monkeypat
         "name: pruned\nmodel: llama-tiny\nseq_len: 64\nsteps: {warmup: 1, measured: 2}\nrepeats: 3\n"
         "axes: {zero_stage: [2], offload: [optimizer], optimizer: [cpuadam], micro_batch: [256]}\n",
     )
-    kw = dict(results=str(tmp_path / "r.jsonl"), progress=False, printer=lambda _: None, gpu_mem=2 * 2**30)
-    run(str(m), **kw)
-    run(str(m), resume=True, **kw)
+    s = RunSettings(matrix=str(m), results=str(tmp_path / "r.jsonl"), progress=False, gpu_mem=2 * 2**30)
+    run(s, printer=lambda _: None)
+    run(dataclasses.replace(s, resume=True), printer=lambda _: None)
     recs = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert [(r["status"], r.get("repeat", 1)) for r in recs] == [("skipped", 1)], recs
 

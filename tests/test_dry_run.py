@@ -4,9 +4,12 @@ judge this machine's; --filter anchors match the end of a cell's name."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,3 +70,31 @@ def test_an_answer_dry_run_shows_what_it_measures_first_per_configuration_and_wh
     assert "configurations x micro-batch 1, 2, 4 at 4 sequences per optimizer step" in lines[head + 1]
     assert "parked" in lines[head + 1] and "micro-batch 4 in " in lines[head + 1]
     assert lines[head + 2].endswith("are each below 5%; or once --budget 1200 s of cell time is spent")
+
+
+@pytest.mark.parametrize("extra", [[], ["--answer"]], ids=["plain", "answer"])
+def test_a_dry_run_loads_and_plans_the_matrix_once(monkeypatch, capsys, extra):
+    """The summary, the preview and answer mode's preview are all of one plan: the matrix is read once and its
+    cells selected and judged once, not once per part of the output."""
+    from bench.cli import main
+    from bench.matrix import spec
+
+    plan = importlib.import_module("bench.execute.plan")  # the module: bench.execute.plan is also its function
+
+    calls = {"load": 0, "select": 0}
+
+    def counted(name, f):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return f(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(spec, "load", counted("load", spec.load))
+    monkeypatch.setattr(plan, "select", counted("select", plan.select))  # once per plan of the matrix
+    monkeypatch.chdir(ROOT)
+    assert main(["run", "matrices/7b.yaml", "--dry-run", *extra]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("matrices/7b.yaml: ") and "predicted GPU time" in out
+    assert ("answer mode: " in out) == bool(extra)
+    assert calls == {"load": 1, "select": 1}, calls

@@ -67,6 +67,7 @@ from bench.execute import answer
 from bench.execute.plan import Planned, arrange, hardware, plan
 from bench.execute.replay import Recording, Replayed
 from bench.execute.run import run
+from bench.execute.settings import RunSettings
 from bench.judge import effects, results
 from bench.records import quality
 from bench.records.record import machine_of, parse
@@ -284,8 +285,9 @@ def _templates() -> tuple[dict, dict, dict]:
 
 def _call(matrix: str, path: Path, sim: SimRecording, budget: float, resume: bool) -> list[str]:
     lines: list[str] = []
-    run(matrix, results=str(path), replay=sim, answer=answer.Settings(budget_s=budget), progress=False,
-        printer=lines.append, resume=resume)  # fmt: skip
+    s = RunSettings(matrix=matrix, results=str(path), answer=answer.Settings(budget_s=budget), progress=False,
+                    resume=resume)  # fmt: skip
+    run(s, printer=lines.append, recording=sim)
     return lines
 
 

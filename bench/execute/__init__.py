@@ -1,20 +1,23 @@
 """Running a matrix: plan, prepare, the loop (a session on an executor), one attempt per cell, the console.
 
-run: the public run(); plan: what runs, in which order, and what is implied or pruned; session: the
-loop's state; attempt: one attempt of one cell; prepare: one-off costs; progress: the console;
-signals: a clean stop; executor: the seam every executor implements; local: cells packed on one host's
-GPUs; ray: cells as Ray tasks on a cluster; registry: their names; launch: the one child protocol.
-"""
+run: the public run(); settings: what a run was asked (RunSettings) and the environment's settings; plan:
+what runs, in which order, and what is implied or pruned; session: the loop's state; attempt: one attempt
+of one cell; prepare: one-off costs; progress: the console; signals: a clean stop; executor: the seam every
+executor implements; local: cells packed on one host's GPUs; ray: cells as Ray tasks on a cluster; registry:
+their names; launch: the one child protocol."""
 
 from .attempt import HarnessError
-from .plan import Plan, Planned, Shard, default_results_path, plan, preview
+from .plan import Plan, Planned, default_results_path, plan, preview
 from .run import new_run_id, run
+from .settings import AnswerSettings, RunSettings, Shard
 from .signals import Stopped, stop_on_signals
 
 __all__ = [
+    "AnswerSettings",
     "HarnessError",
     "Plan",
     "Planned",
+    "RunSettings",
     "Shard",
     "Stopped",
     "default_results_path",

@@ -44,7 +44,6 @@ from ..estimate.online import Online
 from ..estimate.steptime import STEP_BAND, predict_step, predict_wall
 from ..judge import blocks, effects, results
 from ..judge.blocks import Obs
-from ..judge.effects import RULE
 from ..matrix.axes import AXIS
 from ..matrix.cells import Cell
 from ..records import quality
@@ -53,6 +52,7 @@ from ..records.status import Status
 from .failures import Lessons, shared
 from .families import park, wontfit
 from .plan import Planned
+from .settings import AnswerSettings as Settings
 from .settle import Chances, chances
 
 __all__ = ["Settings", "Candidate", "Request", "Search", "rung_cell"]
@@ -76,28 +76,6 @@ UNFAMILIAR = 4.0
 # within one matrix); a CPU host's RSS is far less sure.
 MEMORY_SD = {"offset": 0.05, "main": 0.01, "pair": 0.006, "misfit": 0.01}
 MEMORY_SD_CPU = {"offset": 1.0, "main": 0.1, "pair": 0.0, "misfit": 0.05}
-
-
-@dataclass(frozen=True)
-class Settings:
-    """How answer mode settles (each a `zerobench run` option)."""
-
-    group_by: tuple[str, ...] = ("peft",)
-    """Axes whose values split the cells into groups, each with its own fastest cell."""
-    budget_s: float | None = None
-    """Cell wall seconds to spend at most (None: until settled)."""
-    pairs: int = 1
-    """Measured pairs behind each knob value's effect (where the matrix has that many)."""
-    memory_tolerance: float = 0.05
-    """Peaks closer than this fraction count as the same memory (the frontier is drawn at this resolution)."""
-    speed_tolerance: float = RULE.min_effect
-    """The smallest speed-up that matters: a cell that cannot beat another by more (95%, one-sided) is not
-    needed to settle it; compare's minimum effect, so the answer and the gate agree on what is noise."""
-    halving: bool = True
-    """First measurements on the short schedule (rung 0), the contenders again on the full one."""
-    settle: float = 0.05
-    """The answer is settled when the chance that some unmeasured cell beats its group's leader by more than the
-    speed tolerance, and the chance that one adds a frontier point, are both below this (bench.execute.settle)."""
 
 
 @dataclass(eq=False)

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..estimate import DEFAULT_MARGIN, Hardware, Verdict, predict, short_of, verdict
+from ..estimate import Hardware, Verdict, predict, short_of, verdict
 from ..estimate.frontier import frontier_lines
 from ..estimate.steptime import run_time_line
 from ..host import env, hostmem
@@ -16,6 +16,7 @@ from ..matrix.axes import AUTO
 from ..matrix.cells import Cell
 from ..matrix.problems import ConfigError, InputError, Problem
 from . import schedule
+from .settings import RunSettings, Shard
 
 
 @dataclass(frozen=True)
@@ -29,29 +30,6 @@ class Planned:
 
 
 @dataclass(frozen=True)
-class Shard:
-    """One of `count` disjoint parts of a matrix's cells (`--shard index/count`, index from 1), by cell hash:
-    a cell is in the same shard whatever the order the matrix lists it in, and the parts together are the
-    whole matrix (each CI job runs one; --resume and reports take their results files together)."""
-
-    index: int
-    count: int
-
-    @classmethod
-    def parse(cls, text: str) -> Shard:
-        m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
-        if not m or not 1 <= int(m[1]) <= int(m[2]):
-            raise ValueError(f"{text!r}: i/N with 1 <= i <= N, e.g. 2/4")
-        return cls(int(m[1]), int(m[2]))
-
-    def holds(self, cell: Cell) -> bool:
-        return int(cell.hash, 16) % self.count == self.index - 1
-
-    def __str__(self) -> str:
-        return f"{self.index}/{self.count}"
-
-
-@dataclass(frozen=True)
 class Plan:
     matrix: spec.Matrix
     source: str
@@ -61,6 +39,12 @@ class Plan:
     @property
     def runnable(self) -> list[Planned]:
         return [p for p in self.items if p.skip is None]
+
+    def part(self, shard: Shard | None) -> Plan:
+        """The plan of this shard's cells (all of them for None)."""
+        if shard is None:
+            return self
+        return Plan(self.matrix, self.source, tuple(it for it in self.items if shard.holds(it.cell)), shard)
 
 
 def select(cells: list[Cell], filters: list[str] | None) -> list[Cell]:
@@ -94,7 +78,18 @@ def plan(
     """Load, validate and expand a matrix, and decide for each cell: run (with its config) or skip (why).
 
     ds_configs replaces the matrix's ds_config axis with these user DeepSpeed files; shard keeps its part."""
-    m = spec.load(matrix_path, ds_configs=ds_configs)
+    return decide(spec.load(matrix_path, ds_configs=ds_configs), str(matrix_path), filters, platform, shard)
+
+
+def decide(
+    m: spec.Matrix,
+    source: str,
+    filters: list[str] | None = None,
+    platform: env.Platform | None = None,
+    shard: Shard | None = None,
+) -> Plan:
+    """plan() of a matrix already loaded from source: each of its cells (those filters and shard keep) run or
+    skipped, as the rules judge it on platform (default: this host)."""
     platform = platform or env.probe()
     items = []
     for cell in select(spec.expand(m), filters):
@@ -103,7 +98,7 @@ def plan(
         skip = rules.check(cell, platform)
         # micro_batch: auto is a search: each probe gets its own config when it runs.
         items.append(Planned(cell, skip, None if skip or cell.micro_batch == AUTO else dsconfig.build(cell)))
-    return Plan(m, str(matrix_path), tuple(items), shard)
+    return Plan(m, source, tuple(items), shard)
 
 
 def hardware(platform: env.Platform, gpu_mem: int | None = None, host_mem: int | None = None) -> Hardware:
@@ -190,36 +185,22 @@ def arrange(
 
 
 def preview(
-    matrix_path: str,
-    *,
-    filters: list[str] | None = None,
-    ds_configs: list[str] | None = None,
-    gpu_mem: int | None = None,
-    host_mem: int | None = None,
-    margin: float = DEFAULT_MARGIN,
-    prune: bool = True,
-    order: str = "early",
-    gpus_available: int | None = None,
-    platform: env.Platform | None = None,
-    recorded: frozenset[str] = frozenset(),
-    shard: Shard | None = None,
-    verbose: bool = False,
+    p: Plan, s: RunSettings, platform: env.Platform, recorded: frozenset[str] = frozenset(), verbose: bool = False
 ) -> list[str]:
-    """What `zerobench run` would do, without running anything; its summary last: how many cells would run,
-    may not fit (the memory model is unsure: it may run out of memory and then imply the heavier ones), be
-    pruned (the memory model: it cannot fit) or skipped (a rule), what it would cost in GPU time, and its
-    predicted frontier. verbose: first every cell in the order it would run, one line each."""
-    platform = platform or host_platform(gpus_available)  # as the run would see this host (or an assumed one)
-    p = plan(matrix_path, filters, platform=platform, ds_configs=ds_configs, shard=shard)
-    hw = hardware(platform, gpu_mem, host_mem)
-    items, preds, free = arrange(p.items, hw, margin, prune, order)
-    items = [it for it in items if it.cell.hash not in recorded]  # --resume: cells with an outcome stay as they are
-    whats = [_what(it, preds[id(it)], free, prune, hw) for it in items]
-    lines = [f"run order ({order}), one line per cell:"] if verbose else []
+    """What `zerobench run` would do with plan p (judged on platform) as s asks, without running anything; its
+    summary last: how many cells would run, may not fit (the memory model is unsure: it may run out of memory and
+    then imply the heavier ones), be pruned (the memory model: it cannot fit) or skipped (a rule), what it would
+    cost in GPU time, and its predicted frontier. recorded: the hashes of the cells with an outcome, left as they
+    are (--resume). verbose: first every cell in the order it would run, one line each."""
+    hw = hardware(platform, s.gpu_mem, s.host_mem)
+    items, preds, free = arrange(p.items, hw, s.margin, s.prune, s.order)
+    items = [it for it in items if it.cell.hash not in recorded]
+    whats = [_what(it, preds[id(it)], free, s.prune, hw) for it in items]
+    lines = [f"run order ({s.order}), one line per cell:"] if verbose else []
     if verbose:
         lines += [_cell_line(n, it, what, preds[id(it)] or {}) for n, (it, what) in enumerate(zip(items, whats), 1)]
     counts = {k: whats.count(k) for k in _LEGEND if k in whats}
-    lines.append(f"memory model: {_judged(hw)}, margin {margin:.0%}")
+    lines.append(f"memory model: {_judged(hw)}, margin {s.margin:.0%}")
     lines.append(
         ", ".join(f"{n} {_LEGEND[k]}" for k, n in counts.items())
         + ("" if verbose or not items else " (--verbose lists each cell in run order)")

@@ -10,25 +10,39 @@ import dataclasses
 import datetime as dt
 import os
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..estimate import DEFAULT_MARGIN
 from ..estimate.search import ladder
 from ..host import env
-from ..matrix import dsconfig, rules
+from ..matrix import dsconfig, rules, spec
 from ..matrix.axes import AUTO
 from ..matrix.problems import InputError
 from ..records import cache
 from ..records.store import Store, check_writable, read_records
 from . import launch, local, schedule
-from .answer import Settings as AnswerSettings
-from .plan import Plan, Planned, Shard, _check_faults, default_results_path, host_platform, placed_by, plan
+from .answer import Search
+from .plan import (
+    Plan,
+    Planned,
+    _check_faults,
+    arrange,
+    decide,
+    default_results_path,
+    hardware,
+    host_platform,
+    placed_by,
+)
 from .registry import EXECUTORS
 from .replay import Recording
 from .session import Options, Session
-from .settings import check_folder, check_settings
+from .settings import AnswerSettings, RunSettings, check_folder, check_settings
 
-__all__ = ["run", "new_run_id", "answer_items", "answer_preview", "family_of"]
+if TYPE_CHECKING:  # the executors are imported only when chosen (bench.execute.registry)
+    from .slurm import Partition
+
+__all__ = ["run", "new_run_id", "Target", "target", "answer_items", "answer_preview", "family_of"]
 
 
 def new_run_id() -> str:
@@ -36,101 +50,114 @@ def new_run_id() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
 
 
-def _check_choices(order: str, executor: str, replay: list[str] | None) -> None:
-    if order not in schedule.ORDERS:
-        raise ValueError(f"order {order!r}: one of {', '.join(schedule.ORDERS)}")
-    if executor not in EXECUTORS:
-        raise ValueError(f"executor {executor!r}: one of {', '.join(sorted(EXECUTORS))}")
-    if executor == "replay" and not replay:
-        raise InputError("--executor replay needs the results files to serve: --replay FILE...")
-
-
 def run(
-    matrix_path: str,
-    *,
-    results: str | None = None,
-    filters: list[str] | None = None,
-    resume: bool = False,
-    logs_dir: str | None = None,
-    progress: bool = True,
-    extra_env: dict[str, str] | None = None,
-    ds_configs: list[str] | None = None,
-    printer=print,
-    on_record=None,
-    prune: bool = True,
-    gpu_mem: int | None = None,
-    host_mem: int | None = None,
-    margin: float = DEFAULT_MARGIN,
-    repeats: int | None = None,
-    order: str = "early",
-    gpus_available: int | None = None,
-    pack: bool | None = None,
-    executor: str = "local",
-    answer: AnswerSettings | None = None,
-    replay: list[str] | Recording | None = None,
-    address: str | None = None,
-    shard: Shard | None = None,
-    slurm: dict | None = None,
+    s: RunSettings, *, printer=print, on_record=None, recording: Recording | None = None
 ) -> tuple[Plan, Path, list[dict]]:
-    """Run a matrix; return the plan, the results path and the records written by this call.
+    """Run a matrix as s asks (bench.execute.settings.RunSettings); return the plan, the results path and the
+    records written by this call.
 
-    repeats (default: the matrix's `repeats`) runs every runnable cell that many times, interleaved:
-    each cell's first repeat, then each one's second, so a drift of the machine over the run (clocks,
-    temperature, a neighbour) spreads over all cells instead of landing on the last ones. A skipped
-    cell is recorded once. order (bench.execute.schedule.ORDERS): "early" runs cells in bench.execute.schedule.order's
-    order, "matrix" in the matrix's. With prune, a cell that runs out of memory implies the cells not yet
-    run that need at least as much in every respect (bench.execute.schedule): each recorded once as implied_oom,
-    naming it. on_record(record) is called with each outcome as it is stored (live export,
-    e.g. to W&B); a failure there is printed and the run goes on. Where a GPU is known (NVML at the
-    start, or gpu_mem), each record carries the memory model's prediction (against that and the host's
-    memory, or host_mem), and with prune a cell predicted not to fit (beyond the margin) is recorded as
-    skipped instead of run. Raises InputError
-    before anything runs when the results file cannot be written or another run holds it, and
-    StoreWriteError when a record could not be written whole (a full disk): the run stops there, having
-    printed what it wrote and what it lost. SIGINT and SIGTERM raise Stopped (with the results path)
-    after the running cell is recorded as interrupted.
+    Every runnable cell runs s.repeats times (default: the matrix's `repeats`), interleaved: each cell's first
+    repeat, then each one's second, so a drift of the machine over the run (clocks, temperature, a neighbour)
+    spreads over all cells instead of landing on the last ones. A skipped cell is recorded once. s.order
+    (bench.execute.schedule.ORDERS): "early" runs cells in bench.execute.schedule.order's order, "matrix" in the
+    matrix's. With s.prune, a cell that runs out of memory implies the cells not yet run that need at least as
+    much in every respect (bench.execute.schedule): each recorded once as implied_oom, naming it.
+    on_record(record) is called with each outcome as it is stored (live export, e.g. to W&B); a failure there is
+    printed and the run goes on. Where a GPU is known (NVML at the start, or s.gpu_mem), each record carries the
+    memory model's prediction (against that and the host's memory, or s.host_mem), and with s.prune a cell
+    predicted not to fit (beyond the margin) is recorded as skipped instead of run. recording: the recorded ends
+    to serve instead of s.replay's files (a simulation's). Raises InputError before anything runs when the
+    results file cannot be written or another run holds it, and StoreWriteError when a record could not be
+    written whole (a full disk): the run stops there, having printed what it wrote and what it lost. SIGINT and
+    SIGTERM raise Stopped (with the results path) after the running cell is recorded as interrupted.
 
-    Where and how: gpus_available (default: every GPU NVML shows; 1 slot on a CPU host, where N slots run N
-    cells side by side), pack (default: with more than one GPU: cells side by side on disjoint GPU sets),
-    executor (bench.execute.registry: local, ray at address, slurm with its options over the matrix's slurm
-    block, replay), shard (plan.Shard: one part of the cells, its own results file by default), answer
-    (bench.execute.answer.Settings: only the cells that settle the answer; the rest recorded unmeasured with
-    why), replay (results files: nothing runs, their recorded ends are served, by default into
-    results/<matrix name>.replay.jsonl). This process writes every record, whichever executor runs the cells."""
-    _check_choices(order, executor, replay)
-    recording = replay if isinstance(replay, Recording) else Recording(replay) if replay else None
-    on_slurm = _on_slurm(matrix_path, ds_configs, slurm, gpus_available, pack) if executor == "slurm" else None
-    platform = recording.platform() if recording else on_slurm[2] if on_slurm else host_platform(gpus_available)
-    platform = placed_by(platform, executor)
-    p = plan(matrix_path, filters, platform=platform, ds_configs=ds_configs, shard=shard)
-    if answer is not None:
-        p = answer_items(p, platform)
-    if recording:
-        p, executor = recording.restrict(p), "replay"
-    environ = {**os.environ, **(extra_env or {})}
+    Where and how: s.executor (bench.execute.registry) runs the cells on this host's GPUs (local), a Ray cluster,
+    Slurm jobs or, replaying results files, nowhere (every record and report says it is a replay, written by
+    default to results/<matrix name>.replay.jsonl). This process writes every record, whichever executor runs
+    the cells."""
+    _check_choices(s, recording)
+    recording = recording or (Recording(list(s.replay)) if s.replay else None)
+    p, t = _planned(s, recording)
+    environ = {**os.environ, **(s.extra_env or {})}
     check_settings(environ)  # before anything runs: a bad value would otherwise be every cell's error
     _check_faults(p, environ.get("ZEROBENCH_FAULT"))
+    results = s.results
     if recording:  # before anything is created; by default beside the real results, never in them
         results = results or str(default_results_path(p).with_suffix(".replay.jsonl"))
         _check_replay_target(Path(results), recording.paths)
-    store, logs = _files(p, results, logs_dir)
-    slots, slurm_settings = _placing(platform, gpus_available, pack, on_slurm, logs)
+    store, logs = _files(p, results, s.logs)
+    slots, slurm_settings = _placing(s, t, logs)
     o = Options(
-        matrix_path=matrix_path, resume=resume, logs=logs, progress=progress, extra_env=extra_env,
-        printer=printer, on_record=on_record, prune=prune, gpu_mem=gpu_mem, margin=margin,
-        repeats=repeats or p.matrix.repeats, order=order, platform=platform,
-        slots=slots, executor=executor, answer=answer, replay=recording, slurm=slurm_settings, address=address,
-        host_mem=host_mem,
+        matrix_path=s.matrix, resume=s.resume, logs=logs, progress=s.progress, extra_env=s.extra_env,
+        printer=printer, on_record=on_record, prune=s.prune, gpu_mem=s.gpu_mem, margin=s.margin,
+        repeats=s.repeats or p.matrix.repeats, order=s.order, platform=t.platform, slots=slots,
+        executor="replay" if recording else s.executor, answer=s.answer, replay=recording, slurm=slurm_settings,
+        address=s.address, host_mem=s.host_mem,
     )  # fmt: skip
     # One run per results file: a second run (or a --resume) beside this one would measure every cell
     # twice, number both attempts 1, share their log files and take each other's started cells for dead.
-    with store.hold("zerobench run --resume" if resume else "zerobench run"):
-        s = Session(p, store, o, new_run_id())
+    with store.hold("zerobench run --resume" if s.resume else "zerobench run"):
+        session = Session(p, store, o, new_run_id())
         launch.sweep_attempt_folders()  # what a SIGKILLed run before this one could not remove
-        _say_hardware(o, s)
-        s.load()
-        s.go()
-    return p, store.path, [r.to_dict() for r in s.written]
+        _say_hardware(o, session)
+        session.load()
+        session.go()
+    return p, store.path, [r.to_dict() for r in session.written]
+
+
+def _check_choices(s: RunSettings, recording: Recording | None) -> None:
+    """What a run cannot do, said before anything is read (InputError, ValueError for a caller's bad name)."""
+    if s.order not in schedule.ORDERS:
+        raise ValueError(f"order {s.order!r}: one of {', '.join(schedule.ORDERS)}")
+    if s.executor not in EXECUTORS:
+        raise ValueError(f"executor {s.executor!r}: one of {', '.join(sorted(EXECUTORS))}")
+    if s.executor == "replay" and not (s.replay or recording):
+        raise InputError("--executor replay needs the results files to serve: --replay FILE...")
+    if s.executor == "slurm" and not (s.replay or recording):
+        if s.gpus_available or s.pack:
+            raise InputError("--gpus-available and --pack place cells on this host; a Slurm run's width is --max-jobs")
+        from . import slurm
+
+        slurm.require()
+
+
+def _planned(s: RunSettings, recording: Recording | None) -> tuple[Plan, Target]:
+    """The run's plan (the matrix loaded once) and where it runs: answer mode's cells (with batch.size, a
+    micro_batch: auto cell per micro-batch); a replay's, only the cells its files recorded."""
+    m = spec.load(s.matrix, ds_configs=s.ds_configs)
+    t = target(s, m, recording)
+    p = decide(m, s.matrix, s.filters, t.platform, s.shard)
+    if s.answer is not None:
+        p = answer_items(p, t.platform)
+    return (recording.restrict(p) if recording else p), t
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a run's cells run, as the rules judge them: the platform; on Slurm, the matrix's slurm block under the
+    command line's options (bench.matrix.spec.SlurmSettings) and its partition as sinfo shows it."""
+
+    platform: env.Platform
+    slurm: spec.SlurmSettings | None = None
+    partition: Partition | None = None
+
+
+def target(s: RunSettings, m: spec.Matrix, recording: Recording | None = None) -> Target:
+    """Where the run s asks for runs matrix m, the same for its dry run: a replay's recorded machine; a Slurm
+    partition's nodes (sinfo: InputError naming what is wrong); the platform s assumes (--assume-gpus); else this
+    host's first s.gpus_available GPUs. Under ray a cell's nodes are a cluster's (bench.execute.plan.placed_by)."""
+    block = part = None
+    if recording is not None:
+        platform = recording.platform()
+    elif s.executor == "slurm":
+        from . import slurm
+
+        block = m.slurm.model_copy(update={k: v for k, v in (s.slurm or {}).items() if v is not None})
+        part = slurm.partition(block.partition)
+        platform = slurm.platform_of(part)
+    else:
+        platform = s.platform or host_platform(s.gpus_available)
+    return Target(placed_by(platform, s.executor), block, part)
 
 
 def _files(p: Plan, results: str | None, logs_dir: str | None) -> tuple[Store, Path]:
@@ -162,31 +189,16 @@ def _check_replay_target(results: Path, sources: list[str]) -> None:
         )
 
 
-def _placing(platform: env.Platform, gpus_available, pack, on_slurm, logs: Path):
+def _placing(s: RunSettings, t: Target, logs: Path):
     """What the run places cells on: this host's GPUs (or CPU slots); on Slurm, as many slots as jobs it keeps
     in Slurm at once, and its settings."""
-    if not on_slurm:
-        return _slots(platform, gpus_available, pack), None
+    if t.partition is None:
+        return _slots(t.platform, s.gpus_available, s.pack), None
     from .slurm import Settings
 
-    settings = Settings.of(on_slurm[0], on_slurm[1], platform.cuda, logs)
+    settings = Settings.of(t.slurm, t.partition, t.platform.cuda, logs)
     check_folder(settings.folder, "the Slurm folder (--slurm-folder)")
     return local.Slots(list(range(settings.max_jobs))), settings
-
-
-def _on_slurm(matrix_path: str, ds_configs, given: dict | None, gpus_available, pack):
-    """A Slurm run's settings as the matrix and the command line give them, its partition (sinfo) and the
-    platform the rules judge its cells by: before anything runs, each problem said (InputError)."""
-    from ..matrix import spec
-    from . import slurm
-
-    if gpus_available or pack:
-        raise InputError("--gpus-available and --pack place cells on this host; a Slurm run's width is --max-jobs")
-    slurm.require()
-    block = spec.load(matrix_path, ds_configs=ds_configs).slurm
-    block = block.model_copy(update={k: v for k, v in (given or {}).items() if v is not None})
-    part = slurm.partition(block.partition)
-    return block, part, slurm.platform_of(part)
 
 
 def answer_items(p: Plan, platform: env.Platform) -> Plan:
@@ -220,26 +232,22 @@ def answer_items(p: Plan, platform: env.Platform) -> Plan:
     return dataclasses.replace(p, items=tuple(items))
 
 
-def answer_preview(
-    matrix_path: str, settings: AnswerSettings, platform: env.Platform, filters=None, gpu_mem=None, host_mem=None
-) -> list[str]:
-    """What answer mode would measure first (a dry run's last lines): per configuration, which micro-batches, and
-    when it stops."""
-    from .answer import Search
-    from .plan import arrange, hardware
-
-    p = answer_items(plan(matrix_path, filters, platform=platform), platform)
-    hw = hardware(platform, gpu_mem, host_mem)
-    items, preds, free = arrange(list(p.items), hw, DEFAULT_MARGIN, True, "early")
-    s = Search([it for it in items if id(it) not in free], hw, settings, platform.cuda, predicted=preds)
-    lines = [f"answer mode: {len(s.candidates)} runnable cells, grouped by {', '.join(settings.group_by)}"]
-    if s.families:
+def answer_preview(p: Plan, s: RunSettings, platform: env.Platform) -> list[str]:
+    """What answer mode would measure first of plan p (judged on platform) as s asks (a dry run's last lines):
+    per configuration, which micro-batches, and when it stops."""
+    p = answer_items(p, platform)
+    hw = hardware(platform, s.gpu_mem, s.host_mem)
+    items, preds, free = arrange(list(p.items), hw, s.margin, True, "early")
+    settings = s.answer or AnswerSettings()
+    search = Search([it for it in items if id(it) not in free], hw, settings, platform.cuda, predicted=preds)
+    lines = [f"answer mode: {len(search.candidates)} runnable cells, grouped by {', '.join(settings.group_by)}"]
+    if search.families:
         size = p.matrix.batch.size
-        mbs = sorted({c.cell.micro_batch for c in s.candidates})
-        first = {mb: sum(c.state == "open" for c in s.candidates if c.cell.micro_batch == mb) for mb in mbs}
-        parked = sum(c.state == "parked" for c in s.candidates)
+        mbs = sorted({c.cell.micro_batch for c in search.candidates})
+        first = {mb: sum(c.state == "open" for c in search.candidates if c.cell.micro_batch == mb) for mb in mbs}
+        parked = sum(c.state == "parked" for c in search.candidates)
         lines.append(
-            f"  {len(s.families)} configurations x micro-batch {', '.join(map(str, mbs))} at {size} sequences per "
+            f"  {len(search.families)} configurations x micro-batch {', '.join(map(str, mbs))} at {size} sequences per "
             f"optimizer step (the accumulation makes up the rest); open to measure: "
             + ", ".join(f"micro-batch {mb} in {n}" for mb, n in first.items())
             + f" (per configuration the largest the memory model fits within the margin and the neighbours that "

@@ -66,7 +66,8 @@ class Unit:
 
 @dataclass
 class Options:
-    """How a run goes, as `run()` was asked (bench.execute.run documents each)."""
+    """How a run goes: what it was asked (bench.execute.settings.RunSettings documents each) and what run() made
+    of it (the logs folder, the platform, the slots, the executor, the recording, the Slurm settings)."""
 
     matrix_path: str
     resume: bool

@@ -1,0 +1,57 @@
+"""`zerobench` (= `python -m bench`): run, cells, report, compare, export, selfcheck, schema.
+
+One module per verb, each with its parser (add_parser) and its command (cmd_*): run (dry_run: its --dry-run;
+run_options: its options as one bench.execute.RunSettings), cells, report (report, export, compare), estimate,
+selfcheck, schema; args: what several share."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..matrix.problems import ConfigError, InputError
+from . import cells, estimate, report, run, schema, selfcheck
+from .args import DEFAULT_MATRIX, LOCAL
+
+__all__ = ["DEFAULT_MATRIX", "LOCAL", "main", "parser"]
+
+
+def parser() -> argparse.ArgumentParser:
+    """`zerobench`'s arguments: a parser per verb, each the verb's module's."""
+    from .. import __version__
+
+    ap = argparse.ArgumentParser(prog="zerobench", description="Benchmark and ablate DeepSpeed/PEFT training setups.")
+    ap.add_argument("--version", action="version", version=f"zerobench {__version__}")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for add in (
+        run.add_parser,
+        cells.add_parser,
+        selfcheck.add_parser,
+        report.add_report_parser,
+        report.add_export_parser,
+        estimate.add_parser,
+        report.add_compare_parser,
+        schema.add_parser,
+    ):
+        add(sub)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the verb argv names; its exit code (2 for bad input, said on stderr without a traceback)."""
+    from ..records.record import RecordVersionError
+
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as e:  # it names its file, every problem and the fix
+        print(e, file=sys.stderr)
+        return 2
+    except (InputError, RecordVersionError) as e:
+        print(f"zerobench {args.cmd}: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `zerobench cells ... | head`
+        return 0
+    except KeyboardInterrupt:  # a report or a compare stopped at the terminal: what was written is whole
+        print(f"\nzerobench {args.cmd}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130

@@ -1,0 +1,121 @@
+"""`zerobench run`'s options as one value, bench.execute.RunSettings, built once and read alike by the dry run
+and the run; each option the run cannot take is said as a ValueError naming it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .args import assumed_platform, resolve, sizes
+
+if TYPE_CHECKING:
+    from ..execute import AnswerSettings, RunSettings
+
+# zerobench run's Slurm options: the matrix's slurm block keys they override (bench.matrix.spec.SlurmSettings).
+_SLURM_OPTIONS = {
+    "partition": "--partition",
+    "account": "--account",
+    "qos": "--qos",
+    "time_limit": "--time-limit",
+    "mem_per_node": "--mem-per-node",
+    "max_jobs": "--max-jobs",
+    "folder": "--slurm-folder",
+}
+
+
+def settings_of(args) -> RunSettings:
+    """The run the command line asks for; ValueError naming an option it cannot take."""
+    from ..execute import RunSettings
+
+    slurm = _slurm_options(args)
+    gpu_mem, host_mem = sizes(args)
+    return RunSettings(
+        matrix=resolve(args.matrix),
+        filters=tuple(args.filter or ()),
+        ds_configs=tuple(args.ds_config) if args.ds_config else None,
+        shard=args.shard,
+        results=args.results,
+        logs=args.logs,
+        resume=args.resume,
+        repeats=args.repeats,
+        order=args.order,
+        prune=not args.no_prune,
+        gpu_mem=gpu_mem,
+        host_mem=host_mem,
+        executor=args.executor,
+        gpus_available=args.gpus_available,
+        pack=args.pack,
+        address=args.address,
+        slurm=slurm,
+        platform=assumed_platform(args.assume_gpus, host_mem),
+        answer=_answer_settings(args),
+        replay=tuple(args.replay or ()),
+        progress=not args.no_progress,
+    )
+
+
+def _answer_settings(args) -> AnswerSettings | None:
+    """--answer and its options; None without --answer."""
+    options = (("--budget", args.budget), ("--group-by", args.group_by), ("--pairs", args.pairs))
+    given = [f for f, v in (*options, ("--settle", args.settle)) if v]
+    if not args.answer:
+        if given:
+            raise ValueError(f"{', '.join(given)} only with --answer")
+        return None
+    if args.repeats:
+        raise ValueError("--repeats with --answer: answer mode measures a cell again only while it is in contention")
+    from ..execute import AnswerSettings
+    from ..matrix.axes import AXIS
+
+    group_by = tuple(g.strip() for g in (args.group_by or "peft").split(",") if g.strip())
+    unknown = [g for g in group_by if g not in AXIS]
+    if unknown:
+        raise ValueError(f"--group-by {','.join(unknown)}: not an axis; one of {', '.join(AXIS)}")
+    return AnswerSettings(
+        group_by=group_by,
+        budget_s=_duration(args.budget) if args.budget else None,
+        pairs=args.pairs or AnswerSettings.pairs,
+        settle=_level(args.settle) if args.settle else AnswerSettings.settle,
+    )
+
+
+def _duration(text: str) -> float:
+    """Seconds from "90", "90s", "20m", "1h", "1h30m"."""
+    from ..matrix.spec import duration_s
+
+    try:
+        return duration_s(text)
+    except ValueError as e:
+        raise ValueError(f"--budget {e}") from None
+
+
+def _level(text: str) -> float:
+    """A chance from "5%" or "0.05", strictly between 0 and 1."""
+    try:
+        v = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        v = -1.0
+    if not 0 < v < 1:
+        raise ValueError(f"--settle {text}: a chance between 0 and 1, such as 5% or 0.05")
+    return v
+
+
+def _slurm_options(args) -> dict | None:
+    """The Slurm options given, checked as the matrix's slurm block checks them; ValueError naming the option."""
+    given = {k: getattr(args, "slurm_folder" if k == "folder" else k) for k in _SLURM_OPTIONS}
+    given = {k: v for k, v in given.items() if v is not None}
+    if args.executor != "slurm":
+        if given:
+            raise ValueError(f"{', '.join(_SLURM_OPTIONS[k] for k in given)} only with --executor slurm")
+        return None
+    if args.assume_gpus:
+        raise ValueError("--assume-gpus with --executor slurm: the partition's nodes say what a cell has (sinfo)")
+    from pydantic import ValidationError
+
+    from ..matrix.spec import SlurmSettings
+
+    try:
+        SlurmSettings.model_validate(given)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise ValueError(f"{_SLURM_OPTIONS[str(err['loc'][0])]} {err['msg'].removeprefix('Value error, ')}") from None
+    return given
