@@ -15,7 +15,7 @@ import pytest
 from bench.host import env
 from tests.conftest import ROOT
 
-_PRINT = "import json; from bench import env; print(json.dumps(env.provenance()))"
+_PRINT = "import json; from bench.host import env; print(json.dumps(env.provenance()))"
 
 
 def _provenance(pythonpath: Path, cwd: Path) -> dict:
@@ -56,7 +56,7 @@ def test_copy_inside_another_repository_claims_no_commit(tmp_path):
     p = _provenance(copy, tmp_path)
     assert p["git_commit"] is None and p["git_dirty"] is None, "the enclosing repository's commit is not ours"
     assert p["source_sha256"] == env.source_sha(), "same code, same hash"
-    (copy / "bench" / "env.py").write_text((ROOT / "bench" / "env.py").read_text() + "\n# edited\n")
+    (copy / "bench" / "host" / "env.py").write_text((ROOT / "bench" / "host" / "env.py").read_text() + "\n# edited\n")
     assert _provenance(copy, tmp_path)["source_sha256"] != env.source_sha(), "edited code, another hash"
 
 
