@@ -5,7 +5,7 @@ nox -s bench -- matrices/1b.yaml   # any matrix; arguments go to `zerobench run`
 nox -s tests                       # CPU test suite, the quick part (unit tests, reports, checks)
 nox -s slow_tests                  # CPU: real DeepSpeed cells end to end and the fault suite
 nox -s ci                          # what CI runs after lint: both suites in one environment
-nox -s ds_tables                   # after a DeepSpeed upgrade: regenerate bench/dsconfig_keys.json
+nox -s ds_tables                   # after a DeepSpeed upgrade: regenerate bench/matrix/dsconfig_keys.json
 nox -s regress -- BASELINE MATRIX  # run MATRIX, then compare it with BASELINE (fails on a regression)
 """
 
@@ -153,7 +153,8 @@ def lint(session):
 
 @nox.session(python="3.11")
 def ds_tables(session):
-    """Regenerate bench/dsconfig_keys.json from the pinned DeepSpeed's config models (`-- --check`: compare only)."""
+    """Regenerate bench/matrix/dsconfig_keys.json from the pinned DeepSpeed's config models (`-- --check`: compare
+    only)."""
     _install(session)
     session.run("python", "-m", "bench.matrix.dsconfig_gen", *session.posargs)
 

@@ -1,7 +1,7 @@
 """zerobench: a benchmarking and ablation harness for memory-efficient LLM training.
 
-The orchestrator modules (matrix, cells, rules, dsconfig, launch, store, run, results, report) import
-no torch; the worker package (bench.worker) does, in its own process.
+The orchestrator's stages (cli, matrix, estimate, execute, records, judge, report, host: docs/architecture.md)
+import no torch; the worker package (bench.worker) does, in its own process.
 """
 
 __version__ = "0.1.0"

@@ -1,7 +1,7 @@
 """User DeepSpeed configs: every problem found before anything runs, and the tables match DeepSpeed.
 
 The checks run without DeepSpeed; the drift tests at the end import the installed DeepSpeed and
-regenerate bench/dsconfig_keys.json from it (bench/matrix/dsconfig_gen.py) and compare with the checked-in file.
+regenerate bench/matrix/dsconfig_keys.json from it (bench/matrix/dsconfig_gen.py) and compare with the checked-in file.
 """
 
 from __future__ import annotations
@@ -489,7 +489,7 @@ SECTIONS = (None, {"device": "none"}, {"device": "cpu"}, {"device": "nvme", "nvm
 @pytest.mark.parametrize("param_sec", SECTIONS)
 def test_describe_gives_only_offload_axis_values(stage, opt_sec, param_sec):
     # Every offload a config can ask for: a config the check passes reads back as a value of the
-    # offload axis (bench.matrix.cells.OFFLOADS), which the rules and the memory estimate understand.
+    # offload axis (bench.matrix.axes.OFFLOADS), which the rules and the memory estimate understand.
     z = {k: v for k, v in (("offload_optimizer", opt_sec), ("offload_param", param_sec)) if v is not None}
     cfg = zero(stage, **z)
     if dsconfig.check(cfg):
@@ -731,7 +731,7 @@ def test_generated_tables_match_the_installed_deepspeed(ds):
 
     text = dsconfig_gen.render(dsconfig_gen.generate())
     assert json.loads(text) == json.loads(dsconfig_gen.KEYS_FILE.read_text()), (
-        "bench/dsconfig_keys.json differs from the installed DeepSpeed: run `nox -s ds_tables` and commit it"
+        "bench/matrix/dsconfig_keys.json differs from the installed DeepSpeed: run `nox -s ds_tables` and commit it"
     )
     assert text == dsconfig_gen.KEYS_FILE.read_text()
 

@@ -131,7 +131,7 @@ _PLACEMENT = """
 import json, sys
 import deepspeed, torch
 from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
-from bench import dsconfig
+from bench.matrix import dsconfig
 from bench.matrix.cells import Cell
 from bench.worker import models
 cell = Cell(model="llama-small", zero_stage=3, offload="nvme", optimizer="cpuadam", micro_batch=2,

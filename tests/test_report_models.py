@@ -1,5 +1,5 @@
 """The report per model: never one ranking across models, and each knob's effect with its 95% interval and
-the number of pairs behind it (bench/report/effects.py has the method).
+the number of pairs behind it (bench/judge/effects.py has the method).
 
 Inputs: the committed H200 results (1.1B and 7B records as zerobench wrote them), and records built with
 test_compare's record helper where the true effect has to be known."""
@@ -156,7 +156,7 @@ def test_no_effect_over_several_pairs_is_no_significant_difference():
 
 
 def test_interval_coverage_and_false_calls_over_many_constructed_runs():
-    # The summary itself (bench.report.effects) over 400 constructed experiments: 4 pairs, 5% run-to-run
+    # The summary itself (bench.judge.effects) over 400 constructed experiments: 4 pairs, 5% run-to-run
     # noise, a true ratio of 0.85 or 1. The 95% interval should cover the truth about 95% of the time,
     # and with no effect the report should rarely call one.
     rng = random.Random(7)

@@ -45,7 +45,7 @@ class Shard:
 
 @dataclass(frozen=True)
 class AnswerSettings:
-    """How answer mode settles (each a `zerobench run` option; bench.execute.answer.Settings)."""
+    """How answer mode settles (each a `zerobench run` option)."""
 
     group_by: tuple[str, ...] = ("peft",)
     """Axes whose values split the cells into groups, each with its own fastest cell."""

@@ -1,1 +1,1 @@
-"""This machine: versions and provenance, host memory, safe file access, the per-machine cache."""
+"""This machine: versions and provenance, host memory, safe file access, a heartbeat while helpers run."""

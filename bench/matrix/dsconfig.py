@@ -11,7 +11,7 @@
 - resolve(cfg, ...): a copy with HF-style "auto" batch sizes filled from the cell.
 
 The key tables (every key DeepSpeed reads, its type, which sections are pydantic models) are
-bench/dsconfig_keys.json, generated from the installed DeepSpeed's own config models by
+bench/matrix/dsconfig_keys.json, generated from the installed DeepSpeed's own config models by
 `nox -s ds_tables` (bench/matrix/dsconfig_gen.py); tests/test_dsconfig_check.py regenerates it and fails when
 DeepSpeed changed. What DeepSpeed's models cannot tell is written here: the types its defaults leave
 open, the optimizer and scheduler kwargs, hints for misplaced names, advice for deprecated keys,

@@ -1,4 +1,4 @@
-"""Writes bench/dsconfig_keys.json: every key the installed DeepSpeed's config parser reads, with its type.
+"""Writes bench/matrix/dsconfig_keys.json: every key the installed DeepSpeed's config parser reads, with its type.
 
     nox -s ds_tables                      # after changing the DeepSpeed pin; commit the file it writes
     python -m bench.matrix.dsconfig_gen --check  # exit 1 if the file differs from the installed DeepSpeed

@@ -308,7 +308,7 @@ class StepsTaken(BaseModel):
 
 
 class WorkerDoc(WorkerFacts):
-    """What one rank writes to result.rank{N}.json (bench.worker.main; bench.reference writes a subset)."""
+    """What one rank writes to result.rank{N}.json (bench.worker.main; bench.worker.reference writes a subset)."""
 
     # Open: the worker may write more than the orchestrator reads; the fields below are what it reads.
     model_config = _OPEN

@@ -113,7 +113,7 @@ class Ablation:
     """One dict per group of comparable cells: {"context": label, "cells": {value: row dict or None}}."""
     n_groups: int
     effects: list[dict]
-    """Per non-reference value: `tokens` and `memory` (bench.report.effects.Effect: the ratio to the
+    """Per non-reference value: `tokens` and `memory` (bench.judge.effects.Effect: the ratio to the
     reference value over the pairs where both ran ok, its 95% interval, the number of pairs and the
     verdict), `n` (pairs), `loss_delta` (median difference in loss at the last step both cells of a pair ran)
     and `trainable_ratio`."""
@@ -239,7 +239,7 @@ class Analysis:
     zero_scaling: list[dict] = field(default_factory=list)
     """Multi-GPU full fine-tunes at several ZeRO stages, all else equal: per-GPU memory relative to
     ZeRO-0, measured (NVML, allocator peak, allocated between steps) beside the ZeRO paper's
-    model-state prediction (bench/estimate.py)."""
+    model-state prediction (bench/estimate/paper.py)."""
     zero_figures: list[tuple[str, str]] = field(default_factory=list)
     """The ZERO_SCALING_FIGURES (column, label) that some row of zero_scaling has."""
     notes: list[tuple[str, str]] = field(default_factory=list)
@@ -617,7 +617,7 @@ COMPARE_RULE = effects.RULE
 
 def _effects(sub: pd.DataFrame, gid: pd.Series, axis: str, values: list, samples: dict) -> list[dict]:
     """Per non-reference value, its throughput and memory effect against the reference value over the
-    groups where both ran ok (bench.report.effects), and what it does to learning and to what trains."""
+    groups where both ran ok (bench.judge.effects), and what it does to learning and to what trains."""
     # The columns read below only: every filter of the whole frame (some 150 columns) costs a copy of each.
     cols = [axis] + [c for c in _EFFECT_FIELDS if c in sub]
     ok = sub.loc[(sub["status"] == Status.OK.value) & (sub["tokens_per_s"] > 0), cols].assign(_g=gid)
