@@ -11,7 +11,7 @@ import random
 import pytest
 
 from bench.cli import main as cli
-from bench.estimate.online import Online
+from bench.estimate.online import SHARE, Online
 from bench.execute import answer
 from bench.execute.plan import hardware, plan
 from bench.execute.replay import Recording
@@ -41,6 +41,27 @@ def test_online_learns_the_machine_and_the_knobs_from_a_few_cells():
     for a, b, y in [(0, 0, 0.0), (0, 1, 0.0), (1, 0, 0.0), (1, 1, 1.0), (2, 0, 0.0), (2, 1, 1.0)] * 2:
         on2.observe({"a": a, "b": b}, 0.0, y)
     assert on2.misfit > 0.1
+
+
+def test_online_moves_a_cell_with_its_host_share_on_each_machine():
+    # Truth: two machines whose hosts run 0.7x and 1.3x the typical host's time; a cell moves by -share * that
+    # (log), whatever its knobs. Measured: cells of shares 0.1-0.8 on each. Asked: a share-0.9 cell's value on
+    # each machine, whose knobs no measured cell has.
+    host = {"m1": math.log(0.7), "m2": math.log(1.3)}
+    rng = random.Random(1)
+
+    def fitted(host_sd: float) -> dict:
+        on = Online(prior_sd=0.05, offset_sd=0.5, noise_sd=0.01, host_sd=host_sd)
+        for block, h in host.items():
+            for k, share in enumerate((0.1, 0.3, 0.5, 0.8)):
+                on.observe({"a": k, SHARE: share}, 0.0, -share * h + rng.gauss(0, 0.01), block=block)
+        return {b: on.predict({"a": 9, SHARE: 0.9}, 0.0, block=b) for b in host}
+
+    with_host, without = fitted(0.1), fitted(0.0)
+    for b, h in host.items():
+        assert abs(with_host[b][0] - (-0.9 * h)) < 0.05, with_host  # the host term carries it
+        assert abs(without[b][0] - (-0.9 * h)) > 0.1, without  # one offset per block cannot
+    assert with_host["m1"][0] - with_host["m2"][0] > 0.4  # host-bound: the two machines ~0.56 apart
 
 
 def test_rung_zero_is_the_short_schedule_and_rung_one_the_matrixs():

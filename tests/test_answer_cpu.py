@@ -4,7 +4,13 @@ matrices/answer-cpu.yaml, 12 runnable cells in two PEFT groups, four sequences p
 full run cannot tell from it at its measurements' resolution), find the full run's frontier of the configurations
 at the micro-batch answer mode measures for each (the largest that fits: the others are parked, each record saying
 so), and cost at most half the full run's cell time (the records' wall_s, summed; 36% when it was written). No
-figure is an absolute time: the checks are orders and ratios, so a loaded machine changes none of them."""
+figure is an absolute time: the checks are orders and ratios.
+
+Each cell runs on one core (OMP_NUM_THREADS=1, as a user sharing a machine would set it): with both of a 2-core
+machine's cores, a foreign process on one of them stalls every step's threads, the measurements turn noisy and
+answer mode, rightly, measures more to settle them (under such a load it measured all 12 cells, 1.6 times the full
+run's cell time). On one core the other process takes the other core, and both runs measure as on an idle
+machine."""
 
 from __future__ import annotations
 
@@ -45,7 +51,8 @@ def _run(tmp_path, name: str, *extra: str) -> list[dict]:
     return Store(out).records()
 
 
-def test_answer_mode_finds_the_full_runs_answer_for_half_its_cost(tmp_path, capsys):
+def test_answer_mode_finds_the_full_runs_answer_for_half_its_cost(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     full = _run(tmp_path, "full")
     got = _run(tmp_path, "answer", "--answer")
     printed = capsys.readouterr().out

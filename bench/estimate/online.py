@@ -22,6 +22,13 @@ prior around `misfit_sd` (MISFIT_WIDTH), so it shrinks where the cells follow th
 do not; without, the residuals' spread beyond the noise, never below misfit_sd. numpy only (the orchestrator
 never imports torch).
 
+Host speed: a machine's host (CPU, launch, Python) is faster or slower than the typical one the base model
+was fitted on, and it moves a cell by how much of its step waits on the host (its host share: 0 where the
+GPU's work hides the host, 1 where the step is all host). With host_sd, each block has a host term with that
+prior width, entering a cell's value times its share (features[SHARE]): one offset per block cannot move a
+host-bound cell and a GPU-bound one apart, and two machines whose hosts differ do exactly that (the same
+LoRA cells 17-26% apart, the GPU-bound ones level).
+
 `declare(features)` gives every axis value (and pair) of the cells a parameter before anything is measured, so
 a cell with a value no measured cell has carries that value's prior width, shared with the other cells that
 have it. `posterior(items)` gives the joint mean and covariance of a set of unmeasured cells' values and
@@ -37,10 +44,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["MISFIT_WIDTH", "Online"]
+__all__ = ["MISFIT_WIDTH", "SHARE", "Online"]
 
 MISFIT_WIDTH = 1.0
 """The learned misfit's prior: log-normal around misfit_sd with this sd (a factor e either way at one sd)."""
+SHARE = "~host_share"
+"""The features key of a cell's host share (0 to 1): a number, not an axis value (host_sd)."""
 _GRID = np.exp(np.linspace(-4.0, 3.0, 36))  # multiples of misfit_sd the likelihood is evaluated at
 
 
@@ -59,7 +68,8 @@ class Online:
     a whole (a GPU the base model never saw, a CPU); noise_sd: one measurement's spread (log) around the
     cell's true value, where observe() is not told its own; misfit_sd: the least interaction left after the
     effects (learn_misfit: the prior guess of it); pair_sd: how far one pair of axis values may be off (0: no
-    pair effects)."""
+    pair effects); host_sd: how far a block's host may be from the typical host's, the term a cell takes times its
+    host share (0: no host terms)."""
 
     prior_sd: float
     offset_sd: float
@@ -67,6 +77,7 @@ class Online:
     misfit_sd: float = 0.0
     pair_sd: float = 0.0
     learn_misfit: bool = False
+    host_sd: float = 0.0
     _terms: list[tuple] = field(default_factory=list)  # (axis, value) or a pair of them, in column order
     _index: dict[tuple, int] = field(default_factory=dict)  # term -> its column (the intercept is column 0)
     _codes: dict[int, tuple] = field(default_factory=dict)  # id(features) -> (features, columns)
@@ -78,7 +89,7 @@ class Online:
     # -- the parameters ---------------------------------------------------------------------------------------
 
     def _wanted(self, features: Mapping[str, object]) -> list[tuple]:
-        mains = sorted(((k, v) for k, v in features.items() if v is not None), key=lambda kv: kv[0])
+        mains = sorted(((k, v) for k, v in features.items() if v is not None and k != SHARE), key=lambda kv: kv[0])
         pairs = list(itertools.combinations(mains, 2)) if self.pair_sd > 0 else []
         return mains + pairs
 
@@ -106,15 +117,20 @@ class Online:
         return out
 
     def _design(self, items: Sequence[Mapping[str, object]], blocks: Sequence[Hashable] = ()) -> np.ndarray:
-        """The cells' rows of the design matrix (0/1): the machine, their terms, and each one's block if given."""
+        """The cells' rows of the design matrix: the machine, their terms and each one's block if given (0/1),
+        then its block's host term (the reference block's if none is given or the block is new) times its share."""
         free = {b: i for i, b in enumerate(self._free(), start=1 + len(self._terms))}
+        hosts = {b: i for i, b in enumerate(self._hosts(), start=1 + len(self._terms) + len(free))}
         cols = [self._columns(f) for f in items]
-        X = np.zeros((len(items), 1 + len(self._terms) + len(free)))
+        X = np.zeros((len(items), 1 + len(self._terms) + len(free) + len(hosts)))
         if cols:
             X[np.repeat(np.arange(len(cols)), [len(c) for c in cols]), np.concatenate(cols)] = 1.0
         for i, b in enumerate(blocks):
             if b in free:
                 X[i, free[b]] = 1.0
+        if hosts:
+            at = [hosts.get(b, hosts[self.ref]) for b in blocks] if blocks else [hosts[self.ref]] * len(items)
+            X[np.arange(len(items)), at] = [float(f.get(SHARE) or 0.0) for f in items]
         return X
 
     # -- what was measured ------------------------------------------------------------------------------------
@@ -154,15 +170,20 @@ class Online:
         ref = self.ref
         return [b for b in self._blocks if b != ref]
 
+    def _hosts(self) -> list[Hashable]:
+        """The blocks with a host term: the reference (even before anything is measured), then the others."""
+        return [self.ref, *self._free()] if self.host_sd > 0 else []
+
     def _shift(self, block: Hashable) -> float:
         """The anchors' estimate of a block's offset, which its parameter is measured from."""
         return self._anchored.get(block, (0.0, 0.0))[0] if block != self.ref else 0.0
 
     def _prior_var(self) -> np.ndarray:
-        """Each parameter's prior variance: the machine, each term (an axis value, a pair), each block."""
+        """Each parameter's prior variance: the machine, each term (an axis value, a pair), each block, each
+        block's host."""
         terms = [(self.pair_sd if isinstance(t[0], tuple) else self.prior_sd) ** 2 for t in self._terms]
         blocks = [max(self._anchored.get(b, (0.0, self.offset_sd**2))[1], 1e-12) for b in self._free()]
-        return np.array([self.offset_sd**2] + terms + blocks)
+        return np.array([self.offset_sd**2] + terms + blocks + [self.host_sd**2] * len(self._hosts()))
 
     # -- the fit, in the measurements' space (a few rows, many parameters) ---------------------------------------
 

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..estimate import Hardware, predict
-from ..estimate.online import Online
-from ..estimate.steptime import STEP_BAND, predict_step, predict_wall
+from ..estimate.online import SHARE, Online
+from ..estimate.steptime import STEP_BAND, host_share, predict_step, predict_wall
 from ..judge import blocks, effects, results
 from ..judge.blocks import Obs
 from ..matrix.axes import AXIS
@@ -72,6 +72,10 @@ MAIN_SD = 0.05
 PAIR_SD = 0.01
 MISFIT_GUESS = 0.02
 UNFAMILIAR = 4.0
+HOST_SD = 0.1
+"""How far a machine's host may be from the typical host's (log host seconds), on the step-time model's GPUs: the
+spread (sd 0.098) of the per-machine host offsets its fit finds on the committed H200 files
+(bench.estimate.timecheck.machine_offsets, 24 machines, -0.39 to +0.13). It moves a cell by its host share."""
 # The same for the memory model's peak on a GPU (set by hand, small: its held-out p95 is 12.5% over all records, less
 # within one matrix); a CPU host's RSS is far less sure.
 MEMORY_SD = {"offset": 0.05, "main": 0.01, "pair": 0.006, "misfit": 0.01}
@@ -102,6 +106,7 @@ class Candidate:
     limit: int = MAX_MEASUREMENTS  # attempts it may have (a replay: as many as it has recorded ends)
     model: dict = field(default_factory=dict)  # the features that tell it from the other candidates (the models')
     short: float = 0.0  # log of rung 0's predicted wall over the full schedule's
+    share: float | None = None  # how much of its step waits on the host (bench.estimate.steptime.host_share)
     _features: dict | None = None
 
     @property
@@ -180,6 +185,7 @@ class Search:
         self.tps = Online(
             prior_sd=MAIN_SD * wide, offset_sd=band if known_gpu else 3.0, noise_sd=self.noise,
             misfit_sd=MISFIT_GUESS * wide, pair_sd=PAIR_SD * wide, learn_misfit=True,
+            host_sd=HOST_SD if known_gpu else 0.0,
         )  # fmt: skip
         m = MEMORY_SD if cuda else MEMORY_SD_CPU
         self.memory = Online(
@@ -193,7 +199,7 @@ class Search:
         self.by_hash = {c.cell.hash: c for c in self.candidates}
         # What tells the cells apart for the models: axis values some candidates have and others not.
         for c, model in zip(self.candidates, _distinct([c.features for c in self.candidates])):
-            c.model = model
+            c.model = model | ({SHARE: c.share} if c.share else {})
         self.tps.declare([c.model for c in self.candidates])
         self.memory.declare([c.model for c in self.candidates])
         # A configuration's micro-batches (micro_batch: auto, bench.execute.families), smallest first.
@@ -235,6 +241,7 @@ class Search:
             base_mem=math.log(mem) if mem else None,
             base_cost=math.log(wall) if wall else None,
             short=math.log(short / wall) if short and wall else 0.0,
+            share=host_share(cell, hw) if step else None,
         )
 
     def _memory(self, p: Planned, predicted: dict | None) -> float | None:
