@@ -187,13 +187,16 @@ def test_time_limit_usr2_fails_the_job_before_slurm_times_it_out(slurm_cluster, 
     UncompletedJobError; a function that ignores USR2 runs into Slurm's TIMEOUT, which leaves no pickle."""
     c = slurm_cluster
     short = {"time": "0:15"}  # Slurm rounds it up to a minute
-    # With a 1-minute limit and USR2 due 90 s before it, a loaded CI host saw the job TIMEOUT unsignalled: Slurm
-    # handles --signal at a coarse resolution (sbatch(1): up to 60 s off). Two minutes leave it room.
-    signalled = submitit_on(slurm_additional_parameters={"time": "2:00"}).submit(_sleep, 300)
+    # Slurm sends --signal at a coarse resolution, up to 60 s early (sbatch(1)). With a 1-minute limit and USR2 due
+    # 90 s before it, a loaded CI host saw the job TIMEOUT unsignalled; with 2 minutes, USR2 came 0.1 s after the
+    # start, before submitit's handler was in place, and killed the job with no result for result() to wait on.
+    # Three minutes put USR2 30-90 s after the start.
+    signalled = submitit_on(slurm_additional_parameters={"time": "3:00"}).submit(_sleep, 300)
     timed_out = submitit_on(slurm_additional_parameters=short, slurm_signal_delay_s=5).submit(_sleep_through_usr2, 300)
+    ended = c.wait_ended(signalled.job_id)  # first: result() waits for ever on a job that died before its handler
+    assert (ended["JobState"], c.job(signalled.job_id)["ExitCode"]) == ("FAILED", "1:0"), ended
     with pytest.raises(Exception, match="timed-out and not checkpointable"):
         signalled.result()
-    assert (c.wait_ended(signalled.job_id)["JobState"], c.job(signalled.job_id)["ExitCode"]) == ("FAILED", "1:0")
     t0 = time.time()
     info = c.wait_ended(timed_out.job_id, timeout=240)
     assert (info["JobState"], info["Reason"], info["ExitCode"], info["TimeLimit"]) == (
