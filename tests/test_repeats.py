@@ -4,8 +4,6 @@ land on the cell they name and change what they should."""
 
 from __future__ import annotations
 
-import statistics
-
 import pytest
 
 from bench.matrix import spec
@@ -53,15 +51,18 @@ def test_repeats_interleave_resume_and_targeted_faults(tmp_path):
     # mem=256: the faulted repeats' host RSS is at least 200 MiB above the clean one's.
     rss = {x["repeat"]: x["memory"]["host_rss_peak_measured_bytes"] for x in recs if x["cell_hash"] == a.hash}
     assert min(rss[1], rss[2]) - rss[3] > 200 * 2**20, rss
-    # slow=300: each measured step takes four times as long (the host waits three times what the step took).
-    # Against the clean cell beside it in the same run (a1, b1, a2, b2: the same load, the same moment), not
-    # against a later run's: a busy 2-core host can make one run's steps several times another's. Two cores
-    # shared with other jobs can halve or double a step, so the bound is 2x, not 4x.
-    med = {
-        (x["cell_hash"], x["repeat"]): statistics.median(x["step_times_s"][x["cell"]["warmup_steps"] :]) for x in first
-    }
-    slowed = sum(med[(b.hash, k)] for k in (1, 2)) / sum(med[(a.hash, k)] for k in (1, 2))
-    assert slowed > 2, med
+    # slow=300: the host waits three times what the step took so far, inside the step's clock. Checked within each
+    # faulted step (the wait the worker timed against the step time it recorded), not against the clean cell: a
+    # CPU-heavy process beside the run slowed the clean cell's steps as much as the fault did (a ratio of 1.1
+    # where 4 was injected), while the wait's share of its own step holds under any load.
+    for x in first:
+        waits = x["worker"]["fault_wait_s"]
+        if x["cell_hash"] != b.hash:
+            assert waits is None, x["cell_id"]
+            continue
+        steps = x["step_times_s"]
+        assert len(waits) == len(steps), (waits, steps)
+        assert all(0.7 * t <= w < t for w, t in zip(waits, steps, strict=True)), (waits, steps)
 
     # The comparison of the clean repeat against the faulted ones sees both (one repeat a side: by the
     # minimum effect alone; the slowdown is ~50% of tokens/s, far past 15%).

@@ -126,7 +126,7 @@ def _train_deepspeed(s: Setup, measure: Measure, doc: dict, fault: Fault | None)
         # the GPU between micro-batches and be measured as the setup's cost.
         step_loss = torch.stack(step_losses).float().mean().item()
         if kind == "slow" and step >= fault_step:
-            _slow(torch, s.device, t_step, fault_value)
+            doc.setdefault("fault_wait_s", []).append(_slow(torch, s.device, t_step, fault_value))
         measure.step_end()
         if not measure.loss(step_loss) or measure.done:
             break
@@ -299,12 +299,14 @@ def _nvme_swap_dirs(ds_config: dict, spec: dict) -> list[str]:
     return dirs
 
 
-def _slow(torch, device, t_step: float, pct: float) -> None:
+def _slow(torch, device, t_step: float, pct: float) -> float:
     """Stretch this step by pct percent of its own time: the host waits while the device idles, as a
-    slower kernel or a data stall would look from outside."""
+    slower kernel or a data stall would look from outside. Returns the wait as timed."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    time.sleep((time.perf_counter() - t_step) * pct / 100.0)
+    t = time.perf_counter()
+    time.sleep((t - t_step) * pct / 100.0)
+    return time.perf_counter() - t
 
 
 def _ballast(torch, device, mib: float):
