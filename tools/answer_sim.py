@@ -62,7 +62,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.estimate import predict
-from bench.estimate.steptime import host_share, predict_setup, predict_start, predict_step
+from bench.estimate.steptime import predict_setup, predict_start, step_and_share
 from bench.execute import answer
 from bench.execute.plan import Planned, arrange, hardware, plan
 from bench.execute.replay import Recording, Replayed
@@ -183,11 +183,11 @@ def _model(cell, hw) -> tuple:
     if cell.hash not in _MODELS:
         from bench.matrix import dsconfig
 
-        step = predict_step(cell, hw)
+        step, share = step_and_share(cell, hw)
         feats = {k: v for k, v in effects.features(results.axis_values(cell.to_dict())).items() if v is not None}
         _MODELS[cell.hash] = (
             math.log(cell.tokens_per_step / step),
-            host_share(cell, hw) or 0.0,
+            share,
             math.log(predict(cell, dsconfig.build(cell), hw).gpu_bytes),
             predict_start(cell, hw) + predict_setup(cell, hw),
             sorted(feats.items(), key=repr),

@@ -59,6 +59,7 @@ __all__ = [
     "run_seconds",
     "run_time_line",
     "searched",
+    "step_and_share",
     "step_parts",
     "traits",
     "setup_features",
@@ -627,8 +628,8 @@ def predict_step(
 ) -> float | None:
     """Predicted seconds per optimizer step from its parts; None for a model whose shape is unknown. A
     micro_batch: auto cell is predicted at its search's first probe (searched)."""
-    seconds = _seconds(cell, hw, k, ds_config)
-    return None if seconds is None else combine(seconds)[0]
+    both = step_and_share(cell, hw, k, ds_config)
+    return None if both is None else both[0]
 
 
 def host_share(
@@ -637,11 +638,19 @@ def host_share(
     """How much of the predicted step moves with its host's speed: d log(step) / d log(the HOST_PARTS'
     seconds), from 0 (the GPU's work hides the host's) to 1 (the step waits on the host); None for a model
     whose shape is unknown."""
+    both = step_and_share(cell, hw, k, ds_config)
+    return None if both is None else both[1]
+
+
+def step_and_share(
+    cell: Any, hw: Hardware | None = None, k: Any = FITTED_TIME, ds_config: dict | None = None
+) -> tuple[float, float] | None:
+    """(predict_step, host_share) from one pass over the parts; None for a model whose shape is unknown."""
     seconds = _seconds(cell, hw, k, ds_config)
     if seconds is None:
         return None
     total, slope = combine(seconds)
-    return sum(slope[n] * seconds[n] for n in HOST_PARTS) / total
+    return total, sum(slope[n] * seconds[n] for n in HOST_PARTS) / total
 
 
 def _params(cell: Any) -> float:

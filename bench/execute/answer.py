@@ -41,7 +41,7 @@ import numpy as np
 
 from ..estimate import Hardware, predict
 from ..estimate.online import SHARE, Online
-from ..estimate.steptime import STEP_BAND, host_share, predict_step, predict_wall
+from ..estimate.steptime import STEP_BAND, predict_wall, step_and_share
 from ..judge import blocks, effects, results
 from ..judge.blocks import Obs
 from ..matrix.axes import AXIS
@@ -230,7 +230,7 @@ class Search:
         """The models' predictions for a cell, each made once: its step, its wall on each rung, its memory (the
         plan's, where the plan made one for this machine)."""
         cell, hw = p.cell, self.hw
-        step = predict_step(cell, hw)
+        step, share = step_and_share(cell, hw) or (None, None)
         mem = self._memory(p, predicted)
         wall = predict_wall(cell, hw, step=step)
         short = predict_wall(rung_cell(cell, 0), hw, step=step) if wall else None
@@ -241,7 +241,7 @@ class Search:
             base_mem=math.log(mem) if mem else None,
             base_cost=math.log(wall) if wall else None,
             short=math.log(short / wall) if short and wall else 0.0,
-            share=host_share(cell, hw) if step else None,
+            share=share,
         )
 
     def _memory(self, p: Planned, predicted: dict | None) -> float | None:
