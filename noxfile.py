@@ -80,23 +80,16 @@ def _quick_suite(session, *extra):
 
 
 def _slow_suite(session, *extra):
-    """The `serial` slow tests first and alone (they time something, copy the machine's built DeepSpeed ops,
-    or are the first to build them), then the rest two at a time, one file per pytest-xdist worker: most of
-    a slow test's time is its cells' start-up in child processes, which a second worker overlaps. Exit
-    code 5 (nothing selected) is fine: arguments may pick tests of only one part."""
+    """The `serial` slow tests first and alone (they time something, or are the first to build the machine's
+    DeepSpeed ops), then the `copies_ops` ones two at a time (they copy those ops: nothing builds beside them),
+    then the rest two at a time, one file per pytest-xdist worker: most of a slow test's time is its cells'
+    start-up in child processes, which a second worker overlaps. Exit code 5 (nothing selected) is fine:
+    arguments may pick tests of only one part."""
+    two = ("-n", "2", "--dist", "loadfile")
     session.run("pytest", "-m", f"{SLOW} and serial", *extra, *session.posargs, success_codes=[0, 5])
-    session.run(
-        "pytest",
-        "-m",
-        f"{SLOW} and not serial",
-        "-n",
-        "2",
-        "--dist",
-        "loadfile",
-        *extra,
-        *session.posargs,
-        success_codes=[0, 5],
-    )
+    session.run("pytest", "-m", f"{SLOW} and copies_ops", *two, *extra, *session.posargs, success_codes=[0, 5])
+    rest = f"{SLOW} and not serial and not copies_ops"
+    session.run("pytest", "-m", rest, *two, *extra, *session.posargs, success_codes=[0, 5])
 
 
 @nox.session(python="3.11")

@@ -237,7 +237,7 @@ CPUADAM = TINY + "name: fixedcost\naxes: {zero_stage: [2], offload: [optimizer],
 
 
 @pytest.mark.slow
-@pytest.mark.serial  # copies the machine's built ops: a build beside it would leave a partial copy
+@pytest.mark.copies_ops  # a build beside its copy would leave a partial copy; its bar is CPU seconds, not wall
 def test_second_run_on_the_machine_pays_no_prebuild(tmp_path):
     """Two `zerobench run`s in one extensions folder and cache: the first runs the prebuild helper (which
     finds the ops built, if earlier tests built them, or builds them), the second does not start it and

@@ -30,8 +30,8 @@ from tests.faults.procs import (
 )
 from tests.test_report_bench import synthetic_records
 
-# serial: it copies the machine's built DeepSpeed ops (a build beside it would leave a partial copy).
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+# copies_ops: it copies the machine's built DeepSpeed ops (a build beside it would leave a partial copy).
+pytestmark = [pytest.mark.slow, pytest.mark.copies_ops]
 
 PHASES = {
     "prebuild": "while the op prebuild compiles (a fresh extensions folder)",

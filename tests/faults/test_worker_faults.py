@@ -21,8 +21,8 @@ from bench.records.record import Record
 from bench.records.store import Store, read
 from tests.conftest import ROOT, TINY, write_matrix, zerobench
 
-# serial: it copies the machine's built DeepSpeed ops (a build beside it would leave a partial copy).
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+# copies_ops: it copies the machine's built DeepSpeed ops (a build beside it would leave a partial copy).
+pytestmark = [pytest.mark.slow, pytest.mark.copies_ops]
 
 FAKE_NVML = Path(__file__).parent / "fake_nvml"
 
