@@ -28,7 +28,6 @@ from tests.faults.procs import (
     forkserver_running,
     wait_for,
 )
-from tests.test_report_bench import synthetic_records
 
 # copies_ops: it copies the machine's built DeepSpeed ops (a build beside it would leave a partial copy).
 pytestmark = [pytest.mark.slow, pytest.mark.copies_ops]
@@ -40,7 +39,6 @@ PHASES = {
     "report": "while the report is written (every record already stored)",
 }
 EXIT = {"sigkill": -9, "sigterm": 143, "sigint": 130}
-OTHER_RECORDS = 3000  # a report of some 3 s on the 2-core machine
 
 
 def _records(path: Path) -> list[dict]:
@@ -64,7 +62,9 @@ def chain(tmp_path_factory):
         tmp = root / f"tmp{n}"
         extra = {"TORCH_EXTENSIONS_DIR": str(ext)} if ext else {}
         args = [str(m), "--results", str(res), "--resume", "--no-progress", "--report", str(root / f"report{n}")]
-        run = Run(args + ([] if report else ["--no-report"]), root, env(tmp, **extra), root / f"out{n}.txt").start()
+        hold = root / f"report-held{n}" if phase == "report" else None
+        out = root / f"out{n}.txt"
+        run = Run(args + ([] if report else ["--no-report"]), root, env(tmp, **extra), out, hold=hold).start()
         before = len(_records(res))
         hit = wait_for(lambda: marker(run, tmp) or run.proc.poll() is not None, 600)
         obs = {"reached": bool(hit) and run.proc.poll() is None, "output": ""}
@@ -97,7 +97,7 @@ def chain(tmp_path_factory):
         return cell_stepping(tmp)
 
     def reporting(run, tmp):
-        return "\nresults: " in "\n" + run.output
+        return run.hold.exists()  # its report has begun and waits there (tests.faults.procs.HOLD_REPORT)
 
     shared = root / "ext-shared"
     src = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or "")
@@ -110,10 +110,8 @@ def chain(tmp_path_factory):
     for sig in SIGNALS:
         step(sig, "cell", stepping, ext=shared if src.is_dir() else None, report=True)
     # The run that completes the cell is stopped in its report; the two after it have nothing left to
-    # run and are stopped in theirs. Another matrix's records in the file make each report take seconds,
-    # as a real matrix's does: one record's report could end before the signal arrives.
-    with res.open("a") as f:
-        f.writelines(json.dumps(r | {"matrix": "other"}) + "\n" for r in synthetic_records(OTHER_RECORDS))
+    # run and are stopped in theirs. Each report is held where it begins until the signal comes: a report
+    # of seconds, signalled once "results:" was printed, ended first on a loaded machine.
     for sig in SIGNALS:
         step(sig, "report", reporting, ext=shared if src.is_dir() else None, report=True)
     # The last run shares the temp dir of the run SIGKILLed mid-cell, whose attempt folder it must sweep.
