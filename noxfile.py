@@ -81,13 +81,14 @@ def _quick_suite(session, *extra):
 
 def _slow_suite(session, *extra):
     """The `serial` slow tests first and alone (they time something, or are the first to build the machine's
-    DeepSpeed ops), then the `copies_ops` ones two at a time (they copy those ops: nothing builds beside them),
-    then the rest two at a time, one file per pytest-xdist worker: most of a slow test's time is its cells'
-    start-up in child processes, which a second worker overlaps. Exit code 5 (nothing selected) is fine:
+    DeepSpeed ops), then the `copies_ops` ones two at a time (they copy those ops: nothing builds into the folder
+    they copy), then the rest two at a time, one file per pytest-xdist worker: most of a slow test's time is its
+    cells' start-up in child processes, which a second worker overlaps. Exit code 5 (nothing selected) is fine:
     arguments may pick tests of only one part."""
     two = ("-n", "2", "--dist", "loadfile")
     session.run("pytest", "-m", f"{SLOW} and serial", *extra, *session.posargs, success_codes=[0, 5])
-    session.run("pytest", "-m", f"{SLOW} and copies_ops", *two, *extra, *session.posargs, success_codes=[0, 5])
+    part = f"{SLOW} and copies_ops and not serial"
+    session.run("pytest", "-m", part, *two, *extra, *session.posargs, success_codes=[0, 5])
     rest = f"{SLOW} and not serial and not copies_ops"
     session.run("pytest", "-m", rest, *two, *extra, *session.posargs, success_codes=[0, 5])
 

@@ -10,9 +10,8 @@ the cells it leaves unmeasured are its decisions. No figure is an absolute time:
 
 Each cell runs on one core (OMP_NUM_THREADS=1, as a user sharing a machine would set it): with both of a 2-core
 machine's cores, a foreign process on one of them stalls every step's threads, the measurements turn noisy and
-answer mode, rightly, measures more to settle them (beside a busy loop it measured all 12 cells; in CI at 65df111,
-beside another CPU-heavy process, its cells took 1.6 times the full run's cell time). On one core the other process
-takes the other core."""
+answer mode, rightly, measures more to settle them (beside a busy loop it measured all 12 cells). On one core the
+other process takes the other core."""
 
 from __future__ import annotations
 

@@ -51,10 +51,9 @@ def test_repeats_interleave_resume_and_targeted_faults(tmp_path):
     # mem=256: the faulted repeats' host RSS is at least 200 MiB above the clean one's.
     rss = {x["repeat"]: x["memory"]["host_rss_peak_measured_bytes"] for x in recs if x["cell_hash"] == a.hash}
     assert min(rss[1], rss[2]) - rss[3] > 200 * 2**20, rss
-    # slow=300: the host waits three times what the step took so far, inside the step's clock. Checked within each
-    # faulted step (the wait the worker timed against the step time it recorded), not against the clean cell: a
-    # CPU-heavy process beside the run slowed the clean cell's steps as much as the fault did (a ratio of 1.1
-    # where 4 was injected), while the wait's share of its own step holds under any load.
+    # slow=300: the host waits three times what the step took so far, inside the step's clock: nominally 3/4 of
+    # each faulted step. Checked within each step (the wait the worker timed against the step time it recorded),
+    # not against the clean cell, whose steps a CPU-heavy process beside the run slows as much as the fault.
     for x in first:
         waits = x["worker"]["fault_wait_s"]
         if x["cell_hash"] != b.hash:
@@ -62,9 +61,8 @@ def test_repeats_interleave_resume_and_targeted_faults(tmp_path):
             continue
         steps = x["step_times_s"]
         assert len(waits) == len(steps), (waits, steps)
-        assert all(0.7 * t <= w < t for w, t in zip(waits, steps, strict=True)), (waits, steps)
+        assert all(0.6 * t <= w < t for w, t in zip(waits, steps, strict=True)), (waits, steps)
 
-    # The comparison of the clean repeat against the faulted ones sees both (one repeat a side: by the
-    # minimum effect alone; the slowdown is ~50% of tokens/s, far past 15%).
+    # A results file compared with itself is no regression, faulted repeats and all.
     r = zerobench("compare", str(res), str(res), cwd=tmp_path)
     assert r.returncode == 0, "a file against itself is no regression"

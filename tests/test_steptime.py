@@ -28,6 +28,7 @@ from bench.estimate.steptime import (
     predict_step,
     predict_wall,
     run_seconds,
+    step_and_share,
     step_parts,
 )
 from bench.estimate.timecheck import (
@@ -225,6 +226,9 @@ def test_the_hosts_parts_take_the_hosts_time_and_a_host_not_measured_is_the_typi
     assert predict_step(gpu, fast) > 0.85 * predict_step(gpu, H200)
     assert predict_step(qlora, typical) == pytest.approx(predict_step(qlora, H200))
     assert host_share(qlora, fast) < host_share(qlora, H200)
+    for cell in (qlora, gpu):  # answer mode's one pass gives both figures as each alone gives it
+        assert step_and_share(cell, fast) == (predict_step(cell, fast), host_share(cell, fast))
+    assert step_and_share(dataclasses.replace(gpu, model="no-such-model")) is None
     # Its band is the one of predictions that took the host's time: narrower than a host not measured gets.
     for hw in (fast, typical):
         low, pred, high = step_time_band(qlora, hw)

@@ -269,8 +269,8 @@ class WorkerFacts(BaseModel):
     """The ZEROBENCH_FAULT the worker ran with (tests only; bench.matrix.faults): as rank 0 applied it, or as the
     orchestrator passed it when the fault left no result document (a kill). None in a benchmark."""
     fault_wait_s: list[float] | None = None
-    """The host wait a slow= fault added to each step from its step on, as timed around it (tests only): the
-    part of each of those step times that is the fault's."""
+    """The host wait a slow= fault added to each step from its step on (fault_injected's @N: step_times_s[N:]),
+    as timed around it (tests only): the part of each of those step times that is the fault's."""
     ops_built: list[dict[str, Any]] | None = None
     """DeepSpeed ops compiled inside the cell ({"op", "s"} each): its wall time and setup memory include
     a compiler. None when every op came ready-built."""

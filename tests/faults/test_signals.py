@@ -36,7 +36,7 @@ PHASES = {
     "prebuild": "while the op prebuild compiles (a fresh extensions folder)",
     "forkserver": "while the fork server imports its stack",
     "cell": "while a cell's worker steps",
-    "report": "while the report is written (every record already stored)",
+    "report": "as the report begins (every record already stored; the run holds there until the signal)",
 }
 EXIT = {"sigkill": -9, "sigterm": 143, "sigint": 130}
 
@@ -153,6 +153,8 @@ def test_orchestrator_stopped_then_resumed(chain, sig, phase, ledger):
             assert mine[-1]["reason"] == why
     if phase == "report":
         assert "results: " in obs["output"]
+        if sig != "sigkill":  # stopped in the report, and said so
+            assert "while writing the report" in obs["output"] and not obs["report"], obs["output"][-2000:]
         assert not any(r["status"] == "interrupted" and "found by --resume" not in r["reason"] for r in new)
     if sig != "sigkill":
         name = sig.upper()
