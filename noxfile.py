@@ -79,13 +79,21 @@ def _quick_suite(session, *extra):
     session.run("pytest", "-m", QUICK, "-n", "2", "--dist", "loadfile", *extra, *session.posargs)
 
 
+COPIED_OPS = ("CPUAdamBuilder", "ShareMemCommBuilder")
+"""The DeepSpeed ops the copies_ops tests' cells load (the ZeRO-Offload CPU Adam; the CPU's shared-memory
+collectives, which every CPU cell's init_distributed loads)."""
+
+
 def _slow_suite(session, *extra):
-    """The `serial` slow tests first and alone (they time something, or are the first to build the machine's
-    DeepSpeed ops), then the `copies_ops` ones two at a time (they copy those ops: nothing builds into the folder
-    they copy), then the rest two at a time, one file per pytest-xdist worker: most of a slow test's time is its
-    cells' start-up in child processes, which a second worker overlaps. Exit code 5 (nothing selected) is fine:
-    arguments may pick tests of only one part."""
+    """The ops the copies_ops tests copy built, then the `serial` slow tests alone (they time something), then
+    the `copies_ops` ones two at a time (nothing builds into the folder they copy beside them), then the rest two
+    at a time, one file per pytest-xdist worker: most of a slow test's time is its cells' start-up in child
+    processes, which a second worker overlaps. Exit code 5 (nothing selected) is fine: arguments may pick tests
+    of only one part."""
     two = ("-n", "2", "--dist", "loadfile")
+    # The ops the copies_ops tests copy, built first into the machine's folder (seconds where built): a test
+    # that copied the folder before some test built them compiled them in its copy, for itself alone.
+    session.run("python", "-m", "bench.worker", "--prebuild", *COPIED_OPS)
     session.run("pytest", "-m", f"{SLOW} and serial", *extra, *session.posargs, success_codes=[0, 5])
     part = f"{SLOW} and copies_ops and not serial"
     session.run("pytest", "-m", part, *two, *extra, *session.posargs, success_codes=[0, 5])

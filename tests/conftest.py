@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -58,6 +59,31 @@ def zerobench(*args: str, cwd: Path, env: dict | None = None, timeout: float = 1
     return subprocess.run(
         [sys.executable, "-m", "bench", *args], cwd=cwd, env=e, capture_output=True, text=True, timeout=timeout
     )
+
+
+def copy_built_ops(dest: Path) -> bool:
+    """Copy the DeepSpeed ops this machine has built to `dest`, a test's own extensions folder (the test's runs
+    get TORCH_EXTENSIONS_DIR=dest): they load them instead of compiling (a minute or more each), and a lock or a
+    partial build the test leaves stays in its copy. False when none are built."""
+    src = Path(ops_folder())
+    if not src.is_dir():
+        return False
+    shutil.copytree(src, dest, symlinks=True)  # copy2: the mtimes ninja compares stay, so nothing rebuilds
+    return True
+
+
+def ops_folder() -> str:
+    """Where torch builds and finds this machine's ops: $TORCH_EXTENSIONS_DIR itself, else a folder per Python
+    and accelerator under its default root (torch.utils.cpp_extension._get_build_directory, which is private)."""
+    import torch
+    from torch.utils.cpp_extension import get_default_build_root
+
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return os.environ["TORCH_EXTENSIONS_DIR"]
+    v = torch.version
+    acc = f"rocm{v.hip.replace('.', '')}" if v.hip else f"cu{v.cuda.replace('.', '')}" if v.cuda else "cpu"
+    py = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+    return os.path.join(get_default_build_root(), f"{py}_{acc}")
 
 
 def write_matrix(path: Path, body: str) -> Path:

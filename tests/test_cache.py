@@ -19,7 +19,7 @@ from bench.execute import RunSettings, prepare, progress, run
 from bench.host import env
 from bench.matrix.cells import Cell
 from bench.records import cache
-from tests.conftest import TINY, write_matrix, zerobench
+from tests.conftest import TINY, copy_built_ops, write_matrix, zerobench
 
 ENV = {"TORCH_EXTENSIONS_DIR": "/somewhere/ext", "TORCH_CUDA_ARCH_LIST": "9.0"}
 
@@ -242,12 +242,8 @@ def test_second_run_on_the_machine_pays_no_prebuild(tmp_path):
     """Two `zerobench run`s in one extensions folder and cache: the first runs the prebuild helper (which
     finds the ops built, if earlier tests built them, or builds them), the second does not start it and
     spends less on its setup; a corrupted cache record brings the helper back."""
-    from torch.utils.cpp_extension import get_default_build_root
-
     ext = tmp_path / "ext"
-    src = get_default_build_root()  # $TORCH_EXTENSIONS_DIR, else torch's default folder
-    if os.path.isdir(src):  # the ops earlier tests built: a copy spares this test the compile
-        subprocess.run(["cp", "-a", src, str(ext)], check=True)
+    copy_built_ops(ext)  # the ops earlier tests built spare this test the compile
     e = {"TORCH_EXTENSIONS_DIR": str(ext), "ZEROBENCH_CACHE": str(tmp_path / "cache")}
     write_matrix(tmp_path / "m.yaml", CPUADAM)
 

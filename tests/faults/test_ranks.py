@@ -15,8 +15,7 @@ import pytest
 
 from tests.conftest import TINY, write_matrix, zerobench
 
-# serial: its first 2-rank cells build DeepSpeed's CPU ops that the copies_ops tests copy; its
-# hang watchdog and wall-clock limit are timings.
+# serial: its hang watchdog and wall-clock limit are timings.
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 # fault id: (the cell, the fault, allowed final statuses, what is injected)

@@ -10,14 +10,12 @@ op prebuild): the runs are made once per module, and each fault's test checks it
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY, write_matrix
+from tests.conftest import TINY, copy_built_ops, write_matrix
 from tests.faults.procs import (
     SIGNALS,
     Run,
@@ -99,21 +97,19 @@ def chain(tmp_path_factory):
     def reporting(run, tmp):
         return run.hold.exists()  # its report has begun and waits there (tests.faults.procs.HOLD_REPORT)
 
-    shared = root / "ext-shared"
-    src = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or "")
-    if src.is_dir():  # a copy: a stale lock left here by a killed build must not reach other tests
-        shutil.copytree(src, shared)
+    shared = root / "ext-shared"  # a copy: a stale lock left here by a killed build must not reach other tests
+    copy_built_ops(shared)
     for sig in SIGNALS:
         step(sig, "prebuild", compiling, ext=root / f"ext-fresh-{sig}")
     for sig in SIGNALS:
-        step(sig, "forkserver", serving, ext=shared if src.is_dir() else None)
+        step(sig, "forkserver", serving, ext=shared)
     for sig in SIGNALS:
-        step(sig, "cell", stepping, ext=shared if src.is_dir() else None, report=True)
+        step(sig, "cell", stepping, ext=shared, report=True)
     # The run that completes the cell is stopped in its report; the two after it have nothing left to
     # run and are stopped in theirs. Each report is held where it begins until the signal comes: a report
     # of seconds, signalled once "results:" was printed, ended first on a loaded machine.
     for sig in SIGNALS:
-        step(sig, "report", reporting, ext=shared if src.is_dir() else None, report=True)
+        step(sig, "report", reporting, ext=shared, report=True)
     # The last run shares the temp dir of the run SIGKILLed mid-cell, whose attempt folder it must sweep.
     killed_tmp = seen[("sigkill", "cell")]["tmp"]
     left_by_kill = [str(d) for d in attempt_dirs(killed_tmp)]

@@ -4,7 +4,6 @@ orchestrator carries on with the next cell."""
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from bench.matrix import dsconfig
 from bench.matrix.cells import Cell
 from bench.records.record import Record
 from bench.records.store import Store, read
-from tests.conftest import ROOT, TINY, write_matrix, zerobench
+from tests.conftest import ROOT, TINY, copy_built_ops, write_matrix, zerobench
 
 # copies_ops: it copies the machine's built DeepSpeed ops (a build beside it would leave a partial copy).
 pytestmark = [pytest.mark.slow, pytest.mark.copies_ops]
@@ -144,9 +143,7 @@ def single(tmp_path_factory):
     m = write_matrix(root / "single.yaml", TINY + "axes: {zero_stage: [0, 1, 2], precision: [fp32]}\n")
     res = root / "single.jsonl"
     ext = root / "ext"
-    src = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache/torch_extensions/py311_cpu")
-    if src.is_dir():
-        shutil.copytree(src, ext)
+    copy_built_ops(ext)
     # A build killed in the middle left torch's FileBaton lock behind: before the fix, the prebuild
     # and every cell waited on it forever.
     (ext / "deepspeed_shm_comm").mkdir(parents=True, exist_ok=True)
@@ -323,11 +320,9 @@ def test_worker_oom_killed_in_a_memory_cgroup(tmp_path, ledger):
 
 def test_an_op_built_inside_the_cell_is_flagged(tmp_path, ledger):
     ledger.fault("op-built-inside-cell", "the shared extensions cache loses a built op before a cell starts")
-    src = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache/torch_extensions/py311_cpu")
-    if not (src / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").exists():
-        pytest.skip("needs DeepSpeed's shared-memory op built once (any CPU cell builds it)")
     ext = tmp_path / "ext"
-    shutil.copytree(src, ext)
+    if not copy_built_ops(ext) or not (ext / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").exists():
+        pytest.skip("needs DeepSpeed's shared-memory op built once (any CPU cell builds it)")
     # Another run cleaned its library: the objects are still there, so the cell relinks it (seconds,
     # not the minutes of a full compile, and still a build inside the cell).
     (ext / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").unlink()
