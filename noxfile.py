@@ -93,12 +93,19 @@ def _slow_suite(session, *extra):
     two = ("-n", "2", "--dist", "loadfile")
     # The ops the copies_ops tests copy, built first into the machine's folder (seconds where built): a test
     # that copied the folder before some test built them compiled them in its copy, for itself alone.
-    session.run("python", "-m", "bench.worker", "--prebuild", *COPIED_OPS)
-    session.run("pytest", "-m", f"{SLOW} and serial", *extra, *session.posargs, success_codes=[0, 5])
-    part = f"{SLOW} and copies_ops and not serial"
-    session.run("pytest", "-m", part, *two, *extra, *session.posargs, success_codes=[0, 5])
-    rest = f"{SLOW} and not serial and not copies_ops"
-    session.run("pytest", "-m", rest, *two, *extra, *session.posargs, success_codes=[0, 5])
+    parts = (
+        ("ops the copies_ops tests load", ("python", "-m", "bench.worker", "--prebuild", *COPIED_OPS), ()),
+        ("serial part", ("pytest", "-m", f"{SLOW} and serial"), ()),
+        ("copies_ops part", ("pytest", "-m", f"{SLOW} and copies_ops and not serial"), two),
+        ("the rest", ("pytest", "-m", f"{SLOW} and not serial and not copies_ops"), two),
+    )
+    for name, cmd, workers in parts:
+        t0 = time.monotonic()
+        if cmd[0] == "pytest":
+            session.run(*cmd, *workers, *extra, *session.posargs, success_codes=[0, 5])
+        else:
+            session.run(*cmd)
+        session.log(f"ci: slow suite, {name} took {time.monotonic() - t0:.0f} s")
 
 
 @nox.session(python="3.11")
