@@ -64,26 +64,14 @@ def zerobench(*args: str, cwd: Path, env: dict | None = None, timeout: float = 1
 def copy_built_ops(dest: Path) -> bool:
     """Copy the DeepSpeed ops this machine has built to `dest`, a test's own extensions folder (the test's runs
     get TORCH_EXTENSIONS_DIR=dest): they load them instead of compiling (a minute or more each), and a lock or a
-    partial build the test leaves stays in its copy. False when none are built."""
-    src = Path(ops_folder())
+    partial build the test leaves stays in its copy. False when there is no folder to copy."""
+    from bench.worker.ops import build_dir
+
+    src = build_dir("")  # the folder torch builds and loads every op in, as the worker finds it
     if not src.is_dir():
         return False
     shutil.copytree(src, dest, symlinks=True)  # copy2: the mtimes ninja compares stay, so nothing rebuilds
     return True
-
-
-def ops_folder() -> str:
-    """Where torch builds and finds this machine's ops: $TORCH_EXTENSIONS_DIR itself, else a folder per Python
-    and accelerator under its default root (torch.utils.cpp_extension._get_build_directory, which is private)."""
-    import torch
-    from torch.utils.cpp_extension import get_default_build_root
-
-    if os.environ.get("TORCH_EXTENSIONS_DIR"):
-        return os.environ["TORCH_EXTENSIONS_DIR"]
-    v = torch.version
-    acc = f"rocm{v.hip.replace('.', '')}" if v.hip else f"cu{v.cuda.replace('.', '')}" if v.cuda else "cpu"
-    py = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
-    return os.path.join(get_default_build_root(), f"{py}_{acc}")
 
 
 def write_matrix(path: Path, body: str) -> Path:
@@ -117,22 +105,23 @@ def agree_across_nodes(across: dict, within: dict) -> None:
 
 
 EXECUTOR_CELLS = (
-    r"^zero=(0,offload=none,prec=(bf16|fp16),gc=off,opt=adamw,peft=(none|lora-r8)|3,offload=optimizer\+params),",
+    r"^zero=(0,offload=none,prec=(bf16|fp16),gc=off,opt=adamw,peft=(none|lora-r8)"
+    r"|2,offload=optimizer|3,offload=optimizer\+params),"
 )
-"""The smoke matrix's cells another executor (Ray, Slurm) runs as `local` does (--filter): a ZeRO-0 cell, its LoRA
-twin, ZeRO-3 offloading parameters and optimizer to the CPU (the CPU Adam op loaded on the node) and an fp16 cell
-the rules skip. What a cell computes is the same under every executor; all 13 of the matrix run under `local`
-(tests/test_e2e_cpu.py), and each executor's share of a run is starting cells on its nodes, recording their ends
-and skipping by the rules."""
+"""The smoke matrix's cells another executor (Ray, Slurm) runs as `local` does (one --filter): a ZeRO-0 cell, its
+LoRA twin, ZeRO-2 offloading the optimizer and ZeRO-3 offloading optimizer and parameters (their steps in the CPU
+Adam op, loaded on the node) and an fp16 cell the rules skip. What a cell computes is the same under every
+executor, and local runs the whole matrix (tests/test_e2e_cpu.py); an executor's share of a run is starting cells
+on its nodes, recording their ends and skipping by the rules."""
 
 
-def ends_as_planned(matrix: Path, ends: list[dict], filters: tuple[str, ...] = ()) -> list[dict]:
-    """The ends of a run of `matrix` (its cells `filters` keep) through another executor, as `local` ends it: the
-    same cells skipped by the same rules, every other one ok (local's ends of the whole matrix:
+def ends_as_planned(matrix: Path, ends: list[dict], only: str | None = None) -> list[dict]:
+    """The ends of a run of `matrix` (its cells the filter `only` keeps) through another executor, as `local` ends
+    it: the same cells skipped by the same rules, every other one ok (local's ends of the whole matrix:
     tests/test_e2e_cpu.py; running it again would prove that twice). The ok records."""
     from bench.execute.plan import host_platform, plan
 
-    planned = plan(str(matrix), list(filters), platform=host_platform(None))
+    planned = plan(str(matrix), [only] if only else None, platform=host_platform(None))
     expected = {it.cell.hash: ("skipped", it.skip.rule) if it.skip else ("ok", None) for it in planned.items}
     got = {x["cell_hash"]: (x["status"], (x.get("skip") or {}).get("rule")) for x in ends}
     assert got == expected, [(x["cell_name"], x["reason"]) for x in ends if x["status"] not in ("ok", "skipped")]

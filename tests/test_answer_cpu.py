@@ -3,9 +3,9 @@ matrices/answer-cpu.yaml, 12 runnable cells in two PEFT groups, four sequences p
 1, 2 or 4, run in full (three times over: REFERENCE_REPEATS) and then in answer mode. The answer must name the
 same fastest cell per group (or one the full run cannot tell from it at one measurement's resolution), find the
 full run's frontier of the configurations at the micro-batch answer mode measures for each (the largest that
-fits: the others are parked, each record saying so), and choose cells that cost at most half the full run's cell
+fits: the others are parked, each record saying so), and choose cells that cost at most half one full pass's cell
 time (each cell's first measurement, the records' wall_s summed; 23-31% of it in four runs), all its
-measurements together, repeats included, less than the full run (37-65%). The repeats are what its
+measurements together, repeats included, less than one pass of the full run (37-65%). The repeats are what its
 measurements' noise asks for, and that changes with the machine's load; the cells it leaves unmeasured are its
 decisions. No figure is an absolute time: the checks are orders and ratios.
 
@@ -30,11 +30,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.serial]  # alone: its verdicts are a
 
 MATRIX = "matrices/answer-cpu.yaml"
 REFERENCE_REPEATS = 3
-"""The full grid is the reference, measured three times over (interleaved): one CPU measurement of these
-30-ms steps scatters by sd 0.10 or more (bench.records.quality.NOISE), so a grid measured once names near-equal
-cells in either order, and a full run measured once failed this test when it measured a micro-batch the answer
-parks (mb=2, ga=2: near-equal to mb=4 here) faster by more than that resolution. The mean of three scatters by
-0.6 of one measurement's spread."""
+"""The full grid, the reference, is measured three times over (interleaved): one CPU measurement of these 30-ms
+steps scatters by sd 0.10 or more (bench.records.quality.NOISE), so one pass names near-equal cells in either
+order; the mean of three scatters by 1/sqrt(3) of that."""
 
 
 def _search(records: list[dict], micro_batch: int | None = None) -> answer.Search:

@@ -240,10 +240,10 @@ CPUADAM = TINY + "name: fixedcost\naxes: {zero_stage: [2], offload: [optimizer],
 @pytest.mark.copies_ops  # a build beside its copy would leave a partial copy; its bar is CPU seconds, not wall
 def test_second_run_on_the_machine_pays_no_prebuild(tmp_path):
     """Two `zerobench run`s in one extensions folder and cache: the first runs the prebuild helper (which
-    finds the ops built, if earlier tests built them, or builds them), the second does not start it and
+    finds the ops built, where the machine has them, or builds them), the second does not start it and
     spends less on its setup; a corrupted cache record brings the helper back."""
     ext = tmp_path / "ext"
-    copy_built_ops(ext)  # the ops earlier tests built spare this test the compile
+    copy_built_ops(ext)  # the machine's built ops (CI builds these first) spare this test the compile
     e = {"TORCH_EXTENSIONS_DIR": str(ext), "ZEROBENCH_CACHE": str(tmp_path / "cache")}
     write_matrix(tmp_path / "m.yaml", CPUADAM)
 

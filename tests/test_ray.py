@@ -1,5 +1,6 @@
 """The Ray executor on a real Ray cluster of two nodes on this machine (each with one zerobench_slot, the
-custom resource CPU cells are placed on): the smoke matrix as `--executor local` runs it, a cell whose
+custom resource CPU cells are placed on): the smoke matrix's executor cells (tests/conftest.py
+EXECUTOR_CELLS) ending as `--executor local` ends them, a cell whose
 worker or whose Ray worker is SIGKILLed, a Ctrl-C to the orchestrator, cells over both nodes, and the clear
 errors before any cell. One cluster for the module, torn down at its end."""
 
@@ -113,25 +114,26 @@ def _wait(pred, timeout_s: float, what: str):
 LONG = TINY.replace("measured: 4", "measured: 5000")  # cells that run until they are stopped
 
 
-# -- the smoke matrix, as local runs it ----------------------------------------------------------------
+# -- the smoke matrix's executor cells, as local ends them ------------------------------------------------
 
 
 @pytest.mark.slow
 def test_the_smoke_matrix_on_two_ray_nodes_ends_as_on_one_host(cluster, tmp_path):
-    only = [a for f in EXECUTOR_CELLS for a in ("--filter", f)]
     ray_run = zerobench(
-        "run", *only, "--executor", "ray", "--address", cluster.address, "--results", str(tmp_path / "ray.jsonl"),
+        "run", "--filter", EXECUTOR_CELLS, "--executor", "ray", "--address", cluster.address,
+        "--results", str(tmp_path / "ray.jsonl"),
         "--no-report", "--no-progress", cwd=tmp_path,
     )  # fmt: skip
     assert ray_run.returncode == 0, ray_run.stdout[-3000:] + ray_run.stderr[-3000:]
     assert "ray: 2 node(s), 2 zerobench_slots" in ray_run.stdout
     on_ray = _outcomes(tmp_path / "ray.jsonl")
-    assert len(on_ray) == 4 and {r["status"] for r in on_ray} == {"ok", "skipped"}
+    assert len(on_ray) == 5 and {r["status"] for r in on_ray} == {"ok", "skipped"}
     ran = ends_as_planned(DEFAULT_MATRIX, on_ray, EXECUTOR_CELLS)
+    assert sum(r["cell"]["optimizer"] == "cpuadam" for r in ran) == 2
     # One task per attempt: each cell once, on one of the two nodes, both used; each outcome carries the
     # provenance taken on its node and the planner's beside it. A Ray worker's first cell starts a fresh
     # interpreter while the worker's fork server imports; the cells after it there fork from it.
-    assert len({r["cell_hash"] for r in ran}) == len(ran) == 3
+    assert len({r["cell_hash"] for r in ran}) == len(ran) == 4
     assert len({r["placement"]["node_id"] for r in ran}) == 2
     for r in ran:
         assert r["provenance"]["host"] == r["placement"]["node"] and r["orchestrator"]["host"]

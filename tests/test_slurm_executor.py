@@ -94,13 +94,12 @@ def test_the_smoke_matrix_ends_as_it_does_on_this_host(slurm_cluster, tmp_path):
     tests/test_e2e_cpu.py); each record names its job, its Slurm node and the node's provenance beside the
     orchestrator's."""
     res = tmp_path / "s.jsonl"
-    only = [a for f in EXECUTOR_CELLS for a in ("--filter", f)]
-    r = zerobench("run", str(SMOKE), *only, "--results", str(res), "--no-report", *SLURM, cwd=tmp_path,
-                  env=_env(slurm_cluster))  # fmt: skip
+    r = zerobench("run", str(SMOKE), "--filter", EXECUTOR_CELLS, "--results", str(res), "--no-report", *SLURM,
+                  cwd=tmp_path, env=_env(slurm_cluster))  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     ran = ends_as_planned(SMOKE, _ends(res), EXECUTOR_CELLS)
-    assert len(ran) == 3
-    assert len({x["placement"]["slurm_job"] for x in ran}) == 3
+    assert len(ran) == 4 and sum(x["cell"]["optimizer"] == "cpuadam" for x in ran) == 2
+    assert len({x["placement"]["slurm_job"] for x in ran}) == 4
     for x in ran:
         assert x["placement"]["slurm_nodes"][0] in slurm_cluster.nodes and x["placement"]["node"]
         assert x["provenance"]["host"] == x["orchestrator"]["host"] == socket.gethostname()  # one machine here
