@@ -15,7 +15,7 @@ from ..matrix.cells import Cell
 from . import data, models
 from .events import Events
 
-__all__ = ["Setup", "start", "record_kernels"]
+__all__ = ["Setup", "gloo_safe", "start", "record_kernels"]
 
 
 @dataclass
@@ -92,7 +92,7 @@ def start(spec: dict, doc: dict, events: Events) -> Setup:
     torch.manual_seed(cell.seed)
     return Setup(
         cell=cell,
-        ds_config=spec["ds_config"],
+        ds_config=gloo_safe(spec["ds_config"], cuda, world),
         rank=rank,
         local_rank=local_rank,
         world=world,
@@ -100,6 +100,16 @@ def start(spec: dict, doc: dict, events: Events) -> Setup:
         dtype=models.DTYPES[cell.precision],
         t0=t_setup,
     )
+
+
+def gloo_safe(ds_config: dict[str, Any], cuda: bool, world: int) -> dict[str, Any]:
+    """ZeRO-3 over CPU ranks gathers one parameter at a time. DeepSpeed's coalesced gather (up to 0.19.6) waits on
+    its last handle only; gloo runs each handle on a thread of its own, so the others' buffers may still be empty
+    when read (deepspeedai/DeepSpeed#8539): a cell diverged at random. On CUDA one stream orders them."""
+    zero = ds_config.get("zero_optimization") or {}
+    if cuda or world < 2 or zero.get("stage") != 3 or "stage3_allgather_sequential" in zero:
+        return ds_config
+    return {**ds_config, "zero_optimization": {**zero, "stage3_allgather_sequential": True}}
 
 
 def _build_model(cell, ds_config, dtype, device, local_rank, under_trainer):
