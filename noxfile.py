@@ -9,6 +9,7 @@ nox -s ds_tables                   # after a DeepSpeed upgrade: regenerate bench
 nox -s regress -- BASELINE MATRIX  # run MATRIX, then compare it with BASELINE (fails on a regression)
 """
 
+import contextlib
 import os
 import shutil
 import time
@@ -94,19 +95,24 @@ def _slow_suite(session, *extra):
     # The ops the copies_ops tests copy, built first into the machine's folder (seconds where built), as the
     # tests' CPU cells build them (CUDA hidden): a test that copies the folder before they are built compiles them
     # in its copy, for itself alone. A failed build is left to the tests that need the op to report.
-    parts = (
-        ("ops the copies_ops tests load", ("python", "-m", "bench.worker", "--prebuild", *COPIED_OPS), ()),
-        ("serial part", ("pytest", "-m", f"{SLOW} and serial"), ()),
-        ("copies_ops part", ("pytest", "-m", f"{SLOW} and copies_ops and not serial"), two),
-        ("the rest", ("pytest", "-m", f"{SLOW} and not serial and not copies_ops"), two),
-    )
-    for name, cmd, workers in parts:
-        t0 = time.monotonic()
-        if cmd[0] == "pytest":
-            session.run(*cmd, *workers, *extra, *session.posargs, success_codes=[0, 5])
-        else:
-            session.run(*cmd, env={"CUDA_VISIBLE_DEVICES": "", "ZEROBENCH_NO_GPU": "1"}, success_codes=[0, 1])
-        session.log(f"ci: slow suite, {name} took {time.monotonic() - t0:.0f} s")
+    hidden = {"CUDA_VISIBLE_DEVICES": "", "ZEROBENCH_NO_GPU": "1"}
+    with _timed(session, "slow suite, ops the copies_ops tests load"):
+        session.run("python", "-m", "bench.worker", "--prebuild", *COPIED_OPS, env=hidden, success_codes=[0, 1])
+    for name, marks, workers in (
+        ("serial part", f"{SLOW} and serial", ()),
+        ("copies_ops part", f"{SLOW} and copies_ops and not serial", two),
+        ("the rest", f"{SLOW} and not serial and not copies_ops", two),
+    ):
+        with _timed(session, f"slow suite, {name}"):
+            session.run("pytest", "-m", marks, *workers, *extra, *session.posargs, success_codes=[0, 5])
+
+
+@contextlib.contextmanager
+def _timed(session, what: str):
+    """Log `ci: <what> took N s` after the block: every CI log says where its time went."""
+    t0 = time.monotonic()
+    yield
+    session.log(f"ci: {what} took {time.monotonic() - t0:.0f} s")
 
 
 @nox.session(python="3.11")
@@ -131,15 +137,14 @@ def ci(session):
     """Run what CI runs after lint: the quick suite, then the slow one, in one environment (torch, DeepSpeed
     and the rest installed once, not once per suite)."""
     # Each phase's wall time, and the slowest tests' (--durations), in every CI log: a slow CI says where.
-    for name, step in (
-        ("system packages", lambda: _system_packages(session)),
-        ("install", lambda: _install(session, "test")),
-        ("quick suite", lambda: _quick_suite(session, "--durations=30")),
-        ("slow suite", lambda: _slow_suite(session, "--durations=30")),
-    ):
-        t0 = time.monotonic()
-        step()
-        session.log(f"ci: {name} took {time.monotonic() - t0:.0f} s")
+    with _timed(session, "system packages"):
+        _system_packages(session)
+    with _timed(session, "install"):
+        _install(session, "test")
+    with _timed(session, "quick suite"):
+        _quick_suite(session, "--durations=30")
+    with _timed(session, "slow suite"):
+        _slow_suite(session, "--durations=30")
 
 
 @nox.session(python="3.11")
