@@ -4,6 +4,7 @@ neighbours that could be faster, and an out-of-memory end corrects the memory mo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -99,3 +100,51 @@ def test_batch_size_is_checked_against_the_micro_batches_and_the_accumulation(tm
     with pytest.raises(ConfigError) as e:
         spec.load(str(m))
     assert says in str(e.value)
+
+
+def _search_7b() -> answer.Search:
+    platform = Recording([ANSWER_7B]).platform()
+    p = answer_items(plan("matrices/7b.yaml", platform=platform), platform)
+    return answer.Search([it for it in p.items if it.skip is None], hardware(platform), answer.Settings(), cuda=True)
+
+
+def _ended(c: answer.Candidate, status: str) -> object:
+    rec = next(json.loads(line) for line in open(ANSWER_7B) if f'"status":"{status}"' in line.replace(" ", ""))
+    cell = c.cell
+    return parse(rec | {"cell": cell.to_dict(), "cell_hash": cell.hash, "cell_name": cell.name, "cell_id": cell.id})
+
+
+def test_a_parked_micro_batch_expected_to_repeat_an_error_is_not_opened_again():
+    """Two cells fail alike, one the configuration's twin but for its engine, one but for its checkpointing: every
+    micro-batch of the configuration has what they share, so each is expected to repeat the error
+    (bench.execute.failures), the parked ones too, and none is opened again when its family has no other left."""
+    s = _search_7b()
+    flip = {"deepspeed": "hf_trainer", "hf_trainer": "deepspeed"}
+    for fam in (f for f in s.families.values() if [c.state for c in f] == ["parked", "parked", "open"]):
+        twins = (
+            s.by_hash.get(dataclasses.replace(fam[2].cell, engine=flip[fam[2].cell.engine]).hash),
+            s.by_hash.get(dataclasses.replace(fam[1].cell, grad_ckpt=not fam[1].cell.grad_ckpt).hash),
+        )
+        if all(t is not None and t.state in ("open", "parked") for t in twins):
+            break
+    else:
+        pytest.fail("no configuration with both twins runnable")
+    for t in twins:
+        s.started(t, 0)
+        s.observe(_ended(t, "error"), 0)
+    assert [c.state for c in fam] == ["expected"] * 3
+    assert not any(s.measurable(c) for c in fam)
+
+
+def test_a_cell_that_would_not_fit_in_a_draw_changes_nothing_there():
+    """After an out-of-memory end, the cells the corrected memory model puts past the capacity (but within the
+    margin that sets them aside) could lead only where they fit: their chances are at most that of fitting."""
+    s = _search_7b()
+    big = next(c for c in s.open() if c.model.get("peft") == "none" and c.cell.micro_batch == 4)
+    s.started(big, 0)
+    s.observe(_ended(big, "cuda_oom"), 0)
+    ch = s.chances
+    near = [c for c in s.open() + s.parked() if s.memory_interval(c)[0] > math.log(s.capacity)]
+    assert near, "cells predicted past the capacity, each still open within the margin"
+    for c in near:
+        assert ch.cell_lead.get(c.cell.hash, 0.0) <= 0.025 and ch.cell_frontier.get(c.cell.hash, 0.0) <= 0.025

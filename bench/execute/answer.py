@@ -423,8 +423,11 @@ class Search:
         """Errors teach the search (bench.execute.failures): a cell not yet measured is left while it is expected
         to repeat an error, and open again once a cell that ran says otherwise."""
         for c in self.candidates:
-            if c.state in ("open", "expected") and c.cell.hash not in self.in_flight:
-                c.state = "expected" if self.lessons.expected(c.features) else "open"
+            if c.state in ("open", "parked", "expected") and c.cell.hash not in self.in_flight:
+                if self.lessons.expected(c.features):
+                    c.state = "expected"
+                elif c.state == "expected":
+                    c.state = "open"  # families.park parks it again where its family measures another micro-batch
 
     def _measured(self, c: Candidate, rec: Record, rung: int | None) -> None:
         c.state = "measured"
