@@ -88,11 +88,9 @@ def run(
     store, logs = _files(p, results, s.logs)
     slots, slurm_settings = _placing(s, t, logs)
     o = Options(
-        matrix_path=s.matrix, resume=s.resume, logs=logs, progress=s.progress, extra_env=s.extra_env,
-        printer=printer, on_record=on_record, prune=s.prune, gpu_mem=s.gpu_mem, margin=s.margin,
-        repeats=s.repeats or p.matrix.repeats, order=s.order, platform=t.platform, slots=slots,
-        executor="replay" if recording else s.executor, answer=s.answer, replay=recording, slurm=slurm_settings,
-        address=s.address, host_mem=s.host_mem,
+        s, logs=logs, printer=printer, on_record=on_record, repeats=s.repeats or p.matrix.repeats,
+        platform=t.platform, slots=slots, executor="replay" if recording else s.executor, replay=recording,
+        slurm=slurm_settings,
     )  # fmt: skip
     # One run per results file: a second run (or a --resume) beside this one would measure every cell
     # twice, number both attempts 1, share their log files and take each other's started cells for dead.
@@ -280,8 +278,8 @@ def _say_hardware(o: Options, s: Session) -> None:
             f"memory model: judging cells against {hw.gpu_memory_bytes / 2**30:.1f} GiB of GPU memory"
             + (f" and {hw.host_memory_bytes / 2**30:.1f} GiB of host memory" if hw.host_memory_bytes else "")
             + (
-                f", margin {o.margin:.0%}; cells predicted not to fit are skipped (--no-prune runs them)"
-                if o.prune
+                f", margin {o.s.margin:.0%}; cells predicted not to fit are skipped (--no-prune runs them)"
+                if o.s.prune
                 else ""
             )
         )

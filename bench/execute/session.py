@@ -39,7 +39,7 @@ from .prepare import prepare
 from .progress import Progress, line
 from .registry import executor_for
 from .replay import Recording
-from .settings import stall_s
+from .settings import RunSettings, stall_s
 from .signals import Stopped, stop_on_signals
 
 __all__ = ["Options", "Session"]
@@ -66,29 +66,19 @@ class Unit:
 
 @dataclass
 class Options:
-    """How a run goes: what it was asked (bench.execute.settings.RunSettings documents each) and what run() made
-    of it (the logs folder, the platform, the slots, the executor, the recording, the Slurm settings)."""
+    """How a run goes: what it was asked (`s`, its RunSettings) and what run() made of it (the logs folder, the
+    repeats, the platform, the slots, the executor, the recording, the Slurm settings)."""
 
-    matrix_path: str
-    resume: bool
+    s: RunSettings
     logs: Path
-    progress: bool
-    extra_env: dict[str, str] | None
     printer: Callable
     on_record: Callable | None
-    prune: bool
-    gpu_mem: int | None
-    margin: float
     repeats: int
-    order: str
     platform: env.Platform
     slots: local.Slots
-    executor: str = "local"  # a name in bench.execute.registry.EXECUTORS
-    answer: answer.Settings | None = None  # answer mode (bench.execute.answer): measure only what settles
+    executor: str = "local"  # a name in bench.execute.registry.EXECUTORS ("replay" for a recording)
     replay: Recording | None = None  # the replay executor's recorded ends (bench.execute.replay)
-    address: str | None = None  # the cluster's, for a cluster executor
     slurm: Any = None  # the slurm executor's settings (bench.execute.slurm.Settings)
-    host_mem: int | None = None  # host memory to judge cells against (default: the platform's)
 
 
 class Session:
@@ -96,12 +86,12 @@ class Session:
 
     def __init__(self, p: Plan, store: Store, o: Options, run_id: str):
         self.p, self.store, self.o, self.run_id = p, store, o, run_id
-        self.hw: Hardware = hardware(o.platform, o.gpu_mem, o.host_mem)
+        self.hw: Hardware = hardware(o.platform, o.s.gpu_mem, o.s.host_mem)
         self.written: list[Record] = []  # the outcomes this run stored, in order
         self.attempts: dict[str, int] = {}  # cell hash -> the last attempt number used
         self.existing = store.records()
         self.stored: set[tuple[str, int]] = set()  # (cell hash, repeat) with an outcome (--resume)
-        self.items, self.preds, self.free = arrange(p.items, self.hw, o.margin, o.prune, o.order)
+        self.items, self.preds, self.free = arrange(p.items, self.hw, o.s.margin, o.s.prune, o.s.order)
         self.queue: list[tuple[Planned, int]] = []
         self.k = 0  # queue[k:] is what is left
         self.i = 0  # the progress index of the last unit drawn or record implied
@@ -118,8 +108,8 @@ class Session:
         runnable = [it for it in self.items if it.skip is None and id(it) not in self.free]
         ends = o.replay.ends if o.replay else None
         self.search = (
-            answer.Search(runnable, self.hw, o.answer, o.platform.cuda, ends, self.here(), self.preds)
-            if o.answer
+            answer.Search(runnable, self.hw, o.s.answer, o.platform.cuda, ends, self.here(), self.preds)
+            if o.s.answer
             else None
         )
         self.index_of: dict[str, int] = {}  # answer mode: a cell's progress index, kept across its rungs
@@ -152,7 +142,7 @@ class Session:
 
     @property
     def matrix_file(self) -> str:
-        return str(self.o.matrix_path)
+        return str(self.o.s.matrix)
 
     def recorded(self, i: int, rec: Record) -> None:
         """An outcome is stored: count it, print it, hand it to the exporter."""
@@ -176,12 +166,12 @@ class Session:
     def load(self) -> None:
         """The attempts so far, and on --resume the stale starts (recorded interrupted, with the time they ran)
         and what is done; then the queue of cell repeats to run."""
-        if self.search is not None and self.o.resume:
+        if self.search is not None and self.o.s.resume:
             self._check_same_groups()  # before anything is written
         for rec in self.existing:
             if rec.get("status") != Status.STARTED.value:
                 self.attempts[rec["cell_hash"]] = max(self.attempts.get(rec["cell_hash"], 0), rec.get("attempt", 1))
-        if self.o.resume:
+        if self.o.s.resume:
             self.stored, stale = self.store.resume_state(self.existing)
             for s in stale:
                 why = f"run {s['run_id']} stopped while this cell ran (found by --resume)"
@@ -193,8 +183,8 @@ class Session:
         self.queue = self._todo()
         self.begun = {h for h, _ in self.stored}
         total = len(self.queue) if self.search is None else len(self.queue) + len(self.search.candidates)
-        self.prog = Progress(total, enabled=self.o.progress, printer=self.o.printer)
-        if self.search is not None and self.o.resume:
+        self.prog = Progress(total, enabled=self.o.s.progress, printer=self.o.printer)
+        if self.search is not None and self.o.s.resume:
             self._resume_search()
 
     def _resume_search(self) -> None:
@@ -209,7 +199,7 @@ class Session:
             if self.o.replay is not None and r.replay is not None:  # its next attempt gets the next end
                 self.o.replay.served[r.cell_hash] = self.o.replay.served.get(r.cell_hash, 0) + 1
         done = [c for c in self.search.candidates if c.state != "open"]
-        budget, spent = self.o.answer.budget_s, self.search.spent_s
+        budget, spent = self.o.s.answer.budget_s, self.search.spent_s
         self.search.resumed = True
         if budget is None:
             left = "no --budget: it measures until the answer is settled"
@@ -232,7 +222,7 @@ class Session:
             short = {a.short: a.name for a in AXES}
             was = ",".join(short.get(k, k) for k in re.findall(r"(?:^|,)(\w+)=", group)) or "nothing (one group)"
             raise InputError(
-                f"--group-by {','.join(self.o.answer.group_by) or 'nothing'}: the answer in {self.store.path} was "
+                f"--group-by {','.join(self.o.s.answer.group_by) or 'nothing'}: the answer in {self.store.path} was "
                 f"grouped by {was} ({rec['cell_name']} in {group!r}, now {self.search.group_of(c)!r}); resume with "
                 f"--group-by {was}, or give a new --results to start another answer"
             )
@@ -259,11 +249,11 @@ class Session:
         if self.search is not None:  # answer mode: the search draws the cells that run (source)
             units = [(it, r) for it, r in units if id(it) in self.free]
         todo = [(it, r) for it, r in units if (it.cell.hash, r) not in self.stored]
-        if o.resume and o.prune:
+        if o.s.resume and o.s.prune:
             # An implied_oom record stands for every repeat of its cell (it is written once, as repeat 1).
             ended = {r["cell_hash"]: r["status"] for r in self.existing if r.get("status") != Status.STARTED.value}
             todo = [(it, r) for it, r in todo if ended.get(it.cell.hash) != Status.IMPLIED_OOM.value]
-        if o.resume and len(todo) < len(units):
+        if o.s.resume and len(todo) < len(units):
             what = "cells" if n == 1 else f"cell repeats ({n} per runnable cell)"
             o.printer(
                 f"resume: {len(units) - len(todo)} of {len(units)} {what} already have a result in {self.store.path}"
@@ -274,7 +264,7 @@ class Session:
 
     def imply(self, prover: Cell, status: str, run_of: str | None) -> None:
         """Record the cells left that an out-of-memory end of prover implies."""
-        if not self.o.prune:  # --no-prune runs every cell: the audit of what pruning and implying skip
+        if not self.o.s.prune:  # --no-prune runs every cell: the audit of what pruning and implying skip
             return
         # The queue left, and the units drawn but still waiting for their GPUs (admit turns those away); in
         # answer mode the cells the search has not measured yet.
@@ -310,7 +300,7 @@ class Session:
     def imply_stored(self) -> None:
         """On --resume, out-of-memory ends already stored (the last outcome of a cell of this plan) imply as
         new ones do: a run stopped between an end and its implications, or cells added since."""
-        if not self.o.resume:
+        if not self.o.s.resume:
             return
         in_plan = {it.cell.hash: it.cell for it in self.p.items}
         last = {r["cell_hash"]: r for r in self.existing if r.get("status") != Status.STARTED.value}
@@ -366,7 +356,7 @@ class Session:
             self.index_of[c.cell.hash] = self.i
         unit = Unit(self.index_of[c.cell.hash], c.planned, c.tries + 1, request=req)
         self.search.started(c, req.rung, req)
-        run_as = answer.rung_cell(c.cell, req.rung) if self.o.answer.halving else c.cell
+        run_as = answer.rung_cell(c.cell, req.rung) if self.o.s.answer.halving else c.cell
         a = self.attempt_of(unit, run_as, c.planned.ds_config)
         a.cell = c.cell
         return a
@@ -398,7 +388,8 @@ class Session:
 
     def against_recording(self) -> list[str]:
         """A replayed answer against the answer of every recorded end of the same cells (the full grid)."""
-        full = answer.Search([c.planned for c in self.search.candidates], self.hw, self.o.answer, self.o.platform.cuda)
+        o = self.o
+        full = answer.Search([c.planned for c in self.search.candidates], self.hw, o.s.answer, o.platform.cuda)
         for ends in self.o.replay.ends.values():
             for rec, _ in ends:
                 full.observe(parse(rec))
@@ -420,7 +411,7 @@ class Session:
         o = self.o
         how = launch.Launch(
             Path(),  # the log's name has the attempt's number, taken when it starts (admit)
-            stall_s=stall_s({**os.environ, **(o.extra_env or {})}), extra_env=o.extra_env,
+            stall_s=stall_s({**os.environ, **(o.s.extra_env or {})}), extra_env=o.s.extra_env,
             sample_interval_s=telemetry.interval_for(o.platform.cuda),
         )  # fmt: skip
         job = Job(cell, ds_config, how)
@@ -465,7 +456,7 @@ class Session:
         if h in self.turned_away and unit.search is None:
             return False
         self.begun.add(h)
-        pred = prediction(cell, handle.attempt.job.ds_config, self.hw, self.o.margin)
+        pred = prediction(cell, handle.attempt.job.ds_config, self.hw, self.o.s.margin)
         ident = self.ident(cell)
         self.attempts[cell.hash] = ident["attempt"]
         log = self.o.logs / f"{cell.hash}.{ident['attempt']}.log"
@@ -547,7 +538,7 @@ class Session:
         that may run, so a cluster executor refuses what it cannot place before any cell runs."""
         o = self.o
         return {
-            "address": o.address, "logs": o.logs, "printer": o.printer, "recording": o.replay, "settings": o.slurm,
+            "address": o.s.address, "logs": o.logs, "printer": o.printer, "recording": o.replay, "settings": o.slurm,
             "cells": [it.cell for it in self.will_run() if it.skip is None],
         }  # fmt: skip
 
@@ -566,7 +557,7 @@ class Session:
             where = "GPUs" if o.platform.cuda else "CPU slots"
             o.printer(f"packing: up to {o.slots.max_cells} cells side by side on {where} {list(o.slots.ids)}")
         items = self.will_run()
-        self.costs = prepare(items, o.logs, o.extra_env, o.platform, o.printer, o.slots, ex.forkservers) or None
+        self.costs = prepare(items, o.logs, o.s.extra_env, o.platform, o.printer, o.slots, ex.forkservers) or None
 
     def say_harness_error(self, e: HarnessError) -> None:
         """The run stops on a failure of zerobench's own (not a cell's): say it, and what --resume does."""
