@@ -134,17 +134,3 @@ def test_a_parked_micro_batch_expected_to_repeat_an_error_is_not_opened_again():
         s.observe(_ended(t, "error"), 0)
     assert [c.state for c in fam] == ["expected"] * 3
     assert not any(s.measurable(c) for c in fam)
-
-
-def test_a_cell_that_would_not_fit_in_a_draw_changes_nothing_there():
-    """After an out-of-memory end, the cells the corrected memory model puts past the capacity (but within the
-    margin that sets them aside) could lead only where they fit: their chances are at most that of fitting."""
-    s = _search_7b()
-    big = next(c for c in s.open() if c.model.get("peft") == "none" and c.cell.micro_batch == 4)
-    s.started(big, 0)
-    s.observe(_ended(big, "cuda_oom"), 0)
-    ch = s.chances
-    near = [c for c in s.open() + s.parked() if s.memory_interval(c)[0] > math.log(s.capacity)]
-    assert near, "cells predicted past the capacity, each still open within the margin"
-    for c in near:
-        assert ch.cell_lead.get(c.cell.hash, 0.0) <= 0.025 and ch.cell_frontier.get(c.cell.hash, 0.0) <= 0.025

@@ -12,10 +12,6 @@ fall together, beside the measured cells' levels (bench.judge.blocks.joint), DRA
   no more memory than it (within the memory tolerance) and is as fast within the frontier's resolution (the
   speed difference one measurement of each tells apart).
 
-In a draw where an unmeasured cell needs more memory than there is (the GPU's; on a CPU host, the host's), it ends
-out of memory: it neither leads nor adds a point there, so a cell the memory model puts near the capacity counts
-only as often as it fits.
-
 The search stops asking either question once its chance is below the level (Settings.settle, 5% unless
 `--settle` says), and measures next the cells with the largest chance per predicted second. Each cell's own
 chance (how often it beat the leader, or added a point, over the draws) is what it contributes. A cell whose
@@ -150,9 +146,6 @@ def _drawn(s, cells: Sequence, measured: Sequence, leaders: dict, res: np.ndarra
         if lead is not None:
             over[:, i] = u[:, i] - lv[:, measured.index(lead)] - thr
     margin = _adds(s, cells, measured, u, mem, lv, res)
-    if s.capacity:  # a draw in which a cell needs more memory than there is: it ends out of memory, and changes nothing
-        past = (mem > math.log(s.capacity)) & np.array([c.base_mem is not None for c in cells], dtype=bool)[None, :]
-        over, margin = np.where(past, -np.inf, over), np.where(past, -np.inf, margin)
     beats = over > 0
     adds = margin > 0
     out["lead"], out["frontier"] = exceed(over)[0], exceed(margin)[0]
