@@ -165,6 +165,18 @@ def test_ctrl_c_during_report(tmp_path, recs):
     assert "Traceback" not in err and "interrupted (Ctrl-C)" in err, err[-2000:]
 
 
+def test_ctrl_c_while_the_verb_starts_is_no_traceback(monkeypatch, capsys):
+    """A Ctrl-C before the verb runs (its imports and parser take a second on a loaded machine): exit 130 too."""
+    import bench.cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench.cli, "parser", interrupted)
+    assert bench.cli.main(["report", "results"]) == 130
+    assert "zerobench: interrupted (Ctrl-C)" in capsys.readouterr().err
+
+
 # -- records that contradict themselves or are too large to be records -----------------------------------------
 
 CPU = Path(__file__).parent / "data" / "smoke_cpu.jsonl"

@@ -38,10 +38,21 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the verb argv names; its exit code (2 for bad input, said on stderr without a traceback)."""
+    """Run the verb argv names; its exit code (2 for bad input, said on stderr without a traceback; 130 for a
+    Ctrl-C, also one that comes while the verb is still starting)."""
+    verb = ""
+    try:
+        args = parser().parse_args(argv)
+        verb = f" {args.cmd}"
+        return _verb(args)
+    except KeyboardInterrupt:  # a report or a compare stopped at the terminal: what was written is whole
+        print(f"\nzerobench{verb}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
+
+
+def _verb(args: argparse.Namespace) -> int:
     from ..records.record import RecordVersionError
 
-    args = parser().parse_args(argv)
     try:
         return args.func(args)
     except ConfigError as e:  # it names its file, every problem and the fix
@@ -52,6 +63,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:  # `zerobench cells ... | head`
         return 0
-    except KeyboardInterrupt:  # a report or a compare stopped at the terminal: what was written is whole
-        print(f"\nzerobench {args.cmd}: interrupted (Ctrl-C)", file=sys.stderr)
-        return 130
