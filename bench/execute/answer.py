@@ -473,14 +473,13 @@ class Search:
             self._memo[key] = ok[i] if i is not None else None
         return self._memo[key]
 
-    def could_beat(self, c: Candidate, m: Candidate, by: float | None = None, z: float = Z1) -> bool:
+    def could_beat(self, c: Candidate, m: Candidate, by: float | None = None) -> bool:
         """Whether c could be faster than m by more than `by` (default: the smallest effect that matters): the
-        upper bound of log(c/m) at `z` (one-sided 95% by default), both cells' uncertainty counted, above
-        log(1 + by)."""
+        one-sided 95% upper bound of log(c/m), both cells' uncertainty counted, above log(1 + by)."""
         d, sd = self.gap(c, m)
         if not math.isfinite(d):
             return True
-        return d + z * sd > math.log(1 + (self.s.speed_tolerance if by is None else by))
+        return d + Z1 * sd > math.log(1 + (self.s.speed_tolerance if by is None else by))
 
     def resolution(self, c: Candidate | None = None, m: Candidate | None = None) -> float:
         """The speed difference one measurement of each of two cells tells apart (95%, two-sided), by their
@@ -504,11 +503,8 @@ class Search:
         return abs(gap - math.log(1 + self.s.speed_tolerance)) < best
 
     def could_lead(self, c: Candidate) -> bool:
-        """Whether a measured cell stays in contention: the 95% interval of its ratio to the leader, the one the
-        answer prints, reaches past the speed tolerance. (A one-sided 95% bound dropped a cell one measurement put
-        2 sd low; with a few cells near the tolerance in each group, that named a wrong leader too often.)"""
         lead = self.leader(c.group)
-        return lead is None or lead is c or self.could_beat(c, lead, z=Z)
+        return lead is None or lead is c or self.could_beat(c, lead)
 
     def versus(self, m: Candidate, lead: Candidate) -> effects.Effect | None:
         """m against its group's fastest by the one rule (bench.judge.effects.against): None where no block or anchor

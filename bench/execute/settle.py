@@ -145,8 +145,8 @@ def _drawn(s, cells: Sequence, measured: Sequence, leaders: dict, res: np.ndarra
         lead = leaders.get(c.group)
         if lead is not None:
             over[:, i] = u[:, i] - lv[:, measured.index(lead)] - thr
-    margin = _adds(s, cells, measured, u, mem, lv, res)
     beats = over > 0
+    margin = _adds(s, cells, measured, u, mem, lv, res)
     adds = margin > 0
     out["lead"], out["frontier"] = exceed(over)[0], exceed(margin)[0]
     for g in {c.group for c in cells}:
