@@ -22,11 +22,22 @@ from bench.records.record import parse
 ANSWER_7B = "results/7b-answer-h200.jsonl"
 
 
-@pytest.fixture(scope="module")
-def search() -> answer.Search:
+def _search_7b() -> answer.Search:
     platform = Recording([ANSWER_7B]).platform()  # one H200, as the 7b answer ran
     p = answer_items(plan("matrices/7b.yaml", platform=platform), platform)
     return answer.Search([it for it in p.items if it.skip is None], hardware(platform), answer.Settings(), cuda=True)
+
+
+def _ended(c: answer.Candidate, status: str) -> object:
+    with open(ANSWER_7B) as f:
+        rec = next(json.loads(line) for line in f if f'"status":"{status}"' in line.replace(" ", ""))
+    cell = c.cell
+    return parse(rec | {"cell": cell.to_dict(), "cell_hash": cell.hash, "cell_name": cell.name, "cell_id": cell.id})
+
+
+@pytest.fixture(scope="module")
+def search() -> answer.Search:
+    return _search_7b()
 
 
 def _fit(s: answer.Search, fam: list) -> answer.Candidate:
@@ -55,9 +66,7 @@ def test_each_configuration_holds_its_batch_and_measures_the_largest_micro_batch
 
 
 def test_an_out_of_memory_end_drops_the_micro_batch_corrects_the_memory_model_and_opens_the_next_smaller():
-    platform = Recording([ANSWER_7B]).platform()
-    p = answer_items(plan("matrices/7b.yaml", platform=platform), platform)
-    s = answer.Search([it for it in p.items if it.skip is None], hardware(platform), answer.Settings(), cuda=True)
+    s = _search_7b()
     fam = next(f for f in s.families.values() if [c.state for c in f] == ["parked", "parked", "open"])
     big, mid = fam[2], fam[1]
     twin = next(f for f in s.families.values() if f is not fam and f[2].model.get("zero_stage") == big.model.get(
@@ -100,18 +109,6 @@ def test_batch_size_is_checked_against_the_micro_batches_and_the_accumulation(tm
     with pytest.raises(ConfigError) as e:
         spec.load(str(m))
     assert says in str(e.value)
-
-
-def _search_7b() -> answer.Search:
-    platform = Recording([ANSWER_7B]).platform()
-    p = answer_items(plan("matrices/7b.yaml", platform=platform), platform)
-    return answer.Search([it for it in p.items if it.skip is None], hardware(platform), answer.Settings(), cuda=True)
-
-
-def _ended(c: answer.Candidate, status: str) -> object:
-    rec = next(json.loads(line) for line in open(ANSWER_7B) if f'"status":"{status}"' in line.replace(" ", ""))
-    cell = c.cell
-    return parse(rec | {"cell": cell.to_dict(), "cell_hash": cell.hash, "cell_name": cell.name, "cell_id": cell.id})
 
 
 def test_a_parked_micro_batch_expected_to_repeat_an_error_is_not_opened_again():

@@ -156,6 +156,9 @@ def test_zero3_on_cpu_ranks_gathers_one_parameter_at_a_time():
     assert not DeepSpeedZeroConfig(**built["zero_optimization"]).allgather_sequential  # built is left as it was
     assert dsconfig.check(safe) == []
     assert gloo_safe(built, cuda=True, world=2) is built and gloo_safe(built, cuda=False, world=1) is built
+    for name in ("stage3_allgather_sequential", "allgather_sequential"):  # a config's own choice, either spelling
+        own = {**built, "zero_optimization": {**built["zero_optimization"], name: False}}
+        assert gloo_safe(own, cuda=False, world=2) is own
 
 
 @pytest.mark.slow

@@ -19,8 +19,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_two_ranks_one_record(tmp_path):
-    # fp32: this test is about the merge of rank results (a two-rank bf16 ZeRO-3 CPU cell once ended in a NaN
-    # loss: DeepSpeed's coalesced gather on gloo, which test_zero3_gathers_on_cpu_ranks_read_what_was_gathered shows).
+    # fp32: this test is about the merge of rank results, not a precision (a two-rank bf16 ZeRO-3 CPU cell once
+    # ended in a NaN loss: DeepSpeed's coalesced gather on gloo, now avoided; see the gathers test below).
     m = write_matrix(tmp_path / "m.yaml", TINY + "gpus: 2\naxes: {zero_stage: [3], precision: [fp32]}\n")
     res = tmp_path / "r.jsonl"
     r = zerobench("run", str(m), "--results", str(res), "--no-report", cwd=tmp_path)

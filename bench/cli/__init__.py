@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
         verb = f" {args.cmd}"
         return _verb(args)
-    except KeyboardInterrupt:  # a report or a compare stopped at the terminal: what was written is whole
+    except KeyboardInterrupt:  # stopped at the terminal, starting or running: what a verb wrote is whole
         print(f"\nzerobench{verb}: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
 

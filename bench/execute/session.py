@@ -390,7 +390,7 @@ class Session:
         """A replayed answer against the answer of every recorded end of the same cells (the full grid)."""
         o = self.o
         full = answer.Search([c.planned for c in self.search.candidates], self.hw, o.s.answer, o.platform.cuda)
-        for ends in self.o.replay.ends.values():
+        for ends in o.replay.ends.values():
             for rec, _ in ends:
                 full.observe(parse(rec))
         a = answer.agreement(self.search, full)

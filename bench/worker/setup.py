@@ -107,7 +107,8 @@ def gloo_safe(ds_config: dict[str, Any], cuda: bool, world: int) -> dict[str, An
     its last handle only; gloo runs each handle on a thread of its own, so the others' buffers may still be empty
     when read (deepspeedai/DeepSpeed#8539): a cell diverged at random. On CUDA one stream orders them."""
     zero = ds_config.get("zero_optimization") or {}
-    if cuda or world < 2 or zero.get("stage") != 3 or "stage3_allgather_sequential" in zero:
+    said = {"stage3_allgather_sequential", "allgather_sequential"} & set(zero)  # DeepSpeed reads either name
+    if cuda or world < 2 or zero.get("stage") != 3 or said:
         return ds_config
     return {**ds_config, "zero_optimization": {**zero, "stage3_allgather_sequential": True}}
 
