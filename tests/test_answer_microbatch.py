@@ -131,3 +131,27 @@ def test_a_parked_micro_batch_expected_to_repeat_an_error_is_not_opened_again():
         s.observe(_ended(t, "error"), 0)
     assert [c.state for c in fam] == ["expected"] * 3
     assert not any(s.measurable(c) for c in fam)
+
+
+def test_an_attempt_interrupted_after_an_error_it_shares_was_learnt_is_expected_to_repeat_it():
+    """A cell in flight is left out when errors teach the search (it is running); if its attempt then ends
+    interrupted, with no outcome, it is expected to repeat the error the two ends that meanwhile came say it shares,
+    not opened again."""
+    s = _search_7b()
+    flip = {"deepspeed": "hf_trainer", "hf_trainer": "deepspeed"}
+    for c in (c for c in s.candidates if c.state == "open"):
+        twins = (
+            s.by_hash.get(dataclasses.replace(c.cell, engine=flip[c.cell.engine]).hash),
+            s.by_hash.get(dataclasses.replace(c.cell, grad_ckpt=not c.cell.grad_ckpt).hash),
+        )
+        if all(t is not None and t.state == "open" for t in twins):
+            break
+    else:
+        pytest.fail("no open cell with both twins open")
+    s.started(c, 0)
+    for t in twins:
+        s.started(t, 0)
+        s.observe(_ended(t, "error"), 0)
+    assert c.state == "open"  # in flight: not judged while it runs
+    s.observe(_ended(c, "interrupted"), 0)
+    assert c.state == "expected" and not s.measurable(c)

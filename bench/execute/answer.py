@@ -401,7 +401,8 @@ class Search:
         if rec.status is Status.OK and rec.metrics and rec.metrics.tokens_per_s:
             self._measured(c, rec, rung)
         elif rec.status is Status.INTERRUPTED or rec.status is Status.KILLED:
-            return  # no outcome: it may run again
+            self._expect()  # no outcome: it may run again, unless an error learnt while it ran says it would repeat
+            return
         elif c.state != "measured":
             c.state = "failed"
         else:
