@@ -167,6 +167,9 @@ def test_two_nodes_of_one_rank_agree_with_one_node_of_two(tmp_path):
     across = _run(tmp_path, "across", ZERO3 + "gpus: 1\nnodes: 2\n")
     within = _run(tmp_path, "within", ZERO3 + "gpus: 2\n")
     agree_across_nodes(across, within)
+    # Each ran ZeRO-3 on two CPU ranks: its record says the worker gathered one parameter at a time (gloo_safe).
+    sequential = {"zero_optimization": {"stage3_allgather_sequential": True}}
+    assert across["worker"]["ds_config_added"] == within["worker"]["ds_config_added"] == sequential
     host = socket.gethostname()
     assert [(n["host"], n["addr"]) for n in across["nodes"]] == [(host, "127.0.0.1")] * 2
     for n in across["nodes"]:

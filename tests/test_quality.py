@@ -29,6 +29,15 @@ def test_thresholds_and_noise_are_what_the_committed_records_give():
     assert d["samples"]["gpu"] >= 40 and d["samples"]["gpu_flagged"] >= 40 and d["block_pairs"]["gpu"] >= 10
 
 
+def test_a_shorter_first_look_would_land_further_from_the_measurement_than_two_measurements_differ():
+    """Why answer mode's rung 0 keeps the warm-up rule and a median's 6 steps (tools/noise.py, short_look): on the
+    committed H200 records, a look of 2 settling steps and 4 measured misses the record's own median by more than
+    the within-block noise between whole measurements."""
+    k = noise.short_look()
+    assert k["records"] >= 30
+    assert k["sd"] > 1.5 * quality.NOISE["gpu"]
+
+
 def _seven_b() -> list[dict]:
     lines = (ROOT / "results" / "7b-answer-h200.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["status"] == "ok"]

@@ -14,6 +14,10 @@
 - CROSS: pairs of blocks that share at least 3 cells; per pair each shared cell's difference of mean ln tokens/s
   between the blocks; their variance around the pair's mean difference (the offset) less what the cells' own
   noise explains, halved (two blocks' deviations in each difference); pooled over pairs by degrees of freedom.
+- A shorter first look (`short_look`): each GPU ok record whose warm-up settled and that measured at least
+  6 steps, its step times replayed through bench.records.adaptive with a warm-up that settles over
+  SHORT_WINDOW steps and SHORT_MEASURED measured steps; ln(that median over the record's own). Answer mode's rung
+  0 keeps the matrix's warm-up rule and a median's 6 steps because this spread is larger than NOISE's.
 """
 
 from __future__ import annotations
@@ -22,19 +26,23 @@ import collections
 import glob
 import itertools
 import math
+import statistics
 from dataclasses import dataclass
 
+from bench.matrix.cells import Adaptive
 from bench.records import quality
+from bench.records.adaptive import SETTLED, Schedule
 from bench.records.record import parse
 from bench.records.status import Status
 from bench.records.store import read
 
-__all__ = ["GPU_FILES", "CPU_FILES", "Measured", "groups", "split", "derive"]
+__all__ = ["GPU_FILES", "CPU_FILES", "Measured", "groups", "split", "derive", "short_look"]
 
 GPU_FILES = "results/*.jsonl"
 CPU_FILES = "results/ci-cpu-gate/aa*.jsonl"
 MIN_SIDE = 5  # samples on each side of a split
 MIN_SHARED = 3  # cells two blocks share, to estimate the interaction between blocks
+SHORT_WINDOW, SHORT_MEASURED = 2, 4  # a shorter first look: warm-up settled over 2 steps, then 4 measured
 
 
 @dataclass(frozen=True)
@@ -162,6 +170,26 @@ def derive() -> dict:
     }
 
 
+def short_look(pattern: str = GPU_FILES) -> dict:
+    """How far a shorter look lands from the record's own measurement (module docstring): records, mean, sd."""
+    short = Adaptive(settle_window=SHORT_WINDOW, measured=False)
+    d = []
+    for path in sorted(glob.glob(pattern)):
+        for raw in read(path):
+            steps, times = raw.get("steps") or {}, raw.get("step_times_s") or []
+            if raw.get("status") != "ok" or steps.get("warmup_ended") != SETTLED or not raw.get("metrics"):
+                continue
+            if raw["metrics"].get("gpu_util_mean_pct") is None or len(times) < steps["warmup"] + 6:
+                continue
+            look = Schedule(len(times), SHORT_MEASURED, short)
+            for t in times:
+                look.observe(t)
+                if look.done:
+                    d.append(math.log(statistics.median(look.measured) / statistics.median(times[steps["warmup"] :])))
+                    break
+    return {"records": len(d), "mean": statistics.fmean(d), "sd": statistics.pstdev(d)}
+
+
 def main() -> None:
     d = derive()
     hb, un = d["host_bound_split"], d["unstable_split"]
@@ -185,6 +213,9 @@ def main() -> None:
     print(f"bench.records.quality: HOST_BOUND_UTIL_PCT {quality.HOST_BOUND_UTIL_PCT}, "
           f"UNSTABLE_TAIL {quality.UNSTABLE_TAIL}, "
           f"NOISE {quality.NOISE}, CROSS {quality.CROSS}")  # fmt: skip
+    k = short_look()
+    print(f"a shorter look ({SHORT_WINDOW} steps settle the warm-up, {SHORT_MEASURED} measured) against the record's "
+          f"own median: {k['records']} GPU records, ln ratio mean {k['mean']:+.4f}, sd {k['sd']:.4f}")  # fmt: skip
 
 
 if __name__ == "__main__":

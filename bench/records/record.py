@@ -265,6 +265,9 @@ class WorkerFacts(BaseModel):
     """{"asked", "liger_modules", "liger_settings"}: which kernels the built model runs."""
     versions: dict[str, str | None] | None = None
     """Library versions inside the worker (torch's CUDA included)."""
+    ds_config_added: dict[str, Any] | None = None
+    """What the worker added to the DeepSpeed config it was given before running it (bench.worker.setup.gloo_safe:
+    ZeRO-3 on CPU ranks gathers one parameter at a time); absent: it ran the config as given."""
     fault_injected: str | None = None
     """The ZEROBENCH_FAULT the worker ran with (tests only; bench.matrix.faults): as rank 0 applied it, or as the
     orchestrator passed it when the fault left no result document (a kill). None in a benchmark."""

@@ -90,9 +90,14 @@ def start(spec: dict, doc: dict, events: Events) -> Setup:
         device = torch.device("cpu")
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
     torch.manual_seed(cell.seed)
+    ds_config = gloo_safe(spec["ds_config"], cuda, world)
+    if ds_config is not spec["ds_config"]:  # the record says what ran besides what was built
+        given = spec["ds_config"].get("zero_optimization") or {}
+        added = {k: v for k, v in ds_config["zero_optimization"].items() if k not in given}
+        doc["ds_config_added"] = {"zero_optimization": added}
     return Setup(
         cell=cell,
-        ds_config=gloo_safe(spec["ds_config"], cuda, world),
+        ds_config=ds_config,
         rank=rank,
         local_rank=local_rank,
         world=world,
