@@ -39,7 +39,9 @@ The truth, all on the log scale, with the magnitudes taken from committed record
 
 Scored, per trial: a wrong leader (a group where some cell that runs beats the answer's fastest by more than
 the minimum effect in truth, on the answer's reference machine), each effect called faster or slower whose
-true ratio over the same pairs lies on the other side of 1, and the cell time spent until the search stopped.
+true ratio over the same pairs lies on the other side of 1, and the cell time spent until the search stopped, also
+by the role each attempt was asked for (leader, contender, frontier, effect, anchor; "again" for a cell measured
+before, the status for an attempt that did not end ok), printed as a mean per trial before the last line.
 
 Left out: anything the models and these magnitudes do not hold (a cell that hangs or times out, a machine
 that slows down during a run, throttling, noise that is not normal, a third machine), the one-off
@@ -49,6 +51,7 @@ preparation (op builds, QLoRA checkpoints: not cell time), and interactions of t
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import json
@@ -275,6 +278,7 @@ class Trial:
     spent_s: float
     settled: bool
     calls: int
+    roles: dict[str, float] = dataclasses.field(default_factory=dict)  # cell seconds by why it was measured (`_roles`)
 
 
 def _templates() -> tuple[dict, dict, dict]:
@@ -317,8 +321,23 @@ def trial(matrix: str, seed: int, workdir: Path, first_s: float = FIRST_CALL_S, 
     recs = Store(path).records()
     s = _search(items, hw, recs)
     wrong, called, wrong_fx = _score(s, world, recs)
-    spent = sum(r.get("wall_s") or 0.0 for r in recs if r["status"] not in ("started", "unmeasured", "skipped"))
-    return Trial(seed, wrong, called, wrong_fx, spent, _settled(path), calls)
+    ended = [r for r in recs if r["status"] not in ("started", "unmeasured", "skipped")]
+    spent = sum(r.get("wall_s") or 0.0 for r in ended)
+    return Trial(seed, wrong, called, wrong_fx, spent, _settled(path), calls, _roles(ended))
+
+
+def _roles(ended: list[dict]) -> dict[str, float]:
+    """Cell seconds by the role each attempt was asked for (bench.execute.answer.Request.role), an attempt of a cell
+    measured before as "<role> again" and one that did not end ok as "<role> <status>"."""
+    out: collections.Counter = collections.Counter()
+    seen: set[str] = set()
+    for r in ended:
+        role = (r.get("answer") or {}).get("role", "none")
+        role += " again" if r["cell_hash"] in seen else ""
+        role += "" if r["status"] == "ok" else f" {r['status']}"
+        seen.add(r["cell_hash"])
+        out[role] += r.get("wall_s") or 0.0
+    return dict(out)
 
 
 def _runnable(matrix: str, platform, hw) -> list[Planned]:
@@ -405,8 +424,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trial {t.seed}: {t.spent_s / 60:.1f} min in {t.calls} call(s), settled {t.settled}; wrong leader "
                   f"{t.wrong_leaders or 'none'}; {t.effects} effects called, wrong {t.wrong_effects or 'none'}",
                   flush=True)  # fmt: skip
+    print(by_role(done))
     print(summary(done))
     return 0
+
+
+def by_role(done: list[Trial]) -> str:
+    """Where the cell time went: seconds per trial by role (`_roles`), the mean over the trials, largest first."""
+    total: collections.Counter = collections.Counter()
+    for t in done:
+        total.update(t.roles)
+    parts = [f"{role} {s / len(done):.0f}" for role, s in total.most_common()]
+    return "cell seconds per trial by role (mean): " + ", ".join(parts)
 
 
 def summary(done: list[Trial]) -> str:
