@@ -72,7 +72,10 @@ def test_rung_zero_is_the_short_schedule_and_rung_one_the_matrixs():
     short = answer.rung_cell(c, 0)
     assert short.adaptive.tolerance == 2 * c.adaptive.tolerance
     assert short.adaptive.max_seconds == c.adaptive.max_seconds / 2
-    assert short.measured_steps == c.measured_steps // 2 and short.adaptive.min_steps == c.adaptive.min_steps
+    assert short.measured_steps == c.measured_steps // 2
+    # A short look: warm-up settled over 2 steps, then 4 measured whose range reaches the 87.5% it can
+    assert (short.adaptive.settle_window, short.adaptive.min_steps, short.adaptive.level) == (2, 4, 0.875)
+    assert (c.adaptive.settle_window, c.adaptive.min_steps, c.adaptive.level) == (3, 6, 0.95)
     assert short.hash != c.hash  # what the worker runs; the record keeps the matrix's cell (tested below)
 
 

@@ -29,8 +29,10 @@ The truth, all on the log scale, with the magnitudes taken from committed record
   on that machine (the share of committed H200 measurements flagged, by predicted host share: 7%, 32%, 53%
   and 91% in quarters), and then runs more steps (the adaptive rule does not converge);
 - wall time: the step-time model's start and setup (off by SETUP_SD, its held-out setup error) plus warm-up
-  and measured steps as the 7B records ran them (4 + 6 clean; 6 + 12 or the cap flagged; the time cap
-  halved on rung 0);
+  and measured steps as the 7B records ran them: clean, the first step and the steps its warm-up window settles
+  over, then its fewest measured steps (4 + 6 on the matrix's schedule, 3 + 4 on rung 0's short look); flagged,
+  6 + 12 or the cap (halved on rung 0). A clean short look keeps a clean measurement's noise (on the committed
+  records it lands sd 0.004 from the full schedule's median: tools.noise);
 - memory: the memory model's prediction off by MEMORY_SD (its held-out p95 12.5%); a cell whose true peak
   passes the GPU's memory ends cuda_oom in warm-up (the 7b answer's five did so in 3-6 s);
 - failures with signatures: two per trial, as the 7b answer's records had them once rules covered the rest: one
@@ -40,7 +42,7 @@ The truth, all on the log scale, with the magnitudes taken from committed record
 Scored, per trial: a wrong leader (a group where some cell that runs beats the answer's fastest by more than
 the minimum effect in truth, on the answer's reference machine), each effect called faster or slower whose
 true ratio over the same pairs lies on the other side of 1, and the cell time spent until the search stopped, also
-by the role each attempt was asked for (leader, contender, frontier, effect, anchor; "again" for a cell measured
+by the role each attempt was asked for (leader, contender, frontier, effect, anchor; "again" for a cell attempted
 before, the status for an attempt that did not end ok), printed as a mean per trial before the last line.
 
 Left out: anything the models and these magnitudes do not hold (a cell that hangs or times out, a machine
@@ -243,7 +245,9 @@ class SimRecording(Recording):
         tps = math.exp(log)
         step = cell.tokens_per_step / tps
         cap = ran.adaptive.max_seconds if ran.adaptive and ran.adaptive.max_seconds else None
-        warm, meas = (6, 12 if k % 2 else ran.measured_steps) if flagged else (4, 6)
+        a = ran.adaptive
+        clean = (a.settle_window + 1, a.min_steps) if a else (ran.warmup_steps, ran.measured_steps)
+        warm, meas = (6, 12 if k % 2 else ran.measured_steps) if flagged else clean
         if cap is not None:  # a fixed schedule runs its steps; an adaptive one stops at its time cap
             warm = min(warm, max(1, int(cap / 2 / step)))
             meas = max(1, min(meas, ran.measured_steps, int((cap - warm * step) / step)))
@@ -328,7 +332,7 @@ def trial(matrix: str, seed: int, workdir: Path, first_s: float = FIRST_CALL_S, 
 
 def _roles(ended: list[dict]) -> dict[str, float]:
     """Cell seconds by the role each attempt was asked for (bench.execute.answer.Request.role), an attempt of a cell
-    measured before as "<role> again" and one that did not end ok as "<role> <status>"."""
+    attempted before as "<role> again" and one that did not end ok as "<role> <status>"."""
     out: collections.Counter = collections.Counter()
     seen: set[str] = set()
     for r in ended:
@@ -434,7 +438,7 @@ def by_role(done: list[Trial]) -> str:
     total: collections.Counter = collections.Counter()
     for t in done:
         total.update(t.roles)
-    parts = [f"{role} {s / len(done):.0f}" for role, s in total.most_common()]
+    parts = [f"{role} {s / max(len(done), 1):.0f}" for role, s in total.most_common()]
     return "cell seconds per trial by role (mean): " + ", ".join(parts)
 
 

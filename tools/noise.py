@@ -14,10 +14,10 @@
 - CROSS: pairs of blocks that share at least 3 cells; per pair each shared cell's difference of mean ln tokens/s
   between the blocks; their variance around the pair's mean difference (the offset) less what the cells' own
   noise explains, halved (two blocks' deviations in each difference); pooled over pairs by degrees of freedom.
-- A shorter first look (`short_look`): each GPU ok record whose warm-up settled and that measured at least
-  6 steps, its step times replayed through bench.records.adaptive with a warm-up that settles over
-  SHORT_WINDOW steps and SHORT_MEASURED measured steps; ln(that median over the record's own). Answer mode's rung
-  0 keeps the matrix's warm-up rule and a median's 6 steps because this spread is larger than NOISE's.
+- Answer mode's short look (`short_look`): each GPU ok record of an adaptive cell, its step times replayed through
+  bench.records.adaptive as rung 0 runs the cell (bench.execute.answer.rung_cell); the spread of ln(that median
+  over the record's own, the matrix's schedule), for records that flag nothing and for flagged ones, beside NOISE's:
+  what measuring a cell on the short look adds to a measurement's noise.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from bench.matrix.cells import Adaptive
+from bench.execute.answer import rung_cell
+from bench.matrix.cells import Cell
 from bench.records import quality
-from bench.records.adaptive import SETTLED, Schedule
+from bench.records.adaptive import Schedule
 from bench.records.record import parse
 from bench.records.status import Status
 from bench.records.store import read
@@ -42,7 +43,6 @@ GPU_FILES = "results/*.jsonl"
 CPU_FILES = "results/ci-cpu-gate/aa*.jsonl"
 MIN_SIDE = 5  # samples on each side of a split
 MIN_SHARED = 3  # cells two blocks share, to estimate the interaction between blocks
-SHORT_WINDOW, SHORT_MEASURED = 2, 4  # a shorter first look: warm-up settled over 2 steps, then 4 measured
 
 
 @dataclass(frozen=True)
@@ -171,23 +171,37 @@ def derive() -> dict:
 
 
 def short_look(pattern: str = GPU_FILES) -> dict:
-    """How far a shorter look lands from the record's own measurement (module docstring): records, mean, sd."""
-    short = Adaptive(settle_window=SHORT_WINDOW, measured=False)
-    d = []
+    """How far answer mode's rung 0 lands from the matrix's own schedule (module docstring): per kind of record
+    ("clean", "flagged": bench.records.quality.flags), how many and the spread of ln(rung 0's median over the
+    record's own); "unfinished": records whose steps ran out before rung 0's replay ended."""
+    d: dict = {"clean": [], "flagged": [], "unfinished": 0}
     for path in sorted(glob.glob(pattern)):
         for raw in read(path):
-            steps, times = raw.get("steps") or {}, raw.get("step_times_s") or []
-            if raw.get("status") != "ok" or steps.get("warmup_ended") != SETTLED or not raw.get("metrics"):
+            r = parse(raw)
+            times = r.step_times_s or []
+            if r.status is not Status.OK or not r.metrics or r.metrics.gpu_util_mean_pct is None or len(times) < 6:
                 continue
-            if raw["metrics"].get("gpu_util_mean_pct") is None or len(times) < steps["warmup"] + 6:
+            cell = Cell.from_dict(raw["cell"])
+            if cell.adaptive is None:
                 continue
-            look = Schedule(len(times), SHORT_MEASURED, short)
-            for t in times:
-                look.observe(t)
-                if look.done:
-                    d.append(math.log(statistics.median(look.measured) / statistics.median(times[steps["warmup"] :])))
-                    break
-    return {"records": len(d), "mean": statistics.fmean(d), "sd": statistics.pstdev(d)}
+            look, own = _replay(rung_cell(cell, 0), times), statistics.median(times[r.steps.warmup :])
+            if look is None:
+                d["unfinished"] += 1
+                continue
+            d["flagged" if quality.flags(r) else "clean"].append(math.log(look / own))
+    spread = {k: (len(d[k]), statistics.pstdev(d[k]) if len(d[k]) > 1 else None) for k in ("clean", "flagged")}
+    return spread | {"unfinished": d["unfinished"]}
+
+
+def _replay(cell: Cell, times: list[float]) -> float | None:
+    """The median step time the cell's schedule (bench.records.adaptive) would have measured over these step
+    times; None where they end before it does."""
+    look = Schedule(cell.warmup_steps, cell.measured_steps, cell.adaptive)
+    for t in times:
+        look.observe(t)
+        if look.done:
+            return statistics.median(look.measured)
+    return None
 
 
 def main() -> None:
@@ -214,8 +228,9 @@ def main() -> None:
           f"UNSTABLE_TAIL {quality.UNSTABLE_TAIL}, "
           f"NOISE {quality.NOISE}, CROSS {quality.CROSS}")  # fmt: skip
     k = short_look()
-    print(f"a shorter look ({SHORT_WINDOW} steps settle the warm-up, {SHORT_MEASURED} measured) against the record's "
-          f"own median: {k['records']} GPU records, ln ratio mean {k['mean']:+.4f}, sd {k['sd']:.4f}")  # fmt: skip
+    print(f"answer mode's rung 0 replayed over a record's steps against its own median: clean records "
+          f"{k['clean'][0]}, sd {k['clean'][1]:.4f}; flagged {k['flagged'][0]}, sd {k['flagged'][1]:.4f}; "
+          f"unfinished {k['unfinished']}")  # fmt: skip
 
 
 if __name__ == "__main__":

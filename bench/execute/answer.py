@@ -139,21 +139,29 @@ class Request:
     effect: tuple | None = None  # (axis, value) of the pair it is for
 
 
+SHORT_LOOK = {"settle_window": 2, "min_steps": 4, "level": 0.875}
+"""Rung 0's adaptive rule, where the matrix's asks more: warm-up settled over 2 steps, then at least 4 measured steps
+whose range (87.5% for the median) is within the tolerance. On the committed H200 records that flag nothing, such a
+look lands within a fraction of one measurement's noise of the matrix's own schedule (tools.noise.short_look)."""
+
+
 def rung_cell(cell: Cell, rung: int) -> Cell:
-    """The cell as rung `rung` runs it: rung 0 half the measured steps and time cap and twice the tolerance
-    (never below what a median's interval needs), rung 1 the matrix's own schedule."""
+    """The cell as rung `rung` runs it: rung 0 a short look (half the measured steps and time cap, twice the
+    tolerance, SHORT_LOOK's warm-up window, fewest steps and level), rung 1 the matrix's own schedule."""
     if rung >= 1:
         return cell
     a = cell.adaptive
-    measured = max(cell.measured_steps // 2, a.min_steps if a and a.measured else 3)
+    fewest = min(a.min_steps, SHORT_LOOK["min_steps"]) if a and a.measured else 3
+    measured = min(max(cell.measured_steps // 2, fewest), cell.measured_steps)
     if a is None:
-        return dataclasses.replace(cell, measured_steps=min(measured, cell.measured_steps))
+        return dataclasses.replace(cell, measured_steps=measured)
     short = dataclasses.replace(
         a,
         tolerance=min(2 * a.tolerance, 0.10),
         max_seconds=None if a.max_seconds is None else a.max_seconds / 2,
+        **{k: min(getattr(a, k), v) for k, v in SHORT_LOOK.items()},
     )
-    return dataclasses.replace(cell, adaptive=short, measured_steps=min(measured, cell.measured_steps))
+    return dataclasses.replace(cell, adaptive=short, measured_steps=measured)
 
 
 class Search:
@@ -401,7 +409,11 @@ class Search:
         if rec.status is Status.OK and rec.metrics and rec.metrics.tokens_per_s:
             self._measured(c, rec, rung)
         elif rec.status is Status.INTERRUPTED or rec.status is Status.KILLED:
-            self._expect()  # no outcome: it may run again, unless an error learnt while it ran says it would repeat
+            # No outcome: it may run again, unless an error learnt while it ran says it would repeat.
+            self._effect_of.pop(rec.cell_hash, None)
+            self._expect()
+            park(self)
+            self._memo.clear()
             return
         elif c.state != "measured":
             c.state = "failed"

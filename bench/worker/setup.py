@@ -92,9 +92,7 @@ def start(spec: dict, doc: dict, events: Events) -> Setup:
     torch.manual_seed(cell.seed)
     ds_config = gloo_safe(spec["ds_config"], cuda, world)
     if ds_config is not spec["ds_config"]:  # the record says what ran besides what was built
-        given = spec["ds_config"].get("zero_optimization") or {}
-        added = {k: v for k, v in ds_config["zero_optimization"].items() if k not in given}
-        doc["ds_config_added"] = {"zero_optimization": added}
+        doc["ds_config_added"] = _added(spec["ds_config"], ds_config)
     return Setup(
         cell=cell,
         ds_config=ds_config,
@@ -116,6 +114,17 @@ def gloo_safe(ds_config: dict[str, Any], cuda: bool, world: int) -> dict[str, An
     if cuda or world < 2 or zero.get("stage") != 3 or said:
         return ds_config
     return {**ds_config, "zero_optimization": {**zero, "stage3_allgather_sequential": True}}
+
+
+def _added(given: dict, ran: dict) -> dict:
+    """The keys `ran` has that `given` has not, nested settings compared key by key."""
+    out = {}
+    for k, v in ran.items():
+        if k not in given:
+            out[k] = v
+        elif isinstance(v, dict) and isinstance(given[k], dict) and (sub := _added(given[k], v)):
+            out[k] = sub
+    return out
 
 
 def _build_model(cell, ds_config, dtype, device, local_rank, under_trainer):
