@@ -21,8 +21,8 @@ lies below its group leader's AND a measured cell needs no more memory (within t
 faster; when it is expected to repeat an error that two attempts of cells sharing its settings ended in
 (bench.execute.failures); or when the budget (--budget) is spent. Its record says which.
 
-Successive halving over measured steps: a cell's first measurement runs the short schedule (rung 0: half
-the measured steps and time cap, twice the tolerance); only the cells still in contention run again on the
+Successive halving over measured steps: a cell's first measurement runs the short schedule (rung 0, a short
+look: rung_cell); only the cells still in contention run again on the
 matrix's own schedule (rung 1). A rung is a repeat of the same cell: the record keeps the cell's identity
 and says the schedule it ran (`steps`) and why it was measured (`answer`).
 

@@ -664,7 +664,8 @@ class AnswerNote(BaseModel):
     unmeasured."""
     why: str
     rung: int | None = None
-    """0: the short schedule (half the measured steps and time cap, twice the tolerance); 1: the matrix's."""
+    """0: the short schedule, a short look (bench.execute.answer.rung_cell: half the measured steps and time cap,
+    twice the tolerance, a 2-step warm-up window, at least 4 measured steps); 1: the matrix's."""
     group: str | None = None
     """The group it belongs to (--group-by), as key=value."""
     needed: bool | None = None
