@@ -64,6 +64,22 @@ def test_online_moves_a_cell_with_its_host_share_on_each_machine():
     assert with_host["m1"][0] - with_host["m2"][0] > 0.4  # host-bound: the two machines ~0.56 apart
 
 
+def test_measurements_of_one_cell_share_its_misfit():
+    # The cell with b=1 measured five times 0.1 above the base, against eight cells on it. Counted as five cells,
+    # its rows would teach b=1's effect five times over; sharing one misfit they teach it as one cell does: a new
+    # cell with b=1 is predicted nearer the base, and less surely.
+    def fitted(key) -> tuple[float, float]:
+        on = Online(prior_sd=0.05, offset_sd=0.5, noise_sd=0.02, misfit_sd=0.05)
+        for a in range(8):
+            on.observe({"a": a, "b": 0}, 0.0, 0.0, cell=f"c{a}")
+        for _ in range(5):
+            on.observe({"a": 8, "b": 1}, 0.0, 0.1, cell=key)
+        return on.predict({"a": 9, "b": 1}, 0.0)
+
+    (shared, shared_sd), (apart, apart_sd) = fitted("top"), fitted(None)
+    assert shared < apart - 0.01 and shared_sd > apart_sd
+
+
 def test_rung_zero_is_the_short_schedule_and_rung_one_the_matrixs():
     fixed = Cell(matrix="m", model="llama-tiny", measured_steps=8)
     assert answer.rung_cell(fixed, 0).measured_steps == 4 and answer.rung_cell(fixed, 1) == fixed

@@ -196,6 +196,18 @@ def test_two_machines_give_the_leader_and_the_effects_one_machine_gives():
     assert _answer(raw)[1] != fx1
 
 
+def test_two_overlapping_cells_take_another_short_look_and_the_model_counts_each_cell_once():
+    # Over one machine's smoke records (CPU noise: some cells overlap their group's fastest), the cell measured
+    # again to tell two overlapping cells apart runs the short schedule; the step-time correction keys each
+    # measurement by its cell, so a cell measured again shares one misfit.
+    s = _search(list(_smoke().values()))
+    again = list(s._overlap())
+    assert again and all(r.role == "contender" and r.rung == 0 for r in again)
+    lead = s.leader(("none",))
+    s.observe(parse(_smoke()[lead.cell.name]))
+    assert [r.cell for r in s.tps._rows].count(lead.cell.hash) == 2
+
+
 def test_a_new_block_measures_anchors_first_and_is_then_tied():
     # The search goes on (--resume) on machine B after machine A measured every cell: before anything else it
     # measures each group's leader and two more cells there.

@@ -60,6 +60,7 @@ class _Row:
     log: float
     noise_var: float  # the measurement's variance (a mean of n: over n)
     block: Hashable
+    cell: Hashable = None  # the cell measured: its measurements share its misfit (None: a cell of its own)
 
 
 @dataclass
@@ -144,12 +145,15 @@ class Online:
         *,
         block: Hashable = None,
         noise_sd: float | None = None,
+        cell: Hashable = None,
     ) -> None:
         """One measurement (the mean of n) of a cell against its base, in a block, with its noise (default
-        noise_sd). Each measurement is a row of its own: a cell measured again counts again."""
+        noise_sd). Each measurement is a row of its own; the measurements of one `cell` (a key) share its misfit,
+        so measuring a cell again narrows its noise, not what the effects leave of it (None: no other row shares
+        it)."""
         sd = self.noise_sd if noise_sd is None else noise_sd
         self._columns(features, add=True)
-        self._rows.append(_Row(features, base_log, measured_log, sd**2 / n, block))
+        self._rows.append(_Row(features, base_log, measured_log, sd**2 / n, block, cell))
         if block not in self._blocks:
             self._blocks.append(block)
         self._fit = None
@@ -197,29 +201,42 @@ class Online:
             X = self._design([r.features for r in rows], [r.block for r in rows])
             y = np.array([r.log - r.base - self._shift(r.block) for r in rows])
             noise = np.array([r.noise_var for r in rows])
-            G = (X * v) @ X.T
-            misfit = self._learned(G, y, noise) if self.learn_misfit and rows else self.misfit_sd
-            L, alpha = self._factor(G, noise + misfit**2, y)
+            G = (X * v) @ X.T + np.diag(noise)
+            S = self._same()
+            misfit = self._learned(G, y, S) if self.learn_misfit and rows else self.misfit_sd
+            L, alpha = self._factor(G + misfit**2 * S, y)
             if rows and not self.learn_misfit:
                 misfit = self._misfit(X, y, (v * X).T @ alpha, noise)
-                L, alpha = self._factor(G, noise + misfit**2, y)
+                L, alpha = self._factor(G + misfit**2 * S, y)
             self._fit = (X, v, L, alpha, misfit)
         return self._fit
 
+    def _same(self) -> np.ndarray:
+        """Which rows share a misfit: 1 where two rows measure the same cell (and on the diagonal)."""
+        at: dict = {}
+        for j, r in enumerate(self._rows):
+            if r.cell is not None:
+                at.setdefault(r.cell, []).append(j)
+        out = np.eye(len(self._rows))
+        for rows in at.values():
+            out[np.ix_(rows, rows)] = 1.0
+        return out
+
     @staticmethod
-    def _factor(G: np.ndarray, var: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        L = np.linalg.cholesky(G + np.diag(var)) if len(y) else np.zeros((0, 0))
+    def _factor(C: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        L = np.linalg.cholesky(C) if len(y) else np.zeros((0, 0))
         alpha = np.linalg.solve(L.T, np.linalg.solve(L, y)) if len(y) else np.zeros(0)
         return L, alpha
 
-    def _learned(self, G: np.ndarray, y: np.ndarray, noise: np.ndarray) -> float:
+    def _learned(self, G: np.ndarray, y: np.ndarray, S: np.ndarray) -> float:
         """The misfit that makes the residuals likeliest, the effects integrated out (y ~ N(0, X V X' + noise +
-        misfit^2)), times its log-normal prior around misfit_sd: the most probable value on a grid."""
+        misfit^2 S), S: which rows measure one cell), times its log-normal prior around misfit_sd: the most
+        probable value on a grid."""
 
         def score(k: int) -> float:
             m = self.misfit_sd * _GRID[k]
             try:
-                L = np.linalg.cholesky(G + np.diag(noise + m * m))
+                L = np.linalg.cholesky(G + m * m * S)
             except np.linalg.LinAlgError:
                 return -math.inf
             z = np.linalg.solve(L, y)
@@ -271,7 +288,7 @@ class Online:
         Xm = self._items(items, block)
         K, W = self._cross(Xm)
         base = np.array([b for _, b in items]) + self._shift(block)
-        var = Xm @ v - (W * W).sum(axis=0) + misfit**2
+        var = (Xm * Xm) @ v - (W * W).sum(axis=0) + misfit**2
         return base + K @ alpha, np.sqrt(np.maximum(var, 0.0))
 
     def predict(self, features: Mapping[str, object], base_log: float, block: Hashable = None) -> tuple[float, float]:
@@ -281,7 +298,8 @@ class Online:
 
     def posterior(self, items: Sequence[tuple[Mapping[str, object], float]]) -> tuple[np.ndarray, np.ndarray]:
         """The joint mean and covariance of these cells' true log values, (features, base_log) each, on the
-        reference block's scale: shared effects make them covary; the misfit is each cell's own."""
+        reference block's scale: shared effects make them covary; the misfit is each cell's own, drawn afresh
+        (cells not measured)."""
         if not items:
             return np.zeros(0), np.zeros((0, 0))
         _, v, _, alpha, misfit = self._solve()
@@ -294,7 +312,7 @@ class Online:
         self, items: Sequence[tuple[Mapping[str, object], float]], n: int, rng: np.random.Generator
     ) -> np.ndarray:
         """n draws (rows) of these cells' true log values from the joint posterior: the parameters they have drawn
-        together (cells that share a value share its draw), the misfit per cell."""
+        together (cells that share a value share its draw), the misfit per cell, drawn afresh (cells not measured)."""
         if not items:
             return np.zeros((n, 0))
         X, v, L, alpha, misfit = self._solve()

@@ -15,16 +15,17 @@ block where the answer needs it. Each measurement carries its noise (bench.recor
 when it was host-bound or unstable). A cell is measured when it
 could still change the answer, in this order: each group's predicted leader; a cell whose throughput
 interval reaches the leader's; the leader again on the full schedule, and whichever of two overlapping cells
-has fewer measurements (up to MAX_MEASUREMENTS); a cell not dominated on memory (the frontier); a pair
-partner for a knob effect (--pairs per value). A cell is left unmeasured only when its throughput interval
-lies below its group leader's AND a measured cell needs no more memory (within the tolerance) and is surely
-faster; when it is expected to repeat an error that two attempts of cells sharing its settings ended in
-(bench.execute.failures); or when the budget (--budget) is spent. Its record says which.
+has fewer measurements (up to MAX_MEASUREMENTS), another short look; a cell not dominated on memory (the
+frontier); a pair partner for a knob effect (--pairs per value). A cell is left unmeasured only when its
+throughput interval lies below its group leader's AND a measured cell needs no more memory (within the
+tolerance) and is surely faster; when it is expected to repeat an error that two attempts of cells sharing its
+settings ended in (bench.execute.failures); or when the budget (--budget) is spent. Its record says which.
 
-Successive halving over measured steps: a cell's first measurement runs the short schedule (rung 0, a short
-look: rung_cell); only the cells still in contention run again on the
-matrix's own schedule (rung 1). A rung is a repeat of the same cell: the record keeps the cell's identity
-and says the schedule it ran (`steps`) and why it was measured (`answer`).
+Successive halving over measured steps: a cell's measurements run the short schedule (rung 0, a short look:
+rung_cell, whose median lands within a fraction of one measurement's noise of the full schedule's); only each
+group's leader runs again on the matrix's own schedule (rung 1), the answer's own figure. A rung is a repeat
+of the same cell: the record keeps the cell's identity and says the schedule it ran (`steps`) and why it was
+measured (`answer`).
 
 Pure decisions: no I/O; the session (bench.execute.session) asks `next()` for work and `observe()`s records.
 """
@@ -453,7 +454,7 @@ class Search:
         c.flags += [f for f in quality.flags(rec) if f.split(":")[0] not in {x.split(":")[0] for x in c.flags}]
         c.rungs.append(1 if rung is None else rung)
         if c.base_tps is not None:
-            self.tps.observe(c.model, c.base_tps, log, block=block, noise_sd=sd)
+            self.tps.observe(c.model, c.base_tps, log, block=block, noise_sd=sd, cell=c.cell.hash)
         peak, _ = results.peak_memory(rec)
         if peak:
             c.mem = max(c.mem or -math.inf, math.log(peak))
@@ -702,6 +703,8 @@ class Search:
                 yield self._req(lead, 1, "leader", f"the leader of {_group(self.s, g)}, on the full schedule")
 
     def _overlap(self):
+        """Of two measured cells that could each lead, the one with fewer measurements, another short look: a short
+        look measures as precisely as the full schedule at two or three steps fewer (SHORT_LOOK)."""
         for g in self._groups():
             lead = self.leader(g)
             for m in self.candidates:
@@ -712,7 +715,7 @@ class Search:
                 again = min(pool, key=lambda c: (self.ran_here(c), len(c.logs)), default=None)
                 if again and again.cell.hash not in self.in_flight:
                     why = f"its interval overlaps the other's: {_tps(self, m)} vs leader {_tps(self, lead)}"
-                    yield self._req(again, 1, "contender", f"{m.cell.name} against {lead.cell.name}: {why}")
+                    yield self._req(again, 0, "contender", f"{m.cell.name} against {lead.cell.name}: {why}")
 
     def _contender(self):
         """Open cells that could lead, while who leads is not settled: the largest chance per predicted second
