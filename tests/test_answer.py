@@ -58,6 +58,11 @@ def test_online_moves_a_cell_with_its_host_share_on_each_machine():
         return {b: on.predict({"a": 9, SHARE: 0.9}, 0.0, block=b) for b in host}
 
     with_host, without = fitted(0.1), fitted(0.0)
+    # A cell's own variance is the same whether asked alone or jointly: its host term enters times its share.
+    on = Online(prior_sd=0.05, offset_sd=0.5, noise_sd=0.01, host_sd=0.1)
+    items = [({"a": 1, SHARE: 0.5}, 0.0), ({"a": 2, SHARE: 0.9}, 0.0)]
+    _, sds = on.marginals(items)
+    assert sds**2 == pytest.approx(on.posterior(items)[1].diagonal())
     for b, h in host.items():
         assert abs(with_host[b][0] - (-0.9 * h)) < 0.05, with_host  # the host term carries it
         assert abs(without[b][0] - (-0.9 * h)) > 0.1, without  # one offset per block cannot
