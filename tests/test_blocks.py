@@ -196,7 +196,7 @@ def test_two_machines_give_the_leader_and_the_effects_one_machine_gives():
     assert _answer(raw)[1] != fx1
 
 
-def test_two_overlapping_cells_take_another_short_look_and_the_model_counts_each_cell_once():
+def test_two_overlapping_cells_take_another_short_look_and_each_measurement_names_its_cell():
     # Over one machine's smoke records (CPU noise: some cells overlap their group's fastest), the cell measured
     # again to tell two overlapping cells apart runs the short schedule; the step-time correction keys each
     # measurement by its cell, so a cell measured again shares one misfit.

@@ -58,6 +58,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -414,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     if not a.matrix:
         ap.error("MATRIX is needed")
     jobs = [(a.matrix, a.seed + k, a.first_call, a.cap) for k in range(a.trials)]
+    if a.jobs > 1:  # one BLAS thread per process: 16 processes of 16 threads each on 16 cores hardly moved
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(var, "1")
     done: list[Trial] = []
     with contextlib.ExitStack() as stack:
         if a.jobs > 1:

@@ -256,12 +256,13 @@ class Online:
 
     def _misfit(self, X: np.ndarray, y: np.ndarray, mean: np.ndarray, noise: np.ndarray) -> float:
         """The interaction the effects leave: the residuals' spread beyond the measurement noise, counted only
-        once there are more measurements than parameters (else the fit explains everything); never below
-        misfit_sd."""
-        n, p = X.shape
+        once there are more cells measured than parameters (else the fit explains everything; a cell's repeats
+        say nothing of it); never below misfit_sd."""
+        p = X.shape[1]
+        n = len({r.cell if r.cell is not None else ("row", i) for i, r in enumerate(self._rows)})
         if n <= p:
             return self.misfit_sd
-        rss = float(((y - X @ mean) ** 2).sum()) / (n - p)
+        rss = float(((y - X @ mean) ** 2).sum()) / (len(y) - p)
         return max(self.misfit_sd, math.sqrt(max(0.0, rss - float(noise.mean()))))
 
     def _cross(self, Xm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -347,10 +348,6 @@ class Online:
     @property
     def misfit(self) -> float:
         return self._solve()[4]
-
-    @property
-    def cells(self) -> int:
-        return len(self._rows)
 
     def effects(self) -> Sequence[tuple[tuple[str, object], float]]:
         """The fitted effect per (axis, value), log scale, after the offset (pairs left out)."""

@@ -703,8 +703,8 @@ class Search:
                 yield self._req(lead, 1, "leader", f"the leader of {_group(self.s, g)}, on the full schedule")
 
     def _overlap(self):
-        """Of two measured cells that could each lead, the one with fewer measurements, another short look: a short
-        look measures as precisely as the full schedule at two or three steps fewer (SHORT_LOOK)."""
+        """Of two measured cells that could each lead, the one with fewer measurements takes another short look
+        (SHORT_LOOK says why that is enough)."""
         for g in self._groups():
             lead = self.leader(g)
             for m in self.candidates:
