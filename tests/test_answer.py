@@ -89,6 +89,32 @@ def test_measurements_of_one_cell_share_its_misfit(learn):
     assert shared < apart and shared_sd > apart_sd
 
 
+def test_a_setting_only_some_cells_have_stays_in_the_model():
+    # LoRA's rank is the same in every LoRA cell and absent from the full fine-tunes: peft tells the same cells apart,
+    # but each of the rank's pairs with another knob is an interaction of its own; so is the accumulation beside
+    # the micro-batch. A setting every cell has alike tells nothing apart and goes.
+    cells = [
+        {"peft": p, "lora_r": 16 if p == "lora" else None, "optimizer": o, "micro_batch": mb, "grad_accum": 4 // mb,
+         "compile": False}
+        for p in ("none", "lora") for o in ("adamw", "paged") for mb in (1, 2)
+    ]  # fmt: skip
+    kept = answer._distinct(cells)
+    assert {k for f in kept for k in f} == {"peft", "lora_r", "optimizer", "micro_batch", "grad_accum"}
+
+    # Why it matters: an optimizer's effect measured on LoRA cells alone speaks less surely of a full fine-tune when
+    # the rank's pair with the optimizer is a term of its own.
+    def predicted(features) -> float:
+        on = Online(prior_sd=0.05, offset_sd=0.5, noise_sd=0.01, misfit_sd=0.01, pair_sd=0.01)
+        on.declare(features)
+        for f in features:
+            if f["peft"] == "lora":
+                on.observe(f, 0.0, 0.1 if f["optimizer"] == "paged" else 0.0)
+        return on.predict(next(f for f in features if f["peft"] == "none" and f["optimizer"] == "paged"), 0.0)[1]
+
+    dropped = [{k: v for k, v in f.items() if k in ("peft", "optimizer", "micro_batch")} for f in cells]
+    assert predicted(kept) > predicted(dropped)
+
+
 def test_rung_zero_is_the_short_schedule_and_rung_one_the_matrixs():
     fixed = Cell(matrix="m", model="llama-tiny", measured_steps=8)
     assert answer.rung_cell(fixed, 0).measured_steps == 4 and answer.rung_cell(fixed, 1) == fixed

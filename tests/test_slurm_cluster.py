@@ -193,7 +193,9 @@ def test_time_limit_usr2_fails_the_job_before_slurm_times_it_out(slurm_cluster, 
     # Three minutes put USR2 30-90 s after the start.
     signalled = submitit_on(slurm_additional_parameters={"time": "3:00"}).submit(_sleep, 300)
     timed_out = submitit_on(slurm_additional_parameters=short, slurm_signal_delay_s=5).submit(_sleep_through_usr2, 300)
-    ended = c.wait_ended(signalled.job_id)  # first: result() waits for ever on a job that died before its handler
+    # First: result() waits for ever on a job that died before its handler. Bounded past the job's own limit (a loaded
+    # host starts it late and Slurm's signal comes at its coarse resolution), so a missed USR2 shows as TIMEOUT.
+    ended = c.wait_ended(signalled.job_id, timeout=330)
     assert (ended["JobState"], ended["ExitCode"]) == ("FAILED", "1:0"), ended
     with pytest.raises(Exception, match="timed-out and not checkpointable"):
         signalled.result()

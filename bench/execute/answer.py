@@ -913,17 +913,16 @@ class Search:
 
 
 def _distinct(feats: list[dict]) -> list[dict]:
-    """Each cell's features as the models read them: an axis with one value among the cells that have it (LoRA's
-    rank beside peft, which says the same) is left out, and so is the accumulation where it follows from the
-    micro-batch (every cell trains on one batch size: batch.size)."""
+    """Each cell's features as the models read them: an axis that every cell has with one value is left out (it
+    tells no cells apart, and its pairs with the others are their main effects). A setting only some cells have
+    (LoRA's rank, QLoRA's quantisation) stays, though peft says which cells have it: each of its pairs with the other
+    knobs is an interaction of its own, so a knob's effect on the LoRA cells may differ from its effect on the full
+    fine-tunes by several pairs' worth; so does the accumulation beside the micro-batch."""
     values: dict = collections.defaultdict(set)
     for f in feats:
         for k, v in f.items():
-            if v is not None:
-                values[k].add(v)
-    drop = {k for k, vs in values.items() if len(vs) < 2}
-    if len({f.get("micro_batch", 0) * f.get("grad_accum", 0) for f in feats if f.get("grad_accum")}) == 1:
-        drop.add("grad_accum")
+            values[k].add(v)
+    drop = {k for k, vs in values.items() if len(vs) < 2 and None not in vs}
     return [{k: v for k, v in f.items() if k not in drop} for f in feats]
 
 

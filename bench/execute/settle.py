@@ -63,8 +63,9 @@ class Chances:
 
 
 def _tail(z: np.ndarray) -> np.ndarray:
-    """P(N(0, 1) > z)."""
-    return 0.5 * np.vectorize(math.erfc)(z / math.sqrt(2)) if z.size else z
+    """P(N(0, 1) > z), elementwise."""
+    z = np.asarray(z, dtype=float)
+    return np.array([0.5 * math.erfc(x / math.sqrt(2)) for x in z.ravel()]).reshape(z.shape)
 
 
 def chances(s) -> Chances:
@@ -77,16 +78,18 @@ def chances(s) -> Chances:
     lead_m, lead_sd = s.tps.marginals([(c.model, c.base_tps) for c in open_])
     levels = [blocks.level(c.obs, offs, s.cross) for c in measured]
     thr = math.log(1 + s.s.speed_tolerance)
-    p_lead = np.zeros(len(open_))
+    z = np.full(len(open_), np.inf)  # a cell whose group has no leader yet: no chance of beating one
+    at = {id(m): k for k, m in enumerate(measured)}
     for i, c in enumerate(open_):
         lead = leaders.get(c.group)
         if lead is not None:
-            lm, lv = levels[measured.index(lead)]
-            p_lead[i] = float(_tail(np.array([(lm + thr - lead_m[i]) / math.sqrt(lead_sd[i] ** 2 + lv)]))[0])
+            lm, lv = levels[at[id(lead)]]
+            z[i] = (lm + thr - lead_m[i]) / math.sqrt(lead_sd[i] ** 2 + lv)
+    p_lead = _tail(z)
     mem_m, mem_sd, p_front, res = _frontier_bounds(s, open_, measured, levels, lead_m, lead_sd)
     drawn = [i for i in range(len(open_)) if p_lead[i] >= FLOOR or p_front[i] >= FLOOR]
     out = _drawn(s, [open_[i] for i in drawn], measured, leaders, res)
-    left = [i for i in range(len(open_)) if i not in set(drawn)]  # not drawn: their own chances are added
+    left = sorted(set(range(len(open_))) - set(drawn))  # not drawn: their own chances are added
     by_group = {}
     for g in s._groups():
         rest = sum(p_lead[i] for i in left if open_[i].group == g)
@@ -122,9 +125,9 @@ def _frontier_bounds(s, open_, measured, levels, tps_m, tps_sd):
     p = np.array([0.0 if c.state == "parked" else 1.0 for c in open_])  # a parked micro-batch is no frontier point
     if len(mems):
         j = np.searchsorted(mems, mem_m - 2.5 * mem_sd + slack, side="right") - 1
-        for i in np.nonzero((j >= 0) & has_mem & (p > 0))[0]:
-            z = (best[j[i]] - tps_m[i]) / math.sqrt(tps_sd[i] ** 2 + best_var[j[i]])
-            p[i] = float(_tail(np.array([z]))[0])
+        i = np.nonzero((j >= 0) & has_mem & (p > 0))[0]
+        best, best_var = np.array(best), np.array(best_var)
+        p[i] = _tail((best[j[i]] - tps_m[i]) / np.sqrt(tps_sd[i] ** 2 + best_var[j[i]]))
     return mem_m, mem_sd, p, res
 
 
