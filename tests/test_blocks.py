@@ -208,6 +208,24 @@ def test_two_overlapping_cells_take_another_short_look_and_each_measurement_name
     assert [r.cell for r in s.tps._rows].count(lead.cell.hash) == 2
 
 
+def test_a_flagged_measurement_makes_no_tie_that_clean_ones_could_settle():
+    # Two cells of one group measured once each in one block, 25% apart, each measurement flagged (three times a
+    # clean one's noise). Judged by that noise, three measurements each could not place their gap on either side of
+    # the 5% tolerance: a tie, never measured again. The measurements to come need not be flagged; at a clean one's
+    # noise they could, so it is no tie; once each has its three, all flagged, it is.
+    s = _search(list(_smoke().values()))
+    lead = s.leader(("none",))
+    m = next(c for c in s.candidates if c.group == lead.group and c is not lead and c.obs)
+    block, level, wide = next(iter(lead.obs)), lead.logs[0], 3 * s.noise
+    lead.obs, m.obs = {block: [Obs(level, wide)]}, {block: [Obs(level - 0.25, wide)]}
+    s._memo.clear()
+    assert not s.tie(m, lead)
+    lead.obs[block] += [Obs(level, wide)] * 2
+    m.obs[block] += [Obs(level - 0.25, wide)] * 2
+    s._memo.clear()
+    assert s.tie(m, lead)
+
+
 def test_a_new_block_measures_anchors_first_and_is_then_tied():
     # The search goes on (--resume) on machine B after machine A measured every cell: before anything else it
     # measures each group's leader and two more cells there.

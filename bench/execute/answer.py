@@ -512,9 +512,16 @@ class Search:
         if not set(m.obs) & set(lead.obs):
             return False  # measured again in one block, they compare directly
         gap = self.gap(m, lead)[0]
-        noise = math.hypot(self._noise_of(m), self._noise_of(lead))
-        best = Z1 * noise / math.sqrt(MAX_MEASUREMENTS)  # the noise left after MAX measurements each
+        shared = set(m.obs) & set(lead.obs)
+        best = Z1 * math.sqrt(self._left_var(m, shared) + self._left_var(lead, shared))
         return abs(gap - math.log(1 + self.s.speed_tolerance)) < best
+
+    def _left_var(self, c: Candidate, blocks_: set) -> float:
+        """The variance of a cell's mean in these blocks once it has MAX_MEASUREMENTS there: its measurements' noise
+        as they came, the ones still to come at a clean measurement's (a flagged one says that run was host-bound or
+        unsteady, not that the next will be)."""
+        sds = [o.sd for b in blocks_ for o in c.obs[b]][:MAX_MEASUREMENTS]
+        return (sum(sd * sd for sd in sds) + (MAX_MEASUREMENTS - len(sds)) * self.noise**2) / MAX_MEASUREMENTS**2
 
     def could_lead(self, c: Candidate) -> bool:
         lead = self.leader(c.group)
