@@ -509,19 +509,20 @@ class Search:
         """Two cells measured in one block whose gap even MAX_MEASUREMENTS of each there could not place on either
         side of the speed tolerance (m over the leader by more, or surely not): measuring them again is futile,
         and the answer names both. A gap well inside the tolerance is not a tie: more measurements can show it."""
-        if not set(m.obs) & set(lead.obs):
+        shared = sorted(set(m.obs) & set(lead.obs))
+        if not shared:
             return False  # measured again in one block, they compare directly
         gap = self.gap(m, lead)[0]
-        shared = set(m.obs) & set(lead.obs)
-        best = Z1 * math.sqrt(self._left_var(m, shared) + self._left_var(lead, shared))
-        return abs(gap - math.log(1 + self.s.speed_tolerance)) < best
+        # The noise left in each shared block, combined over the blocks as gap() combines them.
+        left = 1 / sum(1 / (self._left_var(m.obs[b]) + self._left_var(lead.obs[b])) for b in shared)
+        return abs(gap - math.log(1 + self.s.speed_tolerance)) < Z1 * math.sqrt(left)
 
-    def _left_var(self, c: Candidate, blocks_: set) -> float:
-        """The variance of a cell's mean in these blocks once it has MAX_MEASUREMENTS there: its measurements' noise
-        as they came, the ones still to come at a clean measurement's (a flagged one says that run was host-bound or
+    def _left_var(self, obs: list[Obs]) -> float:
+        """The variance of a cell's mean in one block once it has MAX_MEASUREMENTS there: its measurements' noise as
+        they came, the ones still to come at a clean measurement's (a flagged one says that run was host-bound or
         unsteady, not that the next will be)."""
-        sds = [o.sd for b in blocks_ for o in c.obs[b]][:MAX_MEASUREMENTS]
-        return (sum(sd * sd for sd in sds) + (MAX_MEASUREMENTS - len(sds)) * self.noise**2) / MAX_MEASUREMENTS**2
+        n = max(MAX_MEASUREMENTS, len(obs))
+        return (sum(o.sd * o.sd for o in obs) + (n - len(obs)) * self.noise**2) / n**2
 
     def could_lead(self, c: Candidate) -> bool:
         lead = self.leader(c.group)
@@ -922,9 +923,11 @@ class Search:
 def _distinct(feats: list[dict]) -> list[dict]:
     """Each cell's features as the models read them: an axis that every cell has with one value is left out (it
     tells no cells apart, and its pairs with the others are their main effects). A setting only some cells have
-    (LoRA's rank, QLoRA's quantisation) stays, though peft says which cells have it: each of its pairs with the other
-    knobs is an interaction of its own, so a knob's effect on the LoRA cells may differ from its effect on the full
-    fine-tunes by several pairs' worth; so does the accumulation beside the micro-batch."""
+    (LoRA's rank, alpha and targets; QLoRA's quantisation and double quantisation) stays, though peft says which
+    cells have it: each is a term with its pairs, so a knob's effect on the LoRA cells may differ from its effect
+    on the full fine-tunes by several pairs' worth (each such setting adds one peft-by-knob pair's prior width).
+    The accumulation stays too; where one batch size makes it follow from the micro-batch, its terms double the
+    micro-batch's prior width (the simulator, tools.answer_sim, draws its truths the same way)."""
     values: dict = collections.defaultdict(set)
     for f in feats:
         for k, v in f.items():
