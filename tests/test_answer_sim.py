@@ -29,3 +29,8 @@ def test_the_simulator_answers_synthetic_truths_and_prints_its_figures(tmp_path,
     # Where the time went: every attempt's seconds under its role, the leaders measured first among them.
     assert sum(a.roles.values()) == pytest.approx(a.spent_s) and a.roles.get("leader", 0) > 0
     assert lines[-2].startswith("cell seconds per trial by role (mean): ") and "leader" in lines[-2]
+
+
+def test_no_trials_print_a_last_line_that_says_so(capsys):
+    assert answer_sim.main(["matrices/compare-h200.yaml", "--trials", "0"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "answer_sim: no trial ran (--trials 0)"

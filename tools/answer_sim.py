@@ -448,6 +448,8 @@ def by_role(done: list[Trial]) -> str:
 
 def summary(done: list[Trial]) -> str:
     """The last line: wrong leaders, wrong effect signs, cell time to settle (median, p90)."""
+    if not done:
+        return "answer_sim: no trial ran (--trials 0)"
     minutes = sorted(t.spent_s / 60 for t in done)
     p90 = minutes[min(len(minutes) - 1, math.ceil(0.9 * len(minutes)) - 1)]
     return (

@@ -1,11 +1,12 @@
 """When answer mode's answer is settled: the joint stopping rule.
 
-The answer per group is its fastest measured cell (the leader) and the measured cells the data cannot tell from
-it; the frontier is the measured cells no other measured cell beats on both memory and speed. What could still
-change them is a cell not yet measured. Under the models corrected by the run (bench.estimate.online: the
-step-time model with its effects, pair effects and the misfit learned from the measured cells' residuals; the
-memory model likewise), the unmeasured cells' speeds are drawn jointly, so cells that share settings rise and
-fall together, beside the measured cells' levels (bench.judge.blocks.joint), DRAWS times:
+The answer per group is its fastest measured cell (the leader: as its measurements and the corrected step-time
+model say together, bench.execute.answer.Search.believed) and the measured cells the data cannot tell from it; the
+frontier is the measured cells no other measured cell beats on both memory and speed. What could still change
+them is a cell not yet measured. Under the models corrected by the run (bench.estimate.online: the step-time model
+with its effects, pair effects and the misfit learned from the measured cells' residuals; the memory model
+likewise), the unmeasured cells' speeds are drawn jointly, so cells that share settings rise and fall together,
+beside the measured cells' levels (bench.judge.blocks.joint), DRAWS times:
 
 - lead: the chance that some unmeasured cell beats its group's leader by more than the minimum effect;
 - frontier: the chance that some unmeasured cell adds a frontier point: no measured cell of a tied block needs
@@ -144,10 +145,11 @@ def _drawn(s, cells: Sequence, measured: Sequence, leaders: dict, res: np.ndarra
         if len(mean) else np.zeros((DRAWS, 0))  # fmt: skip
     thr = math.log(1 + s.s.speed_tolerance)
     over = np.full((DRAWS, len(cells)), -np.inf)  # by how much each cell beats its leader past the tolerance
+    at = {id(m): k for k, m in enumerate(measured)}
     for i, c in enumerate(cells):
         lead = leaders.get(c.group)
         if lead is not None:
-            over[:, i] = u[:, i] - lv[:, measured.index(lead)] - thr
+            over[:, i] = u[:, i] - lv[:, at[id(lead)]] - thr
     beats = over > 0
     margin = _adds(s, cells, measured, u, mem, lv, res)
     adds = margin > 0
