@@ -27,7 +27,7 @@ from bench.judge.blocks import Obs
 from bench.judge.results import records_to_frame
 from bench.matrix.cells import Cell
 from bench.records import quality
-from bench.records.record import Record, parse
+from bench.records.record import parse
 from bench.records.store import Store
 from bench.report.analysis import analyse
 
@@ -278,50 +278,6 @@ def test_the_report_gives_the_consoles_fastest_cells_ties_and_verdicts(tmp_path)
     report = {(e["axis"], e["value"]): (e["tokens"].n, e["tokens"].verdict, round(e["tokens"].ratio or 0, 6))
               for e in section.answer["effects"]}  # fmt: skip
     assert {k: v for k, v in report.items() if v[0]} == {k: v for k, v in console.items() if v[0]} and console
-
-
-def test_the_leader_is_the_cell_believed_fastest_among_the_tied_blocks(monkeypatch):
-    # Search.leader ranks the measured cells by Search.believed (measurements and model together), not by their
-    # levels alone.
-    s = _search(list(_smoke().values()))
-    g = ("none",)
-    by_level = s.leader(g)
-    other = next(c for c in s.candidates if c.group == g and c.obs and c is not by_level)
-    assert s.speed(other)[0] < s.speed(by_level)[0]
-    real = s.believed
-    monkeypatch.setattr(s, "believed", lambda c: (s.speed(by_level)[0] + 0.1, 0.01) if c is other else real(c))
-    s._memo.clear()
-    assert s.leader(g) is other
-
-
-def test_the_report_names_the_fastest_cell_the_searchs_notes_name():
-    # Answer mode names each group's fastest by its measurements and the corrected model together
-    # (Search.believed), which the records alone cannot redo: its unmeasured cells' notes carry the name, and the
-    # report takes it from them. Here one cell of the full fine-tunes is left unmeasured, its note naming another
-    # measured cell than the one with the highest level; without the note the report judges by the levels.
-    recs = _two_machines()
-    s = _search(recs)
-    lead = s.leader(("none",))
-    other = next(c for c in s.candidates if c.group == ("none",) and c.obs and c is not lead)
-    left = next(c for c in s.candidates if c.group == ("none",) and c not in (lead, other))
-    kept = [
-        {**r, "answer": {"role": "leader", "why": "test", "rung": 1, "group": f"peft={r['cell']['peft']}"}}
-        for r in recs
-        if r["cell_hash"] != left.cell.hash
-    ]
-    note = {**s.note(left, needed=False, why="test"), "leader": other.cell.id}
-    gone = Record.unmeasured(
-        left.cell,
-        note,
-        run_id="run-on-machine-B",
-        attempt=9,
-        matrix_file=recs[0]["matrix_file"],
-        at=recs[-1]["ended_at"],
-    )
-    for extra, named in (([], lead), ([gone.to_dict()], other)):
-        (section,) = analyse(records_to_frame([*kept, *extra])).sections
-        got = {g["group"]: g["cell_name"] for g in section.answer["groups"]}
-        assert got["peft=none"] == named.cell.name, (extra, got)
 
 
 # -- the 7b answer replayed: the acceptance ----------------------------------------------------------------

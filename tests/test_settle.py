@@ -4,7 +4,6 @@ the measured cells' residuals, and its joint draws (bench.estimate.online)."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from bench.cli import main as cli
 from bench.estimate.online import Online
@@ -57,56 +56,6 @@ def test_joint_draws_move_together_where_cells_share_an_unmeasured_value():
     assert corr[0, 1] > 0.3 and abs(corr[0, 2]) < corr[0, 1]  # a=1 is shared by the first two alone
     mean, cov = on.posterior(items)
     assert np.allclose(u.mean(axis=0), mean, atol=0.03) and np.allclose(np.cov(u.T), cov, atol=0.01)
-
-
-def _near_equal(rng, n: int = 30):
-    """n cells of three axes whose truths differ by axis a's effect (0, -0.03 or +0.03) and a misfit of 0.02 each,
-    every other one measured once and the rest three times (noise 0.026): the highest level is likelier a cell
-    measured once and high than the fastest."""
-    on = Online(prior_sd=0.05, offset_sd=0.1, noise_sd=0.026, misfit_sd=0.02, pair_sd=0.01, learn_misfit=True)
-    cells = [{"a": i % 3, "b": (i // 3) % 5, "c": i // 15} for i in range(n)]
-    on.declare(cells)
-    effect = {0: 0.0, 1: -0.03, 2: 0.03}
-    truth = np.array([effect[f["a"]] + 0.02 * rng.standard_normal() for f in cells])
-    level = []
-    for k, (f, t) in enumerate(zip(cells, truth)):
-        logs = t + 0.026 * rng.standard_normal(1 + 2 * (k % 2))
-        for y in logs:
-            on.observe(f, 0.0, float(y), cell=k)
-        level.append(logs.mean())
-    return on, cells, truth, np.array(level)
-
-
-def test_a_measured_cell_is_believed_between_its_measurements_and_what_its_settings_say():
-    # One cell measured three times, the effects known (their prior narrow): its posterior is the normal one, the
-    # misfit's prior (0.02) against the mean of its measurements (noise 0.026 each).
-    on = Online(prior_sd=1e-6, offset_sd=1e-6, noise_sd=0.026, misfit_sd=0.02)
-    for y in (0.05, 0.07, 0.06):
-        on.observe({"a": 0}, 0.0, y, cell="x")
-    (mean,), (sd,) = on.measured([({"a": 0}, 0.0)], ["x"])
-    prec = 1 / 0.02**2 + 3 / 0.026**2
-    assert mean == pytest.approx(0.06 * 3 / 0.026**2 / prec, rel=1e-4) and sd == pytest.approx(prec**-0.5, rel=1e-4)
-    # Named as another cell (or none), the same settings carry a misfit of their own: what the effects say.
-    (other,), (wide,) = on.measured([({"a": 0}, 0.0)], ["y"])
-    assert other == pytest.approx(0.0, abs=1e-6) and wide == pytest.approx(0.02, rel=1e-3)
-    # Among thirty near-equal cells, the one measured highest is believed below its level.
-    on, cells, _, level = _near_equal(np.random.default_rng(3))
-    believed, _ = on.measured([(f, 0.0) for f in cells], list(range(len(cells))))
-    top = int(level.argmax())
-    assert believed[top] < level[top]
-
-
-def test_the_cell_believed_fastest_is_truly_faster_than_the_one_measured_fastest_more_often():
-    # Over many trials of thirty near-equal cells: how far below the truly fastest is the cell with the highest
-    # measured level, and the one the measurements and the model together put first (Online.measured)?
-    rng = np.random.default_rng(5)
-    raw, believed = [], []
-    for _ in range(60):
-        on, cells, truth, level = _near_equal(rng)
-        mean, _ = on.measured([(f, 0.0) for f in cells], list(range(len(cells))))
-        raw.append(truth.max() - truth[level.argmax()])
-        believed.append(truth.max() - truth[mean.argmax()])
-    assert np.mean(believed) < 0.9 * np.mean(raw)
 
 
 def test_the_answer_states_the_chance_that_an_unmeasured_cell_beats_the_leader(tmp_path, capsys):

@@ -292,23 +292,6 @@ class Online:
         var = (Xm * Xm) @ v - (W * W).sum(axis=0) + misfit**2
         return base + K @ alpha, np.sqrt(np.maximum(var, 0.0))
 
-    def measured(
-        self, items: Sequence[tuple[Mapping[str, object], float]], cells: Sequence[Hashable]
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Measured cells' true log values on the reference block's scale (mean, sd): the effects and each cell's own
-        measurements together, its misfit shared with its own rows (the `cell` key observe() was given them). Of
-        many near-equal cells measured once, the highest measurement is likelier a high draw than the fastest cell:
-        this weighs each against what its settings showed in the other cells."""
-        if not items:
-            return np.zeros(0), np.zeros(0)
-        X, v, L, alpha, misfit = self._solve()
-        Xm = self._items(items)
-        own = np.array([[r.cell is not None and r.cell == c for r in self._rows] for c in cells], dtype=float)
-        K = (Xm * v) @ X.T + misfit**2 * own.reshape(len(items), len(self._rows))
-        W = np.linalg.solve(L, K.T) if len(L) else np.zeros((0, len(items)))
-        var = (Xm * Xm) @ v + misfit**2 - (W * W).sum(axis=0)
-        return np.array([b for _, b in items]) + K @ alpha, np.sqrt(np.maximum(var, 0.0))
-
     def predict(self, features: Mapping[str, object], base_log: float, block: Hashable = None) -> tuple[float, float]:
         """One cell's marginals()."""
         m, sd = self.marginals([(features, base_log)], block)

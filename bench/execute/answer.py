@@ -478,28 +478,14 @@ class Search:
         return bool(c.obs.get(self.here)) if self.here is not None else bool(c.obs)
 
     def leader(self, group: tuple) -> Candidate | None:
-        """The group's fastest measured cell, as its measurements and the model say together (`believed`): among the
-        blocks the anchors tie to the reference block first (the only ones whose levels compare), else among the
-        largest other set of tied blocks that has one."""
+        """The group's fastest measured cell: among the blocks the anchors tie to the reference block first (the
+        only ones whose levels compare), else among the largest other set of tied blocks that has one."""
         key = ("leader", group)
         if key not in self._memo:
             ok = [c for c in self.candidates if c.group == group and c.obs]
-            score = [self.believed(c)[0] for c in ok]
-            i = blocks.leading([c.obs for c in ok], self.offsets, self.cross, self._parts(), score)
+            i = blocks.leading([c.obs for c in ok], self.offsets, self.cross, self._parts())
             self._memo[key] = ok[i] if i is not None else None
         return self._memo[key]
-
-    def believed(self, c: Candidate) -> tuple[float, float]:
-        """A measured cell's log tokens/s on the reference block's scale, (mean, sd), as its measurements and the
-        corrected step-time model say together (bench.estimate.online.Online.measured): of many near-equal cells
-        measured once, the highest is likelier measured high than the fastest, and what its settings showed in
-        the other cells weighs against that. A cell the model cannot read: its measured level."""
-        if "believed" not in self._memo:
-            self.offsets  # noqa: B018 - the model's block offsets are the anchors'
-            cells = [m for m in self.candidates if m.obs and m.base_tps is not None]
-            mean, sd = self.tps.measured([(m.model, m.base_tps) for m in cells], [m.cell.hash for m in cells])
-            self._memo["believed"] = {id(m): (float(a), float(b)) for m, a, b in zip(cells, mean, sd)}
-        return self._memo["believed"].get(id(c)) or self.speed(c)
 
     def could_beat(self, c: Candidate, m: Candidate, by: float | None = None) -> bool:
         """Whether c could be faster than m by more than `by` (default: the smallest effect that matters): the
@@ -920,12 +906,10 @@ class Search:
         m, sd = self.speed(c)
         lo_mem, hi_mem = self.memory_interval(c)
         ch = self.chances
-        lead = self.leader(c.group)
         return {
             **fields,
             "settled": [ch.by_group.get(c.group, 0.0), ch.frontier, self.s.settle],
             "group": _group(self.s, c.group),
-            "leader": lead.cell.id if lead is not None else None,
             "predicted_tokens_per_s": [math.exp(m - Z * sd), math.exp(m), math.exp(m + Z * sd)]
             if math.isfinite(m)
             else None,

@@ -364,12 +364,12 @@ class Session:
     def settle(self, stopped: bool = False) -> None:
         """Answer mode's end: a record for every cell it did not measure, saying why; then the answer. On a stop
         too (the cells in flight recorded interrupted first), so every cell of the matrix has a record. A cell
-        whose last record already says it was left unmeasured for the same reason, its group's leader the same (an
-        earlier call of a --resume), gets no second one: a record is written when what it says changes."""
+        whose last record already says it was left unmeasured for the same reason (an earlier call of a
+        --resume) gets no second one: a record is written when what it says changes."""
         said = self.unmeasured_before()
         for c, note in self.search.unmeasured(stopped):
             rec = Record.unmeasured(c.cell, note, at=now(), spent=self.search.spent_at_start, **self.ident(c.cell))
-            if said.get(c.cell.hash) == (rec.reason, rec.answer.leader):
+            if said.get(c.cell.hash) == rec.reason:
                 continue
             self.i += 1
             self.attempts[c.cell.hash] = rec.attempt
@@ -381,15 +381,10 @@ class Session:
         ):
             self.o.printer(text)
 
-    def unmeasured_before(self) -> dict[str, tuple]:
-        """The cells whose last record in the results file (an earlier call's) is an unmeasured one, with its reason
-        and the leader its note names."""
+    def unmeasured_before(self) -> dict[str, str]:
+        """The cells whose last record in the results file (an earlier call's) is an unmeasured one, with its reason."""
         last = {r["cell_hash"]: r for r in self.existing if r.get("status") != Status.STARTED.value}
-        return {
-            h: (r["reason"], (r.get("answer") or {}).get("leader"))
-            for h, r in last.items()
-            if r["status"] == Status.UNMEASURED.value
-        }
+        return {h: r["reason"] for h, r in last.items() if r["status"] == Status.UNMEASURED.value}
 
     def against_recording(self) -> list[str]:
         """A replayed answer against the answer of every recorded end of the same cells (the full grid)."""

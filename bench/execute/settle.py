@@ -1,12 +1,11 @@
 """When answer mode's answer is settled: the joint stopping rule.
 
-The answer per group is its fastest measured cell (the leader: as its measurements and the corrected step-time
-model say together, bench.execute.answer.Search.believed) and the measured cells the data cannot tell from it; the
-frontier is the measured cells no other measured cell beats on both memory and speed. What could still change
-them is a cell not yet measured. Under the models corrected by the run (bench.estimate.online: the step-time model
-with its effects, pair effects and the misfit learned from the measured cells' residuals; the memory model
-likewise), the unmeasured cells' speeds are drawn jointly, so cells that share settings rise and fall together,
-beside the measured cells' levels (bench.judge.blocks.joint), DRAWS times:
+The answer per group is its fastest measured cell (the leader) and the measured cells the data cannot tell from
+it; the frontier is the measured cells no other measured cell beats on both memory and speed. What could still
+change them is a cell not yet measured. Under the models corrected by the run (bench.estimate.online: the
+step-time model with its effects, pair effects and the misfit learned from the measured cells' residuals; the
+memory model likewise), the unmeasured cells' speeds are drawn jointly, so cells that share settings rise and
+fall together, beside the measured cells' levels (bench.judge.blocks.joint), DRAWS times:
 
 - lead: the chance that some unmeasured cell beats its group's leader by more than the minimum effect;
 - frontier: the chance that some unmeasured cell adds a frontier point: no measured cell of a tied block needs

@@ -104,16 +104,13 @@ def parts(samples: Mapping[object, Sample], ref: str | None) -> dict[str, int]:
     return {b: i for i, k in enumerate(comps) for b in k}
 
 
-def leading(
-    group: Sequence[Sample], offs: Offsets, cross: float, part: Mapping[str, int], score: Sequence[float] | None = None
-) -> int | None:
-    """The index of a group's fastest measured cell: the highest level (on the reference scale; `score`, one per
-    cell, where the caller weighs the levels otherwise) among the cells measured in the first set of tied blocks
-    that has any (the reference block's first): levels compare only within a set the anchors tie."""
+def leading(group: Sequence[Sample], offs: Offsets, cross: float, part: Mapping[str, int]) -> int | None:
+    """The index of a group's fastest measured cell: the highest level (on the reference scale) among the cells
+    measured in the first set of tied blocks that has any (the reference block's first): levels compare only
+    within a set the anchors tie."""
     first = min((part[b] for s in group for b in s if s[b]), default=None)
     pick = [i for i, s in enumerate(group) if any(part[b] == first for b in s if s[b])]
-    key = (lambda i: score[i]) if score is not None else (lambda i: level(group[i], offs, cross)[0])
-    return max(pick, key=key, default=None)
+    return max(pick, key=lambda i: level(group[i], offs, cross)[0], default=None)
 
 
 def offsets(samples: Mapping[object, Sample], cross: float, order: Sequence[str] = ()) -> Offsets:

@@ -391,8 +391,6 @@ def _plan_columns(rec: Record) -> dict:
             }
         if note.expected_error:
             row["answer_expected_error"] = note.expected_error
-        if note.leader:
-            row["answer_leader"] = note.leader.rsplit("#", 1)[-1]  # its cell hash
     if rec.replay:
         row["replay_source"] = rec.replay.source
     return row

@@ -688,9 +688,6 @@ class AnswerNote(BaseModel):
     """Unmeasured only, when the search ended: [the chance that some unmeasured cell of its group beats the group's
     fastest by more than the minimum effect, that some unmeasured cell adds a frontier point, the level below
     which the search stops asking (--settle)]."""
-    leader: str | None = None
-    """Unmeasured only, when the search ended: its group's fastest cell (cell id), as the measurements and the step-time
-    model corrected by them say together (bench.execute.answer.Search.believed); the report names the same."""
 
 
 class Replay(BaseModel):

@@ -1142,15 +1142,10 @@ def _answer_judged(measured: pd.DataFrame, left: pd.DataFrame) -> dict:
     part = blocks.parts(obs, offs.ref)
     name = {r["cell_hash"]: r["cell_name"] for r in rows}
     group = {r["cell_hash"]: r["answer_group"] for r in rows if isinstance(r["answer_group"], str)}
-    named = _answer_leaders(left)
     groups = []
     for g in dict.fromkeys(group.values()):
         members = [h for h in obs if group.get(h) == g]
-        lead = (
-            named.get(g)
-            if named.get(g) in members
-            else members[blocks.leading([obs[h] for h in members], offs, cross, part)]
-        )
+        lead = members[blocks.leading([obs[h] for h in members], offs, cross, part)]
         judged = {h: effects.against(obs[h], obs[lead], offs, cross, part) for h in members if h != lead}
         lo, mid, hi = _level(obs[lead], offs, cross)
         groups.append({
@@ -1160,16 +1155,6 @@ def _answer_judged(measured: pd.DataFrame, left: pd.DataFrame) -> dict:
             "apart": [name[h] for h, e in judged.items() if e is None],
         })  # fmt: skip
     return {"groups": groups, "effects": _answer_effects(measured, left, obs, cross), "offsets": offs}
-
-
-def _answer_leaders(left: pd.DataFrame) -> dict[str, str]:
-    """Per group the fastest cell (hash) as answer mode named it when it ended (its unmeasured cells' notes carry it:
-    the measurements and the corrected step-time model together); a group it left nothing unmeasured in is judged by
-    its measured levels alone."""
-    if "answer_leader" not in left or "answer_group" not in left:
-        return {}
-    named = left.dropna(subset=["answer_leader", "answer_group"])
-    return dict(zip(named["answer_group"], named["answer_leader"]))
 
 
 def _level(s: blocks.Sample, offs: blocks.Offsets, cross: float) -> tuple[float, float, float]:
