@@ -30,6 +30,7 @@ from bench.estimate.steptime import (
     run_seconds,
     step_and_share,
     step_parts,
+    steps_of,
 )
 from bench.estimate.timecheck import (
     EXCLUDED,
@@ -44,8 +45,10 @@ from bench.estimate.timecheck import (
     time_cases,
     time_summary,
 )
-from bench.matrix.cells import Cell, Lora, Qlora
+from bench.execute.answer import rung_cell
+from bench.matrix.cells import Adaptive, Cell, Lora, Qlora
 from bench.matrix.shapes import shape_of
+from bench.records.store import read
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = Hardware(gpu_name="NVIDIA H200")
@@ -466,3 +469,27 @@ def test_nested_cross_validation_with_one_grid_point_is_the_plain_one():
     other, _ = nested(cs, grid=[(2.0, 0.1, 1.0)])
     assert [r.step for r in other] != pytest.approx([r.step for r in plain])
     assert shipped() == (steptime.OVERLAP, timecheck.STEP_RIDGE, timecheck.MACHINE_RIDGE) == (4.0, 0.03, 3.0)
+
+
+def test_an_adaptive_cell_is_predicted_to_run_its_fewest_steps_within_its_caps():
+    a = Adaptive(settle_window=3, min_steps=6, max_seconds=120)
+    cell = Cell(model="llama-7b", seq_len=2048, warmup_steps=20, measured_steps=30, adaptive=a)
+    assert steps_of(cell, 1.0) == 4 + 6  # the first step, the window of 3, then the fewest measured
+    assert steps_of(cell, 1.0, warm=8, meas=40) == 8 + 30  # a phase that would run on stops at its step cap
+    assert steps_of(cell, 30.0) == 2 + 3  # warm-up past half of 120 s after 2 steps; then 3 measured at least
+    assert steps_of(dataclasses.replace(cell, adaptive=None), 30.0) == 50  # fixed counts run whatever they take
+
+
+def test_predicted_wall_of_adaptive_cells_is_near_what_their_records_took():
+    """Over the committed 7b records (adaptive steps, as answer mode ran them: rung 0's short look or the matrix's
+    own schedule), the recorded wall over the wall predicted at the record's own step time: the median within
+    x0.8-1.6 (it was x0.36 when the prediction counted the steps' caps; unsteady cells run past the fewest)."""
+    ratios = []
+    for path in RESULTS:
+        for raw in read(path):
+            cell = raw.get("cell") and Cell.from_dict(raw["cell"])
+            if raw.get("status") != "ok" or not cell or cell.adaptive is None or not raw.get("wall_s"):
+                continue
+            ran = rung_cell(cell, (raw.get("answer") or {}).get("rung", 1))
+            ratios.append(raw["wall_s"] / predict_wall(ran, H200, step=raw["metrics"]["step_time_median_s"]))
+    assert len(ratios) >= 30 and 0.8 <= statistics.median(ratios) <= 1.6, (len(ratios), statistics.median(ratios))

@@ -31,8 +31,10 @@ The truth, all on the log scale, with the magnitudes taken from committed record
 - wall time: the step-time model's start and setup (off by SETUP_SD, its held-out setup error) plus warm-up
   and measured steps as the 7B records ran them: clean, the first step and the steps its warm-up window settles
   over, then its fewest measured steps (4 + 6 on the matrix's schedule, 3 + 4 on rung 0's short look); flagged,
-  6 + 12 or the cap (halved on rung 0). A clean short look keeps a clean measurement's noise (on the committed
-  records it lands sd 0.004 from the full schedule's median: tools.noise);
+  6 + 12 or the cap (halved on rung 0); either within the schedule's time cap as bench.records.adaptive ends it
+  (bench.estimate.steptime.steps_of, which also gives the search its predicted cost). A clean short look keeps
+  a clean measurement's noise (on the committed records it lands sd 0.004 from the full schedule's median:
+  tools.noise);
 - memory: the memory model's prediction off by MEMORY_SD (its held-out p95 12.5%); a cell whose true peak
   passes the GPU's memory ends cuda_oom in warm-up (the 7b answer's five did so in 3-6 s);
 - failures with signatures: two per trial, as the 7b answer's records had them once rules covered the rest: one
@@ -68,7 +70,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.estimate import predict
-from bench.estimate.steptime import predict_setup, predict_start, step_and_share
+from bench.estimate.steptime import predict_setup, predict_start, step_and_share, steps_of
 from bench.execute import answer
 from bench.execute.plan import Planned, arrange, hardware, plan
 from bench.execute.replay import Recording, Replayed
@@ -245,13 +247,7 @@ class SimRecording(Recording):
         log = w.speed(cell, m) + noise * _draw(w.seed, "noise", cell.hash, m.name, self.attempts)
         tps = math.exp(log)
         step = cell.tokens_per_step / tps
-        cap = ran.adaptive.max_seconds if ran.adaptive and ran.adaptive.max_seconds else None
-        a = ran.adaptive
-        clean = (a.settle_window + 1, a.min_steps) if a else (ran.warmup_steps, ran.measured_steps)
-        warm, meas = (6, 12 if k % 2 else ran.measured_steps) if flagged else clean
-        if cap is not None:  # a fixed schedule runs its steps; an adaptive one stops at its time cap
-            warm = min(warm, max(1, int(cap / 2 / step)))
-            meas = max(1, min(meas, ran.measured_steps, int((cap - warm * step) / step)))
+        steps = steps_of(ran, step, 6, 12 if k % 2 else ran.measured_steps) if flagged else steps_of(ran, step)
         rec = json.loads(json.dumps(self._ok))
         rec["metrics"] |= {
             "tokens_per_s": tps, "step_time_median_s": step, "step_time_mean_s": step,
@@ -260,7 +256,7 @@ class SimRecording(Recording):
         }  # fmt: skip
         peak = math.exp(w.base(cell)[2])
         rec["memory"] = {"nvml_proc_peak_bytes": int(peak), "host_rss_peak_bytes": rec["memory"]["host_rss_peak_bytes"]}
-        rec["wall_s"] = w.base(cell)[3] + (warm + meas) * step
+        rec["wall_s"] = w.base(cell)[3] + steps * step
         for k_ in ("steps", "step_times_s", "losses", "telemetry", "log_tail"):
             rec.pop(k_, None)
         return rec
