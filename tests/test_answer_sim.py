@@ -34,3 +34,10 @@ def test_the_simulator_answers_synthetic_truths_and_prints_its_figures(tmp_path,
 def test_no_trials_print_a_last_line_that_says_so(capsys):
     assert answer_sim.main(["matrices/compare-h200.yaml", "--trials", "0"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == "answer_sim: no trial ran (--trials 0)"
+
+
+@pytest.mark.parametrize("bad", [["--trials", "-1"], ["--jobs", "0"]])
+def test_a_negative_trial_count_or_no_jobs_is_refused(bad, capsys):
+    with pytest.raises(SystemExit) as e:
+        answer_sim.main(["matrices/compare-h200.yaml", *bad])
+    assert e.value.code == 2 and "--trials takes 0 or more" in capsys.readouterr().err

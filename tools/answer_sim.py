@@ -410,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if not a.matrix:
         ap.error("MATRIX is needed")
+    if a.trials < 0 or a.jobs < 1:
+        ap.error(f"--trials takes 0 or more (got {a.trials}), --jobs 1 or more (got {a.jobs})")
     jobs = [(a.matrix, a.seed + k, a.first_call, a.cap) for k in range(a.trials)]
     if a.jobs > 1:  # one BLAS thread per process: 16 processes of 16 threads each on 16 cores hardly moved
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):

@@ -179,7 +179,7 @@ def short_look(pattern: str = GPU_FILES) -> dict:
         for raw in read(path):
             r = parse(raw)
             times = r.step_times_s or []
-            if r.status is not Status.OK or not r.metrics or r.metrics.gpu_util_mean_pct is None or len(times) < 6:
+            if r.status is not Status.OK or not r.metrics or quality.kind(r) != "gpu" or len(times) < 6:
                 continue
             cell = Cell.from_dict(raw["cell"])
             if cell.adaptive is None:

@@ -88,7 +88,7 @@ def chances(s) -> Chances:
     p_lead = _tail(z)
     mem_m, mem_sd, p_front, res = _frontier_bounds(s, open_, measured, levels, lead_m, lead_sd)
     drawn = [i for i in range(len(open_)) if p_lead[i] >= FLOOR or p_front[i] >= FLOOR]
-    out = _drawn(s, [open_[i] for i in drawn], measured, leaders, res)
+    out = _drawn(s, [open_[i] for i in drawn], measured, at, leaders, res)
     left = sorted(set(range(len(open_))) - set(drawn))  # not drawn: their own chances are added
     by_group = {}
     for g in s._groups():
@@ -131,8 +131,9 @@ def _frontier_bounds(s, open_, measured, levels, tps_m, tps_sd):
     return mem_m, mem_sd, p, res
 
 
-def _drawn(s, cells: Sequence, measured: Sequence, leaders: dict, res: np.ndarray) -> dict:
-    """The chances from joint draws of these open cells' speeds and memory and the measured cells' levels."""
+def _drawn(s, cells: Sequence, measured: Sequence, at: dict, leaders: dict, res: np.ndarray) -> dict:
+    """The chances from joint draws of these open cells' speeds and memory and the measured cells' levels (`at`:
+    a measured cell's column, by id)."""
     out = {"lead": 0.0, "frontier": 0.0, "by_group": {}, "cell_lead": {}, "cell_frontier": {}}
     if not cells:
         return out
@@ -144,7 +145,6 @@ def _drawn(s, cells: Sequence, measured: Sequence, leaders: dict, res: np.ndarra
         if len(mean) else np.zeros((DRAWS, 0))  # fmt: skip
     thr = math.log(1 + s.s.speed_tolerance)
     over = np.full((DRAWS, len(cells)), -np.inf)  # by how much each cell beats its leader past the tolerance
-    at = {id(m): k for k, m in enumerate(measured)}
     for i, c in enumerate(cells):
         lead = leaders.get(c.group)
         if lead is not None:
