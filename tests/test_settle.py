@@ -76,3 +76,29 @@ def test_the_answer_states_the_chance_that_an_unmeasured_cell_beats_the_leader(t
     bad = ["run", "matrices/compare-h200.yaml", "--answer", "--settle", "1.5", "--replay", *COMPARE]
     assert cli([*bad, "--results", str(tmp_path / "b.jsonl")]) == 2
     assert "--settle 1.5: a chance between 0 and 1" in capsys.readouterr().err
+
+
+def test_a_measured_cells_drawn_truth_is_its_measurement_pulled_towards_the_model_against_the_winners_curse():
+    rng = np.random.default_rng(3)
+    raw, drawn = [], []
+    for _ in range(20):
+        on = Online(prior_sd=0.3, offset_sd=1.0, noise_sd=0.03, misfit_sd=0.03, learn_misfit=True)
+        a, b = rng.normal(0, 0.05, 4), rng.normal(0, 0.05, 4)  # near-equal cells, as in a group's lead
+        truths = {}
+        for k in range(30):
+            i, j = (int(x) for x in rng.integers(0, 4, 2))
+            truths[k] = a[i] + b[j] + 0.03 * rng.standard_normal()
+            on.observe({"a": i, "b": j}, 0.0, truths[k] + 0.03 * rng.standard_normal(), cell=k)
+        rows = {r.cell: r for r in on._rows}
+        top = max(rows, key=lambda k: rows[k].log)  # the fastest as measured: likelier measured high than low
+        u = on.draws([(rows[top].features, 0.0)], 2000, np.random.default_rng(4), [top])
+        raw.append(rows[top].log - truths[top])
+        drawn.append(float(u.mean()) - truths[top])
+    assert np.mean(raw) > 0.02  # the winner's curse
+    assert abs(np.mean(drawn)) < np.mean(raw) / 2  # the draws pull it back
+    sure = Online(prior_sd=0.3, offset_sd=1.0, noise_sd=1e-4, misfit_sd=0.05)
+    sure.observe({"a": 0}, 0.0, 0.2, cell="x")
+    sure.observe({"a": 0}, 0.0, 0.0, cell="y")
+    u = sure.draws([({"a": 0}, 0.0), ({"a": 0}, 0.0)], 500, np.random.default_rng(5), ["x", None])
+    assert abs(u[:, 0].mean() - 0.2) < 1e-3 and u[:, 0].std() < 1e-3  # a sure measurement is its own truth
+    assert u[:, 1].std() > 0.02  # a cell not measured keeps the misfit's width

@@ -213,12 +213,8 @@ class Online:
 
     def _same(self) -> np.ndarray:
         """Which rows share a misfit: 1 where two rows measure the same cell (and on the diagonal)."""
-        at: dict = {}
-        for j, r in enumerate(self._rows):
-            if r.cell is not None:
-                at.setdefault(r.cell, []).append(j)
         out = np.eye(len(self._rows))
-        for rows in at.values():
+        for rows in self._rows_of().values():
             out[np.ix_(rows, rows)] = 1.0
         return out
 
@@ -310,22 +306,55 @@ class Online:
         return np.array([b for _, b in items]) + K @ alpha, cov
 
     def draws(
-        self, items: Sequence[tuple[Mapping[str, object], float]], n: int, rng: np.random.Generator
+        self,
+        items: Sequence[tuple[Mapping[str, object], float]],
+        n: int,
+        rng: np.random.Generator,
+        cells: Sequence[Hashable] = (),
     ) -> np.ndarray:
         """n draws (rows) of these cells' true log values from the joint posterior: the parameters they have drawn
-        together (cells that share a value share its draw), the misfit per cell, drawn afresh (cells not measured)."""
+        together (cells that share a value share its draw), the misfit per cell, drawn afresh for a cell not
+        measured. cells: per item, the key it was observed under (None or absent: not measured); a measured cell's
+        misfit is drawn given the parameters' draw and its own measurements (_misfit_given), so its value is its
+        measurements pulled towards what the model says of it, by as much as its noise against the misfit."""
         if not items:
             return np.zeros((n, 0))
         X, v, L, alpha, misfit = self._solve()
         Xm = self._items(items)
-        used = np.flatnonzero(Xm.any(axis=0))
+        rows = {key: js for key, js in self._rows_of().items() if key in set(cells)}
+        taken = np.concatenate([js for js in rows.values()]) if rows else np.zeros(0, dtype=np.intp)
+        used = np.flatnonzero(Xm.any(axis=0) | X[taken].any(axis=0))
         W = np.linalg.solve(L, X[:, used] * v[used]) if len(L) else np.zeros((0, len(used)))
         mean = v[used] * (X[:, used].T @ alpha) if len(alpha) else np.zeros(len(used))
         cov = np.diag(v[used]) - W.T @ W
         root = np.linalg.cholesky(cov + 1e-12 * np.eye(len(used)))
         theta = mean + rng.standard_normal((n, len(used))) @ root.T
         base = np.array([b for _, b in items])
-        return base + theta @ Xm[:, used].T + misfit * rng.standard_normal((n, len(items)))
+        own = misfit * rng.standard_normal((n, len(items)))
+        for i, key in enumerate(cells):
+            if key in rows:
+                own[:, i] = self._misfit_given(rows[key], theta, X[:, used], misfit, rng)
+        return base + theta @ Xm[:, used].T + own
+
+    def _rows_of(self) -> dict[Hashable, np.ndarray]:
+        """The rows of each measured cell (by its key)."""
+        at: dict = {}
+        for j, r in enumerate(self._rows):
+            if r.cell is not None:
+                at.setdefault(r.cell, []).append(j)
+        return {k: np.array(js, dtype=np.intp) for k, js in at.items()}
+
+    def _misfit_given(
+        self, js: np.ndarray, theta: np.ndarray, X: np.ndarray, misfit: float, rng: np.random.Generator
+    ) -> np.ndarray:
+        """Per draw of the parameters (theta, over X's columns), a draw of one measured cell's misfit given its rows
+        js: each row is the parameters' sum plus the misfit plus its noise, so given the parameters the misfit is
+        normal, its precision the prior's plus each row's."""
+        noise = np.array([self._rows[j].noise_var for j in js])
+        y = np.array([self._rows[j].log - self._rows[j].base - self._shift(self._rows[j].block) for j in js])
+        var = 1.0 / (1.0 / max(misfit * misfit, 1e-12) + (1.0 / noise).sum())
+        mean = var * ((y[None, :] - theta @ X[js].T) / noise[None, :]).sum(axis=1)
+        return mean + math.sqrt(var) * rng.standard_normal(len(theta))
 
     def _theta(self, cols: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """The posterior mean and variance of these parameters."""

@@ -39,6 +39,8 @@ DRAWS = 1000
 FLOOR = 1e-6
 """A cell whose own chance, by its prediction alone, is below this is not drawn (its chance is still added)."""
 _SEED = 20261203
+LIGHTER = 1e6
+"""The margin (log) of a cell lighter than every measured cell, before its own speed is added: past any real one."""
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,11 @@ def _drawn(s, cells: Sequence, measured: Sequence, at: dict, leaders: dict, res:
     if not cells:
         return out
     rng = np.random.default_rng(_SEED)
-    u = s.tps.draws([(c.model, c.base_tps) for c in cells], DRAWS, rng)
+    known = [m for m in dict.fromkeys(leaders.values()) if m.base_tps is not None]
+    both = s.tps.draws(
+        [(c.model, c.base_tps) for c in cells + known], DRAWS, rng, [None] * len(cells) + [m.cell.hash for m in known]
+    )
+    u, truth = both[:, : len(cells)], {id(m): both[:, len(cells) + k] for k, m in enumerate(known)}
     mem = s.memory.draws([(c.model, c.base_mem if c.base_mem is not None else 0.0) for c in cells], DRAWS, rng)
     mean, cov = blocks.joint([m.obs for m in measured], s.offsets, s.cross) if measured else (np.zeros(0), None)
     lv = mean + rng.standard_normal((DRAWS, len(mean))) @ np.linalg.cholesky(cov + 1e-12 * np.eye(len(mean))).T \
@@ -148,7 +154,9 @@ def _drawn(s, cells: Sequence, measured: Sequence, at: dict, leaders: dict, res:
     for i, c in enumerate(cells):
         lead = leaders.get(c.group)
         if lead is not None:
-            over[:, i] = u[:, i] - lv[:, at[id(lead)]] - thr
+            # The leader's true speed, drawn with the open cells' (bench.estimate.online.Online.draws): the fastest
+            # of several measured cells is likelier measured high than low, and the model pulls it back.
+            over[:, i] = u[:, i] - truth.get(id(lead), lv[:, at[id(lead)]]) - thr
     beats = over > 0
     margin = _adds(s, cells, measured, u, mem, lv, res)
     adds = margin > 0
@@ -187,19 +195,21 @@ def _shares(cells: Sequence, margin: np.ndarray, groups: Sequence) -> dict[str, 
 
 def _adds(s, cells, measured, u, mem, lv, res) -> np.ndarray:
     """Per draw and open cell: by how much (log) it is faster than the fastest measured cell (of a tied block)
-    that needs no more memory (within the tolerance), past that cell's resolution; positive: it adds a point
-    (a cell no measured one is light enough for, or whose memory the model cannot read: +inf)."""
+    that needs no more memory (within the tolerance), past that cell's resolution; positive: it adds a point.
+    A cell no measured one is light enough for adds one surely: LIGHTER plus its own speed, so that of several
+    such cells the fastest passes by the most (its share, and so the search's pick: measured, it leaves the slower
+    of them dominated; a tie at +inf would hand the share to whichever comes first). A cell whose memory the
+    model cannot read: +inf."""
     with_mem = [i for i, m in enumerate(measured) if m.mem is not None]
-    adds = np.where(np.array([c.state == "parked" for c in cells])[None, :], -np.inf, np.full(u.shape, np.inf))
+    parked = np.array([c.state == "parked" for c in cells], dtype=bool)
     if not with_mem:
-        return adds
+        return np.where(parked[None, :], -np.inf, LIGHTER + u)
     order = sorted(with_mem, key=lambda i: measured[i].mem)
     mems = np.array([measured[i].mem for i in order])
     reach = np.maximum.accumulate(lv[:, order] + res[order], axis=1)  # per draw: the fastest so far, lightest first
     slack = math.log(1 + s.s.memory_tolerance)
     j = np.searchsorted(mems, mem + slack, side="right") - 1  # the heaviest measured cell light enough
     rows = np.arange(u.shape[0])[:, None]
-    margin = np.where(j >= 0, u - reach[rows, np.maximum(j, 0)], np.inf)
+    margin = np.where(j >= 0, u - reach[rows, np.maximum(j, 0)], LIGHTER + u)
     known = np.array([c.base_mem is not None for c in cells], dtype=bool)
-    parked = np.array([c.state == "parked" for c in cells], dtype=bool)
     return np.where(parked[None, :], -np.inf, np.where(known[None, :], margin, np.inf))
