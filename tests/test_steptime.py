@@ -476,7 +476,9 @@ def test_an_adaptive_cell_is_predicted_to_run_its_fewest_steps_within_its_caps()
     cell = Cell(model="llama-7b", seq_len=2048, warmup_steps=20, measured_steps=30, adaptive=a)
     assert steps_of(cell, 1.0) == 4 + 6  # the first step, the window of 3, then the fewest measured
     assert steps_of(cell, 1.0, warm=8, meas=40) == 8 + 30  # a phase that would run on stops at its step cap
-    assert steps_of(cell, 30.0) == 2 + 3  # warm-up past half of 120 s after 2 steps; then 3 measured at least
+    # The first step, twice as long (it compiles), counts into the time cap as the worker's Schedule counts it:
+    assert steps_of(cell, 12.0) == 4 + 5  # settled after 4 steps (60 s); measuring passes 120 s after 5
+    assert steps_of(cell, 30.0) == 1 + 3  # the first step alone passes half of 120 s; then 3 measured at least
     assert steps_of(dataclasses.replace(cell, adaptive=None), 30.0) == 50  # fixed counts run whatever they take
 
 

@@ -31,7 +31,7 @@ from typing import Any
 from ..matrix import dsconfig
 from ..matrix.axes import AUTO, optimizer_offloaded, params_offloaded
 from ..matrix.shapes import Shape, adapted, shape_of, trainable_params
-from ..records.adaptive import MIN_MEASURED
+from ..records.adaptive import Schedule
 from ..records.record import FixedCosts
 from .model import Hardware
 
@@ -703,20 +703,19 @@ def predict_start(cell: Any, hw: Hardware | None = None, k: Any = FITTED_TIME, s
 
 def steps_of(cell: Any, step: float, warm: int | None = None, meas: int | None = None) -> int:
     """The warm-up and measured steps the cell runs at `step` seconds a step: a fixed phase its count; an
-    adaptive one (bench.records.adaptive) the steps it needs to end on its own (`warm`, `meas`; by default the
-    fewest it can end on, a steady cell's), within its step and time caps. Not the caps themselves (50 steps on
-    the 7b matrix, whose 38 ok records in results/7b*.jsonl ran 6-50, median 12): answer mode orders its cells
-    by this cost, and learns what unsteady cells run beyond the fewest from the walls it measures."""
-    a, w_cap, m_cap = cell.adaptive, cell.warmup_steps, cell.measured_steps
+    adaptive one (bench.records.adaptive) the steps its Schedule takes over steady steps (the first twice as long:
+    it compiles) before it ends, the fewest it can end on; `warm`, `meas`: the warm-up and measured steps an
+    unsteady cell needs before it would end. Not the caps themselves (50 steps on the 7b matrix, whose 38 ok
+    records in results/7b*.jsonl ran 6-50, median 12): answer mode orders its cells by this cost, and learns
+    what unsteady cells run beyond the fewest from the walls it measures."""
+    a = cell.adaptive
     if a is None:
-        return w_cap + m_cap
-    # the first step compiles, so the warm-up window settles one step after it at the soonest
-    w = min(w_cap, max(a.min_warmup, a.settle_window + 1) if warm is None else warm) if a.warmup else w_cap
-    m = min(m_cap, a.min_steps if meas is None else meas) if a.measured else m_cap
-    if a.max_seconds is not None and step > 0:  # warm-up ends past half the cap; measuring past the cap
-        w = min(w, max(a.min_warmup, math.ceil(a.max_seconds / 2 / step))) if a.warmup else w
-        m = min(m, max(MIN_MEASURED, math.ceil(a.max_seconds / step) - w)) if a.measured else m
-    return w + m
+        return cell.warmup_steps + cell.measured_steps
+    at_least = {"min_warmup": max(a.min_warmup, warm or 0), "min_steps": max(a.min_steps, meas or 0)}
+    schedule = Schedule(cell.warmup_steps, cell.measured_steps, dataclasses.replace(a, **at_least))
+    while not schedule.done and len(schedule.times) <= cell.warmup_steps + cell.measured_steps:
+        schedule.observe(step * (2 if not schedule.times else 1))
+    return len(schedule.times)
 
 
 def predict_wall(

@@ -5,7 +5,10 @@ it; the frontier is the measured cells no other measured cell beats on both memo
 change them is a cell not yet measured. Under the models corrected by the run (bench.estimate.online: the
 step-time model with its effects, pair effects and the misfit learned from the measured cells' residuals; the
 memory model likewise), the unmeasured cells' speeds are drawn jointly, so cells that share settings rise and
-fall together, beside the measured cells' levels (bench.judge.blocks.joint), DRAWS times:
+fall together, beside the measured cells' levels (bench.judge.blocks.joint), DRAWS times. Each group's leader
+is drawn with the unmeasured cells at its true speed as the model and its measurements say together
+(bench.estimate.online.Online.draws with its key): the fastest of near-equal measured cells is likelier measured
+high than low, and its measured level alone would set the bar too high.
 
 - lead: the chance that some unmeasured cell beats its group's leader by more than the minimum effect;
 - frontier: the chance that some unmeasured cell adds a frontier point: no measured cell of a tied block needs
@@ -154,8 +157,6 @@ def _drawn(s, cells: Sequence, measured: Sequence, at: dict, leaders: dict, res:
     for i, c in enumerate(cells):
         lead = leaders.get(c.group)
         if lead is not None:
-            # The leader's true speed, drawn with the open cells' (bench.estimate.online.Online.draws): the fastest
-            # of several measured cells is likelier measured high than low, and the model pulls it back.
             over[:, i] = u[:, i] - truth.get(id(lead), lv[:, at[id(lead)]]) - thr
     beats = over > 0
     margin = _adds(s, cells, measured, u, mem, lv, res)
