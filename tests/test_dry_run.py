@@ -25,6 +25,7 @@ def test_the_7b_dry_run_for_one_assumed_gpu_fits_a_screen_and_ends_with_its_time
     assert len(lines) <= 60, len(lines)
     time = next(i for i, ln in enumerate(lines) if ln.startswith("predicted GPU time"))
     assert "on 1 GPU" in lines[time] and lines[time + 1].startswith("predicted memory/speed frontier")
+    assert "adaptive steps at a steady cell's fewest" in lines[time]  # an unsteady cell runs more: the line says so
     assert all(ln.startswith("  ") for ln in lines[time + 2 :]), "the frontier is the last thing printed"
     # The counts just before, and host memory not judged: no cell pruned for this machine's RAM.
     assert "host memory not judged" in lines[time - 2] and "to run" in lines[time - 1]

@@ -752,9 +752,11 @@ def _hms(s: float) -> str:
 
 
 def run_time_line(cells: Sequence[Any], hw: Hardware | None = None, gpus: int = 1) -> str:
-    """One line for a plan: the predicted GPU time of its runnable cells, on one GPU and on `gpus`."""
+    """One line for a plan: the predicted GPU time of its runnable cells, on one GPU and on `gpus` (adaptive steps
+    counted at a steady cell's fewest, steps_of: an unsteady cell runs more, so it says so)."""
     total, packed, unknown = run_seconds(cells, hw, gpus)
-    line = f"predicted GPU time ({len(cells) - unknown} cells, step-time model): {_hms(total)} on 1 GPU"
+    fewest = ", adaptive steps at a steady cell's fewest" if any(getattr(c, "adaptive", None) for c in cells) else ""
+    line = f"predicted GPU time ({len(cells) - unknown} cells, step-time model{fewest}): {_hms(total)} on 1 GPU"
     if gpus > 1:
         line += f", {_hms(packed)} on {gpus} GPUs side by side"
     return line + (f"; {unknown} cells of unknown shape not counted" if unknown else "")
