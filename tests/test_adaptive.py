@@ -67,6 +67,11 @@ def test_noisy_steps_hit_the_step_cap():
     assert out["measured"] == 12 and out["half_width"] > 0.02 and out["ci_level"] >= 0.95
 
 
+def test_steps_that_take_no_time_end_at_the_step_cap():
+    s = Schedule(2, 6, Adaptive(warmup=False))  # a median of 0 s has no relative width: it never converges
+    assert feed(s, [0.0] * 20) == 8 and s.ended == "step cap"
+
+
 def test_slow_steps_hit_the_time_cap_warmup_at_half_of_it():
     s = Schedule(20, 40, Adaptive(max_seconds=60))
     feed(s, [10.0, 12.0, 9.0, 11.0, 10.0, 12.0, 9.0, 11.0])

@@ -135,7 +135,8 @@ class Schedule:
             return
         if m >= a.min_steps:
             iv = interval(self.measured, a.level)
-            if iv["ci_level"] is not None and iv["ci_level"] >= a.level and iv["half_width"] <= a.tolerance:
+            sure = iv["ci_level"] is not None and iv["ci_level"] >= a.level
+            if sure and iv["half_width"] is not None and iv["half_width"] <= a.tolerance:  # None: steps of 0 s
                 self._end(CONVERGED)
                 return
         if m >= self.measured_cap:
