@@ -36,8 +36,12 @@ def test_no_trials_print_a_last_line_that_says_so(capsys):
     assert capsys.readouterr().out.strip().splitlines()[-1] == "answer_sim: no trial ran (--trials 0)"
 
 
-@pytest.mark.parametrize("bad", [["--trials", "-1"], ["--jobs", "0"]])
-def test_a_negative_trial_count_or_no_jobs_is_refused(bad, capsys):
+@pytest.mark.parametrize(
+    "bad, says",
+    [(["--trials", "-1"], "--trials takes 0 or more"), (["--jobs", "0"], "--jobs 1 or more"),
+     (["--settle", "0"], "--settle takes a chance between 0 and 1"), (["--settle", "5"], "(got 5.0)")],
+)  # fmt: skip
+def test_a_negative_trial_count_no_jobs_or_a_level_outside_0_1_is_refused(bad, says, capsys):
     with pytest.raises(SystemExit) as e:
         answer_sim.main(["matrices/compare-h200.yaml", *bad])
-    assert e.value.code == 2 and "--trials takes 0 or more" in capsys.readouterr().err
+    assert e.value.code == 2 and says in capsys.readouterr().err

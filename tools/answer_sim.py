@@ -1,7 +1,7 @@
 """Answer mode against synthetic truths at a matrix's full scale: how often it names the wrong leader or the
 wrong sign of an effect, and how much cell time it takes to settle.
 
-    python -m tools.answer_sim matrices/7b.yaml --trials 50 [--seed 0] [--jobs 2]
+    python -m tools.answer_sim matrices/7b.yaml --trials 50 [--seed 0] [--jobs 2] [--settle 0.05]
 
 Each trial draws a truth for every runnable cell of the matrix (as planned on the H200 machine of
 results/7b-answer-h200.jsonl) and runs answer mode against it through the replay path: `zerobench run
@@ -94,6 +94,7 @@ SETUP_SD = 0.2
 MEMORY_MAIN, MEMORY_PAIR, MEMORY_OWN = 0.01, 0.006, 0.01
 FIRST_CALL_S = 330.0
 CAP_S = 3600.0
+SETTLE = answer.Settings().settle
 
 
 _DRAWN: dict[tuple, float] = {}
@@ -288,10 +289,10 @@ def _templates() -> tuple[dict, dict, dict]:
     return first["ok"], first["error"], first["cuda_oom"]
 
 
-def _call(matrix: str, path: Path, sim: SimRecording, budget: float, resume: bool) -> list[str]:
+def _call(matrix: str, path: Path, sim: SimRecording, budget: float, resume: bool, settle: float) -> list[str]:
     lines: list[str] = []
-    s = RunSettings(matrix=matrix, results=str(path), answer=answer.Settings(budget_s=budget), progress=False,
-                    resume=resume)  # fmt: skip
+    ask = answer.Settings(budget_s=budget, settle=settle)
+    s = RunSettings(matrix=matrix, results=str(path), answer=ask, progress=False, resume=resume)
     run(s, printer=lines.append, recording=sim)
     return lines
 
@@ -303,8 +304,10 @@ def _settled(path: Path) -> bool:
     return not any((r.get("answer") or {}).get("needed") for r in last)
 
 
-def trial(matrix: str, seed: int, workdir: Path, first_s: float = FIRST_CALL_S, cap_s: float = CAP_S) -> Trial:
-    """One synthetic truth, answered in up to two calls on two machines, and scored."""
+def trial(
+    matrix: str, seed: int, workdir: Path, first_s: float = FIRST_CALL_S, cap_s: float = CAP_S, settle: float = SETTLE
+) -> Trial:
+    """One synthetic truth, answered in up to two calls on two machines (at the `--settle` level), and scored."""
     ok, failed, oom = _templates()
     platform = Recording([TEMPLATE]).platform()
     hw = hardware(platform)
@@ -313,11 +316,11 @@ def trial(matrix: str, seed: int, workdir: Path, first_s: float = FIRST_CALL_S, 
     world = World(seed, hw, ok, optimizers)
     sim = SimRecording(world, ok, failed, oom)
     path = workdir / f"trial-{seed}.jsonl"
-    _call(matrix, path, sim, first_s, resume=False)
+    _call(matrix, path, sim, first_s, resume=False, settle=settle)
     calls = 1
     if not _settled(path):
         sim.machine = world.machines[1]
-        _call(matrix, path, sim, cap_s, resume=True)
+        _call(matrix, path, sim, cap_s, resume=True, settle=settle)
         calls = 2
     recs = Store(path).records()
     s = _search(items, hw, recs)
@@ -393,10 +396,10 @@ def _score(s: answer.Search, world: World, recs: list[dict]) -> tuple[list[str],
 
 
 def _one(args: tuple) -> Trial:
-    matrix, seed, first_s, cap_s = args
+    matrix, seed, first_s, cap_s, settle = args
     shm = "/dev/shm" if Path("/dev/shm").is_dir() else None  # every record is fsynced: memory is faster
     with tempfile.TemporaryDirectory(prefix="answer-sim-", dir=shm) as d:
-        return trial(matrix, seed, Path(d), first_s, cap_s)
+        return trial(matrix, seed, Path(d), first_s, cap_s, settle)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -407,12 +410,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="trials side by side (processes)")
     ap.add_argument("--first-call", type=float, default=FIRST_CALL_S, help="the first call's --budget, seconds")
     ap.add_argument("--cap", type=float, default=CAP_S, help="cell seconds after which a trial counts as not settled")
+    ap.add_argument("--settle", type=float, default=SETTLE, help="answer mode's --settle level (default %(default)s)")
     a = ap.parse_args(argv)
     if not a.matrix:
         ap.error("MATRIX is needed")
     if a.trials < 0 or a.jobs < 1:
         ap.error(f"--trials takes 0 or more (got {a.trials}), --jobs 1 or more (got {a.jobs})")
-    jobs = [(a.matrix, a.seed + k, a.first_call, a.cap) for k in range(a.trials)]
+    if not 0 < a.settle < 1:
+        ap.error(f"--settle takes a chance between 0 and 1 (got {a.settle})")
+    jobs = [(a.matrix, a.seed + k, a.first_call, a.cap, a.settle) for k in range(a.trials)]
     if a.jobs > 1:  # one BLAS thread per process: 16 processes of 16 threads each on 16 cores hardly moved
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(var, "1")
