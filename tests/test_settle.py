@@ -92,6 +92,8 @@ def test_a_measured_cells_drawn_truth_is_its_measurement_pulled_towards_the_mode
         rows = {r.cell: r for r in on._rows}
         top = max(rows, key=lambda k: rows[k].log)  # the fastest as measured: likelier measured high than low
         u = on.draws([(rows[top].features, 0.0)], 2000, np.random.default_rng(4), [top])
+        mean, sd = on.marginals([(rows[top].features, 0.0)], cells=[top])  # the same truth, in closed form
+        assert abs(mean[0] - u.mean()) < 0.004 and abs(sd[0] - u.std()) < 0.004
         raw.append(rows[top].log - truths[top])
         drawn.append(float(u.mean()) - truths[top])
     assert np.mean(raw) > 0.02  # the winner's curse

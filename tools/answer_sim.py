@@ -69,6 +69,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.cli.run_options import chance_level
 from bench.estimate import predict
 from bench.estimate.steptime import predict_setup, predict_start, step_and_share, steps_of
 from bench.execute import answer
@@ -410,15 +411,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="trials side by side (processes)")
     ap.add_argument("--first-call", type=float, default=FIRST_CALL_S, help="the first call's --budget, seconds")
     ap.add_argument("--cap", type=float, default=CAP_S, help="cell seconds after which a trial counts as not settled")
-    ap.add_argument("--settle", type=float, default=SETTLE, help="answer mode's --settle level (default %(default)s)")
+    ap.add_argument("--settle", default=f"{SETTLE:.0%}", help="answer mode's --settle level (default %(default)s)")
     a = ap.parse_args(argv)
     if not a.matrix:
         ap.error("MATRIX is needed")
     if a.trials < 0 or a.jobs < 1:
         ap.error(f"--trials takes 0 or more (got {a.trials}), --jobs 1 or more (got {a.jobs})")
-    if not 0 < a.settle < 1:
-        ap.error(f"--settle takes a chance between 0 and 1 (got {a.settle})")
-    jobs = [(a.matrix, a.seed + k, a.first_call, a.cap, a.settle) for k in range(a.trials)]
+    try:
+        settle = chance_level(a.settle)
+    except ValueError as e:
+        ap.error(str(e))
+    jobs = [(a.matrix, a.seed + k, a.first_call, a.cap, settle) for k in range(a.trials)]
     if a.jobs > 1:  # one BLAS thread per process: 16 processes of 16 threads each on 16 cores hardly moved
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(var, "1")

@@ -74,7 +74,7 @@ def _answer_settings(args) -> AnswerSettings | None:
         group_by=group_by,
         budget_s=_duration(args.budget) if args.budget else None,
         pairs=args.pairs or AnswerSettings.pairs,
-        settle=_level(args.settle) if args.settle else AnswerSettings.settle,
+        settle=chance_level(args.settle) if args.settle else AnswerSettings.settle,
     )
 
 
@@ -88,7 +88,7 @@ def _duration(text: str) -> float:
         raise ValueError(f"--budget {e}") from None
 
 
-def _level(text: str) -> float:
+def chance_level(text: str) -> float:
     """A chance from "5%" or "0.05", strictly between 0 and 1."""
     try:
         v = float(text[:-1]) / 100 if text.endswith("%") else float(text)

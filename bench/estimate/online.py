@@ -275,15 +275,22 @@ class Online:
         return self._design([f for f, _ in items], [block] * len(items) if block is not None else ())
 
     def marginals(
-        self, items: Sequence[tuple[Mapping[str, object], float]], block: Hashable = None
+        self, items: Sequence[tuple[Mapping[str, object], float]], block: Hashable = None, cells: Sequence = ()
     ) -> tuple[np.ndarray, np.ndarray]:
         """Each cell's true log value on the reference block's scale (or on `block`'s): mean and standard deviation
-        (the effects' uncertainty and the misfit; not a future measurement's noise)."""
+        (the effects' uncertainty and the misfit; not a future measurement's noise). cells: per item, the key it
+        was observed under, as draws() takes it: a measured cell's misfit is the one its own rows share."""
         if not items:
             return np.zeros(0), np.zeros(0)
-        _, v, _, alpha, misfit = self._solve()
+        _, v, L, alpha, misfit = self._solve()
         Xm = self._items(items, block)
         K, W = self._cross(Xm)
+        rows = self._rows_of()
+        for i, key in enumerate(cells):
+            if key in rows:  # its truth shares its misfit with its own rows
+                K[i, rows[key]] += misfit**2
+        if len(cells):
+            W = np.linalg.solve(L, K.T) if len(L) else W
         base = np.array([b for _, b in items]) + self._shift(block)
         var = (Xm * Xm) @ v - (W * W).sum(axis=0) + misfit**2
         return base + K @ alpha, np.sqrt(np.maximum(var, 0.0))

@@ -704,10 +704,11 @@ def predict_start(cell: Any, hw: Hardware | None = None, k: Any = FITTED_TIME, s
 def steps_of(cell: Any, step: float, warm: int | None = None, meas: int | None = None) -> int:
     """The warm-up and measured steps the cell runs at `step` seconds a step: a fixed phase its count; an
     adaptive one (bench.records.adaptive) the steps its Schedule takes over steady steps (the first twice as long:
-    it compiles) before it ends, the fewest it can end on; `warm`, `meas`: the warm-up and measured steps an
-    unsteady cell needs before it would end. Not the caps themselves (50 steps on the 7b matrix, whose 38 ok
-    records in results/7b*.jsonl ran 6-50, median 12): answer mode orders its cells by this cost, and learns
-    what unsteady cells run beyond the fewest from the walls it measures."""
+    it compiles) before it ends, the fewest it can end on (steps of 0 s never converge: the caps); `warm`, `meas`:
+    the warm-up and measured steps an unsteady cell needs before it would end, where no cap ends it first. Not
+    the caps themselves (50 steps on the 7b matrix, whose 38 ok records in results/7b*.jsonl ran 6-50, median
+    12): answer mode orders its cells by this cost, and learns what unsteady cells run beyond the fewest from the
+    walls it measures."""
     a = cell.adaptive
     if a is None:
         return cell.warmup_steps + cell.measured_steps

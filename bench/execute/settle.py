@@ -18,7 +18,7 @@ high than low, and its measured level alone would set the bar too high.
 The search stops asking either question once its chance is below the level (Settings.settle, 5% unless
 `--settle` says), and measures next the cells with the largest chance per predicted second. Each cell's own
 chance (how often it beat the leader, or added a point, over the draws) is what it contributes. A cell whose
-chance is below FLOOR by its own prediction alone (the normal tail, its level against the leader's) is not
+chance is below FLOOR by its own prediction alone (the normal tail, its level against the leader's true speed) is not
 drawn; those cells' chances are added to the total, so the stated figure never leaves them out. Draws are
 made from a fixed seed: the same records give the same figures.
 
@@ -82,13 +82,14 @@ def chances(s) -> Chances:
     leaders = {g: lead for g in s._groups() if (lead := s.leader(g)) is not None and lead in measured}
     lead_m, lead_sd = s.tps.marginals([(c.model, c.base_tps) for c in open_])
     levels = [blocks.level(c.obs, offs, s.cross) for c in measured]
+    bars = _bars(s, leaders, levels, measured)
     thr = math.log(1 + s.s.speed_tolerance)
     z = np.full(len(open_), np.inf)  # a cell whose group has no leader yet: no chance of beating one
     at = {id(m): k for k, m in enumerate(measured)}
     for i, c in enumerate(open_):
         lead = leaders.get(c.group)
         if lead is not None:
-            lm, lv = levels[at[id(lead)]]
+            lm, lv = bars[id(lead)]
             z[i] = (lm + thr - lead_m[i]) / math.sqrt(lead_sd[i] ** 2 + lv)
     p_lead = _tail(z)
     mem_m, mem_sd, p_front, res = _frontier_bounds(s, open_, measured, levels, lead_m, lead_sd)
@@ -108,6 +109,16 @@ def chances(s) -> Chances:
     share_lead = {c.cell.hash: 1.0 for c in unknown} | out.get("share_lead", {})
     share_front = {c.cell.hash: 1.0 for c in unknown} | out.get("share_frontier", {})
     return Chances(lead_all, front_all, by_group, cell_lead, cell_front, share_lead, share_front)
+
+
+def _bars(s, leaders: dict, levels: list, measured: list) -> dict[int, tuple[float, float]]:
+    """Each leader's bar for a cell's own chance (mean, variance of log tokens/s), by id: its true speed as the
+    model and its measurements say together, as the draws take it (a leader the step-time model cannot read: its
+    measured level)."""
+    known = [m for m in dict.fromkeys(leaders.values()) if m.base_tps is not None]
+    mean, sd = s.tps.marginals([(m.model, m.base_tps) for m in known], cells=[m.cell.hash for m in known])
+    out = {id(m): levels[k] for k, m in enumerate(measured) if m in leaders.values()}
+    return out | {id(m): (float(mu), float(x) ** 2) for m, mu, x in zip(known, mean, sd)}
 
 
 def _frontier_bounds(s, open_, measured, levels, tps_m, tps_sd):
@@ -198,13 +209,14 @@ def _adds(s, cells, measured, u, mem, lv, res) -> np.ndarray:
     """Per draw and open cell: by how much (log) it is faster than the fastest measured cell (of a tied block)
     that needs no more memory (within the tolerance), past that cell's resolution; positive: it adds a point.
     A cell no measured one is light enough for adds one surely: LIGHTER plus its own speed, so that of several
-    such cells the fastest passes by the most (its share, and so the search's pick: measured, it leaves the slower
-    of them dominated; a tie at +inf would hand the share to whichever comes first). A cell whose memory the
-    model cannot read: +inf."""
+    such cells the fastest passes by the most (its share, and so the search's pick: measured, it leaves those of
+    them that are slower and need no less memory dominated; a tie at +inf would hand the share to whichever comes
+    first). A cell whose memory the model cannot read: +inf."""
     with_mem = [i for i, m in enumerate(measured) if m.mem is not None]
     parked = np.array([c.state == "parked" for c in cells], dtype=bool)
+    known = np.array([c.base_mem is not None for c in cells], dtype=bool)
     if not with_mem:
-        return np.where(parked[None, :], -np.inf, LIGHTER + u)
+        return np.where(parked[None, :], -np.inf, np.where(known[None, :], LIGHTER + u, np.inf))
     order = sorted(with_mem, key=lambda i: measured[i].mem)
     mems = np.array([measured[i].mem for i in order])
     reach = np.maximum.accumulate(lv[:, order] + res[order], axis=1)  # per draw: the fastest so far, lightest first
@@ -212,5 +224,4 @@ def _adds(s, cells, measured, u, mem, lv, res) -> np.ndarray:
     j = np.searchsorted(mems, mem + slack, side="right") - 1  # the heaviest measured cell light enough
     rows = np.arange(u.shape[0])[:, None]
     margin = np.where(j >= 0, u - reach[rows, np.maximum(j, 0)], LIGHTER + u)
-    known = np.array([c.base_mem is not None for c in cells], dtype=bool)
     return np.where(parked[None, :], -np.inf, np.where(known[None, :], margin, np.inf))

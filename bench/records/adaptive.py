@@ -4,8 +4,9 @@ Pure Python and deterministic: fed each step's time in turn, a `Schedule` says w
 step belongs to and, at the end, why each phase ended. The worker drives it (bench/worker/measure.py,
 both engines); tests feed it sequences. The settings are a cell's (bench.matrix.cells.Adaptive).
 
-Warmup (adaptive) ends after a step when, with at least `min_warmup` warmup steps run,
-  - "settled": the last `settle_window` step times each lie within `settle_within` of their median;
+Warmup (adaptive) ends after a step when
+  - "settled": at least `min_warmup` warmup steps ran, and the last `settle_window` step times each lie within
+    `settle_within` of their median;
   - "step cap": the cell's warmup_steps have run;
   - "time cap": the steps have taken half of `max_seconds`.
 Measurement (adaptive) ends after a measured step when
