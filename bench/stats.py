@@ -86,27 +86,37 @@ def median(xs: Sequence[float]) -> float | None:
 
 
 def log_mean(logs: Sequence[float], sds: Sequence[float]) -> tuple[float, float]:
-    """The mean of one side's logs and its variance: the larger of the noise's (sum of sd^2 over n^2) and the
-    logs' own (sample variance over n, from two values up)."""
+    """The mean of one side's logs, each weighted by its noise's precision (1 / sd^2: a flagged measurement, three
+    times a clean one's noise, counts a ninth as much), and its variance: the larger of the noise's (1 / the sum of
+    the weights; equal noise: sum of sd^2 over n^2) and the logs' own (their weighted sample variance over n, from
+    two values up). Equal noise: the plain mean."""
+    mean, floor, ss = _weighted(logs, sds)
     n = len(logs)
-    mean = math.fsum(logs) / n
-    floor = math.fsum(x * x for x in sds) / n**2
-    spread = math.fsum((x - mean) ** 2 for x in logs) / (n - 1) / n if n > 1 else 0.0
-    return mean, max(floor, spread)
+    return mean, max(floor, ss / (n - 1) / n if n > 1 else 0.0)
+
+
+def _weighted(logs: Sequence[float], sds: Sequence[float]) -> tuple[float, float, float]:
+    """(the precision-weighted mean, the noise's variance of it, the sum of squared deviations with the weights
+    scaled to average 1). Weights are equal where any sd is 0 (no noise known)."""
+    w = [1.0 / (s * s) for s in sds] if all(s > 0 for s in sds) else [1.0] * len(logs)
+    total = math.fsum(w)
+    mean = math.fsum(wi * x for wi, x in zip(w, logs)) / total
+    floor = 1.0 / total if all(s > 0 for s in sds) else math.fsum(s * s for s in sds) / len(logs) ** 2
+    ss = math.fsum(wi * (x - mean) ** 2 for wi, x in zip(w, logs)) * len(logs) / total
+    return mean, floor, ss
 
 
 def log_diff(
     ref: Sequence[float], ref_sds: Sequence[float], cur: Sequence[float], cur_sds: Sequence[float]
 ) -> tuple[float, float]:
-    """mean(cur) - mean(ref) on the log scale and its variance: the larger of the noise's (each side's sum of
-    sd^2 over n^2) and the two sides' pooled sample variance times (1/n1 + 1/n2), from one degree of freedom."""
+    """mean(cur) - mean(ref) on the log scale (each side's mean weighted as log_mean weights it) and its variance:
+    the larger of the noise's (each side's, as log_mean) and the two sides' pooled sample variance times
+    (1/n1 + 1/n2), from one degree of freedom."""
     n1, n2 = len(ref), len(cur)
-    m1, m2 = math.fsum(ref) / n1, math.fsum(cur) / n2
-    floor = math.fsum(x * x for x in ref_sds) / n1**2 + math.fsum(x * x for x in cur_sds) / n2**2
+    (m1, f1, ss1), (m2, f2, ss2) = _weighted(ref, ref_sds), _weighted(cur, cur_sds)
     dof = n1 + n2 - 2
-    ss = math.fsum((x - m1) ** 2 for x in ref) + math.fsum((x - m2) ** 2 for x in cur)
-    spread = ss / dof * (1 / n1 + 1 / n2) if dof > 0 else 0.0
-    return m2 - m1, max(floor, spread)
+    spread = (ss1 + ss2) / dof * (1 / n1 + 1 / n2) if dof > 0 else 0.0
+    return m2 - m1, max(f1 + f2, spread)
 
 
 def interval(d: float, var: float, conf: float) -> tuple[float, float, float]:

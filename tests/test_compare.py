@@ -369,3 +369,16 @@ def test_fault_spec():
         with pytest.raises(FaultError):
             parse(bad)
     assert for_worker("", 0, "x") is None
+
+
+def test_a_flagged_measurement_counts_by_its_noise_not_as_much_as_a_clean_one():
+    clean, flagged = quality.NOISE["gpu"], quality.NOISE["gpu_flagged"]
+    logs, sds = [9.495, 9.455, 9.29], [clean, clean, flagged]  # two clean runs and one host-bound, far below
+    mean, var = stats.log_mean(logs, sds)
+    assert 9.455 < mean < 9.475  # the plain mean, 9.413, would put it behind a cell measured at 9.42
+    assert var > clean**2  # values this far apart: their spread, not their noise
+    floor = stats.log_mean([9.46] * 3, sds)[1]
+    assert abs(floor - 1 / (2 / clean**2 + 1 / flagged**2)) < 1e-15 < clean**2 / 2 - floor  # surer than two clean
+    assert stats.log_mean([1.0, 2.0], [0.1, 0.1]) == (1.5, max(0.01 / 2, 0.5 / 2))  # equal noise: the plain mean
+    d, dvar = stats.log_diff([9.42], [clean], logs, sds)
+    assert abs(d - (mean - 9.42)) < 1e-12 and dvar >= var + clean**2 - 1e-12

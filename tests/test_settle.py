@@ -7,10 +7,12 @@ import numpy as np
 
 from bench.cli import main as cli
 from bench.estimate.online import Online
+from bench.execute import answer
 from bench.execute.settle import exceed
 from bench.judge import results
 from bench.records.store import Store
 from bench.report import markdown
+from tests.test_answer import GRIDS, _full
 
 COMPARE = ["results/compare-h200-a1.jsonl", "results/compare-h200-a2.jsonl", "results/compare-h200-a3.jsonl"]
 
@@ -72,7 +74,7 @@ def test_the_answer_states_the_chance_that_an_unmeasured_cell_beats_the_leader(t
         assert level == 0.1 and p_group < 0.1 and p_front < 0.1 and len(r["answer"]["chance"]) == 2
         assert not r["answer"]["needed"] and "of every cell left together" in r["answer"]["why"]
     text = markdown.render(results.load(out), title="replay")
-    assert "that one adds a frontier point: " in text and "(the search stops asking each below 10%)" in text
+    assert "that one of them adds a frontier point: " in text and "(the search stops asking each below 10%)" in text
     bad = ["run", "matrices/compare-h200.yaml", "--answer", "--settle", "1.5", "--replay", *COMPARE]
     assert cli([*bad, "--results", str(tmp_path / "b.jsonl")]) == 2
     assert "--settle 1.5: a chance between 0 and 1" in capsys.readouterr().err
@@ -104,3 +106,20 @@ def test_a_measured_cells_drawn_truth_is_its_measurement_pulled_towards_the_mode
     u = sure.draws([({"a": 0}, 0.0), ({"a": 0}, 0.0)], 500, np.random.default_rng(5), ["x", None])
     assert abs(u[:, 0].mean() - 0.2) < 1e-3 and u[:, 0].std() < 1e-3  # a sure measurement is its own truth
     assert u[:, 1].std() > 0.02  # a cell not measured keeps the misfit's width
+
+
+def test_a_measured_cell_that_may_still_beat_its_leader_counts_and_is_measured_again_until_neither_can_be():
+    full = _full(
+        "matrices/compare-h200.yaml", GRIDS["compare-h200"], answer.Settings(speed_tolerance=0.001, settle=0.01)
+    )
+    lead = full.leader(("none",))
+    rival = max((c for c in full.candidates if c.obs and c is not lead), key=lambda c: full.gap(c, lead)[0])
+    assert full.gap(rival, lead)[0] > -2.5 * full.gap(rival, lead)[1]  # measured below the leader, within the noise
+    ch = full.chances
+    assert ch.lead >= ch.cell_lead[rival.cell.hash] > 0.01 and not full.settled()[0]
+    req = full.next()  # nothing is left unmeasured: the contest is between measured cells
+    assert req.role == "contender" and req.candidate in (rival, lead) and rival.cell.name in req.why
+    for c in full.candidates:
+        c.tries = c.limit  # measured as often as they may be: a tie the answer names, outside the chance
+    full._memo.clear()
+    assert full.chances.lead == 0.0 and rival.cell.hash not in full.chances.cell_lead

@@ -282,15 +282,14 @@ class Online:
         was observed under, as draws() takes it: a measured cell's misfit is the one its own rows share."""
         if not items:
             return np.zeros(0), np.zeros(0)
-        _, v, L, alpha, misfit = self._solve()
+        X, v, L, alpha, misfit = self._solve()
         Xm = self._items(items, block)
-        K, W = self._cross(Xm)
+        K = (Xm * v) @ X.T
         rows = self._rows_of()
         for i, key in enumerate(cells):
             if key in rows:  # its truth shares its misfit with its own rows
                 K[i, rows[key]] += misfit**2
-        if len(cells):
-            W = np.linalg.solve(L, K.T) if len(L) else W
+        W = np.linalg.solve(L, K.T) if len(L) else np.zeros((0, len(Xm)))
         base = np.array([b for _, b in items]) + self._shift(block)
         var = (Xm * Xm) @ v - (W * W).sum(axis=0) + misfit**2
         return base + K @ alpha, np.sqrt(np.maximum(var, 0.0))

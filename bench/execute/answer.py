@@ -718,31 +718,46 @@ class Search:
             for m in self.candidates:
                 if m is lead or m.group != g or not m.obs or not self.could_lead(m) or self.tie(m, lead):
                     continue
-                # Measured again here, a cell measured only elsewhere compares with the other in one block.
-                pool = [c for c in (lead, m) if not self.exhausted(c) and self.here not in c.failed_in]
-                again = min(pool, key=lambda c: (self.ran_here(c), len(c.logs)), default=None)
+                again = self.again(m, lead)
                 if again and again.cell.hash not in self.in_flight:
                     why = f"its interval overlaps the other's: {_tps(self, m)} vs leader {_tps(self, lead)}"
                     yield self._req(again, 0, "contender", f"{m.cell.name} against {lead.cell.name}: {why}")
 
+    def again(self, m: Candidate, lead: Candidate) -> Candidate | None:
+        """Which of two measured cells to measure again to tell them apart: the one with fewer measurements, one
+        measured only elsewhere first (measured here too, it compares with the other in one block); None where
+        neither can be measured again here."""
+        pool = [c for c in (lead, m) if not self.exhausted(c) and self.here not in c.failed_in]
+        return min(pool, key=lambda c: (self.ran_here(c), len(c.logs)), default=None)
+
     def _contender(self):
-        """Open cells that could lead, while who leads is not settled: the largest chance per predicted second
-        first (bench.execute.settle)."""
+        """Cells that could lead, while who leads is not settled: open ones, and measured ones that may in truth
+        beat their leader (one of the two measured again: `again`); the largest chance per predicted second first
+        (bench.execute.settle)."""
         if self.settled()[0]:
             return
         led, ch = self._led(), self.chances
-        pool = [c for c in self.open() + self.parked() if c.group in led and self.chance(c)[0] > 0]
+        pool = [(c, c) for c in self.open() + self.parked() if c.group in led and self.chance(c)[0] > 0]
+        for m in self.candidates:  # measured cells that may still beat their leader: one of the two again
+            if m.obs and self.chance(m)[0] > 0 and (again := self.again(m, self.leader(m.group))) is not None:
+                pool.append((m, again))
         share = ch.share_lead
-        for c in sorted(
-            pool, key=lambda c: (-share.get(c.cell.hash, 0.0) / max(self.cost_s(c, 0), 1e-3), -self.chance(c)[0])
+        for c, run in sorted(
+            pool,
+            key=lambda cr: (
+                -share.get(cr[0].cell.hash, 0.0) / max(self.cost_s(cr[1], 0), 1e-3),
+                -self.chance(cr[0])[0],
+            ),
         ):
+            if run.cell.hash in self.in_flight:
+                continue
             lead = self.leader(c.group)
             why = (
                 f"could lead {_group(self.s, c.group)}: {_tps(self, c)}, the leader {_tps(self, lead)}; its chance of "
                 f"beating it by more than {self.s.speed_tolerance:.0%} {self.chance(c)[0]:.1%}, of every cell left "
                 f"{ch.lead:.1%}"
             )
-            yield self._req(c, 0, "contender", why)
+            yield self._req(run, 0, "contender", why if run is c else f"{c.cell.name} against {run.cell.name}: {why}")
 
     def _frontier(self):
         """Open cells that could add a frontier point, while the frontier is not settled: the largest chance per

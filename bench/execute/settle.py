@@ -2,7 +2,8 @@
 
 The answer per group is its fastest measured cell (the leader) and the measured cells the data cannot tell from
 it; the frontier is the measured cells no other measured cell beats on both memory and speed. What could still
-change them is a cell not yet measured. Under the models corrected by the run (bench.estimate.online: the
+change them is a cell not yet measured, or a measured one whose measurements leave it room to be faster in truth
+than the leader. Under the models corrected by the run (bench.estimate.online: the
 step-time model with its effects, pair effects and the misfit learned from the measured cells' residuals; the
 memory model likewise), the unmeasured cells' speeds are drawn jointly, so cells that share settings rise and
 fall together, beside the measured cells' levels (bench.judge.blocks.joint), DRAWS times. Each group's leader
@@ -10,7 +11,9 @@ is drawn with the unmeasured cells at its true speed as the model and its measur
 (bench.estimate.online.Online.draws with its key): the fastest of near-equal measured cells is likelier measured
 high than low, and its measured level alone would set the bar too high.
 
-- lead: the chance that some unmeasured cell beats its group's leader by more than the minimum effect;
+- lead: the chance that some cell, unmeasured or measured (`rivals`: drawn at their true speeds as the leader is),
+  beats its group's leader by more than the minimum effect; a measured cell that neither it nor the leader can be
+  measured again for is a tie the answer names, outside the chance;
 - frontier: the chance that some unmeasured cell adds a frontier point: no measured cell of a tied block needs
   no more memory than it (within the memory tolerance) and is as fast within the frontier's resolution (the
   speed difference one measurement of each tells apart).
@@ -51,18 +54,20 @@ class Chances:
     """What the unmeasured cells could still change, each a probability under the corrected models."""
 
     lead: float = 0.0
-    """That some unmeasured cell beats its group's leader by more than the minimum effect (every group)."""
+    """That some cell other than its leader, unmeasured or a rival, beats its group's leader by more than the minimum
+    effect (every group)."""
     frontier: float = 0.0
     """That some unmeasured cell adds a point to the frontier at its resolution."""
     by_group: dict[tuple, float] = field(default_factory=dict)
     """lead, per group."""
     cell_lead: dict[str, float] = field(default_factory=dict)
-    """Per unmeasured cell (hash): its own chance of beating its group's leader by more than the minimum effect."""
+    """Per unmeasured cell or rival (hash): its own chance of beating its group's leader by more than the minimum
+    effect."""
     cell_frontier: dict[str, float] = field(default_factory=dict)
     """Per unmeasured cell (hash): its own chance of adding a frontier point."""
     share_lead: dict[str, float] = field(default_factory=dict)
-    """Per unmeasured cell (hash): its share of its group's lead chance: the draws in which it beats the leader by
-    the most of all (a cell not drawn: its own chance)."""
+    """Per unmeasured cell or rival (hash): its share of its group's lead chance: the draws in which it beats the leader
+    by the most of all (a cell not drawn: its own chance)."""
     share_frontier: dict[str, float] = field(default_factory=dict)
     """The same of the frontier's chance: the draws in which it passes the measured frontier by the most."""
 
@@ -94,7 +99,7 @@ def chances(s) -> Chances:
     p_lead = _tail(z)
     mem_m, mem_sd, p_front, res = _frontier_bounds(s, open_, measured, levels, lead_m, lead_sd)
     drawn = [i for i in range(len(open_)) if p_lead[i] >= FLOOR or p_front[i] >= FLOOR]
-    out = _drawn(s, [open_[i] for i in drawn], measured, at, leaders, res)
+    out = _drawn(s, [open_[i] for i in drawn], measured, at, leaders, res, rivals(s, leaders, measured))
     left = sorted(set(range(len(open_))) - set(drawn))  # not drawn: their own chances are added
     by_group = {}
     for g in s._groups():
@@ -109,6 +114,13 @@ def chances(s) -> Chances:
     share_lead = {c.cell.hash: 1.0 for c in unknown} | out.get("share_lead", {})
     share_front = {c.cell.hash: 1.0 for c in unknown} | out.get("share_frontier", {})
     return Chances(lead_all, front_all, by_group, cell_lead, cell_front, share_lead, share_front)
+
+
+def rivals(s, leaders: dict, measured: list) -> list:
+    """The measured cells of a led group, its leader aside, that it or the leader can still be measured again for
+    (bench.execute.answer.Search.again): each may in truth beat the leader, and measuring again tells. Once neither
+    can be, the two are a tie the answer names, outside the chance."""
+    return [m for m in measured if (lead := leaders.get(m.group)) is not None and m is not lead and s.again(m, lead)]
 
 
 def _bars(s, leaders: dict, levels: list, measured: list) -> dict[int, tuple[float, float]]:
@@ -147,14 +159,17 @@ def _frontier_bounds(s, open_, measured, levels, tps_m, tps_sd):
     return mem_m, mem_sd, p, res
 
 
-def _drawn(s, cells: Sequence, measured: Sequence, at: dict, leaders: dict, res: np.ndarray) -> dict:
-    """The chances from joint draws of these open cells' speeds and memory and the measured cells' levels (`at`:
-    a measured cell's column, by id)."""
+def _drawn(
+    s, cells: Sequence, measured: Sequence, at: dict, leaders: dict, res: np.ndarray, rival: Sequence = ()
+) -> dict:
+    """The chances from joint draws of these open cells' speeds and memory, the measured cells' levels (`at`: a
+    measured cell's column, by id) and the true speeds of the leaders and their rivals (measured cells that may
+    still beat them: `rivals`), which count towards who leads as the open cells do."""
     out = {"lead": 0.0, "frontier": 0.0, "by_group": {}, "cell_lead": {}, "cell_frontier": {}}
-    if not cells:
+    if not cells and not rival:
         return out
     rng = np.random.default_rng(_SEED)
-    known = [m for m in dict.fromkeys(leaders.values()) if m.base_tps is not None]
+    known = [m for m in dict.fromkeys([*leaders.values(), *rival]) if m.base_tps is not None]
     both = s.tps.draws(
         [(c.model, c.base_tps) for c in cells + known], DRAWS, rng, [None] * len(cells) + [m.cell.hash for m in known]
     )
@@ -164,21 +179,23 @@ def _drawn(s, cells: Sequence, measured: Sequence, at: dict, leaders: dict, res:
     lv = mean + rng.standard_normal((DRAWS, len(mean))) @ np.linalg.cholesky(cov + 1e-12 * np.eye(len(mean))).T \
         if len(mean) else np.zeros((DRAWS, 0))  # fmt: skip
     thr = math.log(1 + s.s.speed_tolerance)
-    over = np.full((DRAWS, len(cells)), -np.inf)  # by how much each cell beats its leader past the tolerance
-    for i, c in enumerate(cells):
+    speed = [u[:, i] for i in range(len(cells))] + [truth.get(id(m), lv[:, at[id(m)]]) for m in rival]
+    contest = [*cells, *rival]
+    over = np.full((DRAWS, len(contest)), -np.inf)  # by how much each cell beats its leader past the tolerance
+    for i, c in enumerate(contest):
         lead = leaders.get(c.group)
         if lead is not None:
-            over[:, i] = u[:, i] - truth.get(id(lead), lv[:, at[id(lead)]]) - thr
+            over[:, i] = speed[i] - truth.get(id(lead), lv[:, at[id(lead)]]) - thr
     beats = over > 0
-    margin = _adds(s, cells, measured, u, mem, lv, res)
+    margin = _adds(s, cells, measured, u, mem, lv, res) if cells else np.zeros((DRAWS, 0))
     adds = margin > 0
     out["lead"], out["frontier"] = exceed(over)[0], exceed(margin)[0]
-    for g in {c.group for c in cells}:
-        cols = [i for i, c in enumerate(cells) if c.group == g]
+    for g in {c.group for c in contest}:
+        cols = [i for i, c in enumerate(contest) if c.group == g]
         out["by_group"][g] = float(beats[:, cols].any(axis=1).mean())
-    out["cell_lead"] = {c.cell.hash: float(x) for c, x in zip(cells, beats.mean(axis=0))}
+    out["cell_lead"] = {c.cell.hash: float(x) for c, x in zip(contest, beats.mean(axis=0))}
     out["cell_frontier"] = {c.cell.hash: float(x) for c, x in zip(cells, adds.mean(axis=0))}
-    out["share_lead"] = _shares(cells, over, [c.group for c in cells])
+    out["share_lead"] = _shares(contest, over, [c.group for c in contest])
     out["share_frontier"] = _shares(cells, margin, [None] * len(cells))
     return out
 

@@ -11,9 +11,9 @@ cells measured in different blocks compare only through *anchors*, cells measure
 - `gap`: ln(a / b) of two cells: from the blocks both were measured in where there are any (the same-block
   pairs effects are made of), else through the offsets, the two cells' deviations added.
 
-A cell's measurements in one block give its mean ln tokens/s there with the larger of two variances: what its
-measurements' noise allows (bench.records.quality.noise_sd each, over n^2), and what their own spread shows (the
-sample variance over n, from two measurements up): bench.stats.log_mean and log_diff, the one rule's. No I/O.
+A cell's measurements in one block give its mean ln tokens/s there (each weighted by its noise's precision,
+bench.records.quality.noise_sd) with the larger of two variances: what their noise allows, and what their own spread
+shows (from two measurements up): bench.stats.log_mean and log_diff, the one rule's. No I/O.
 """
 
 from __future__ import annotations

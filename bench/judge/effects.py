@@ -4,7 +4,7 @@ the pairs; this module summarises them, by the one rule of bench.stats.
 
 Throughput (tokens/s), per pair i the log ratio d_i = ln(value cell / reference cell), both cells measured in
 one block (one run part on one machine, bench.judge.blocks: pairs across machines are not formed), each cell's
-figure the mean of its measurements' logs there:
+figure the mean of its measurements' logs there, each weighted by its noise's precision (bench.stats.log_mean):
 - 1 pair: d with the variance bench.stats.log_diff gives: the larger of what the two cells' measurements'
   noise allows (bench.records.quality.noise_sd each: measured on the committed runs; a host-bound or unstable
   measurement carries about three times a clean one's) and what their repeats' own spread shows. A pair of

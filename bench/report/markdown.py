@@ -417,8 +417,9 @@ def _left(ans: dict) -> str:
     if ans.get("chances"):
         lead, front, level = ans["chances"]
         chances = (
-            f" The chance, under the models corrected by the run, that one of them beats its group's fastest by more "
-            f"than the minimum effect: {lead:.1%} (the largest group's); that one adds a frontier point: {front:.1%} "
+            f" The chance, under the models corrected by the run, that one of them (or a measured cell that may still "
+            f"be measured again) beats its group's fastest by more than the minimum effect: {lead:.1%} (the largest "
+            f"group's); that one of them adds a frontier point: {front:.1%} "
             f"(the search stops asking each below {level:.0%})."
         )
     return (
