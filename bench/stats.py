@@ -97,13 +97,17 @@ def log_mean(logs: Sequence[float], sds: Sequence[float]) -> tuple[float, float]
 
 def _weighted(logs: Sequence[float], sds: Sequence[float]) -> tuple[float, float, float]:
     """(the precision-weighted mean, the noise's variance of it, the sum of squared deviations with the weights
-    scaled to average 1). Weights are equal where any sd is 0 (no noise known)."""
-    w = [1.0 / (s * s) for s in sds] if all(s > 0 for s in sds) else [1.0] * len(logs)
+    scaled to average 1). Equal noise, or noise not known for every value (a missing, zero or infinite sd): equal
+    weights, the plain formulas."""
+    n = len(logs)
+    known = len(sds) == n and all(0 < s < math.inf for s in sds)
+    if not known or len(set(sds)) <= 1:
+        mean = math.fsum(logs) / n
+        return mean, math.fsum(s * s for s in sds) / n**2, math.fsum((x - mean) ** 2 for x in logs)
+    w = [1.0 / (s * s) for s in sds]
     total = math.fsum(w)
     mean = math.fsum(wi * x for wi, x in zip(w, logs)) / total
-    floor = 1.0 / total if all(s > 0 for s in sds) else math.fsum(s * s for s in sds) / len(logs) ** 2
-    ss = math.fsum(wi * (x - mean) ** 2 for wi, x in zip(w, logs)) * len(logs) / total
-    return mean, floor, ss
+    return mean, 1.0 / total, math.fsum(wi * (x - mean) ** 2 for wi, x in zip(w, logs)) * n / total
 
 
 def log_diff(

@@ -380,5 +380,7 @@ def test_a_flagged_measurement_counts_by_its_noise_not_as_much_as_a_clean_one():
     floor = stats.log_mean([9.46] * 3, sds)[1]
     assert abs(floor - 1 / (2 / clean**2 + 1 / flagged**2)) < 1e-15 < clean**2 / 2 - floor  # surer than two clean
     assert stats.log_mean([1.0, 2.0], [0.1, 0.1]) == (1.5, max(0.01 / 2, 0.5 / 2))  # equal noise: the plain mean
+    unknown = [stats.log_mean([1.0, 1.3, 0.7], sds)[0] for sds in ([0.1], [0.0, 0.1, 0.2])]  # noise not known for each
+    assert unknown == [1.0, 1.0]  # the plain mean
     d, dvar = stats.log_diff([9.42], [clean], logs, sds)
     assert abs(d - (mean - 9.42)) < 1e-12 and dvar >= var + clean**2 - 1e-12

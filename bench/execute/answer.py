@@ -518,11 +518,12 @@ class Search:
         return abs(gap - math.log(1 + self.s.speed_tolerance)) < Z1 * math.sqrt(left)
 
     def _left_var(self, obs: list[Obs]) -> float:
-        """The variance of a cell's mean in one block once it has MAX_MEASUREMENTS there: its measurements' noise as
-        they came, the ones still to come at a clean measurement's (a flagged one says that run was host-bound or
-        unsteady, not that the next will be)."""
+        """The variance of a cell's mean in one block once it has MAX_MEASUREMENTS there, each weighted by its
+        noise's precision as the one rule weights them (bench.stats.log_mean): its measurements' noise as they came,
+        the ones still to come at a clean measurement's (a flagged one says that run was host-bound or unsteady, not
+        that the next will be)."""
         n = max(MAX_MEASUREMENTS, len(obs))
-        return (sum(o.sd * o.sd for o in obs) + (n - len(obs)) * self.noise**2) / n**2
+        return 1 / (sum(1 / (o.sd * o.sd) for o in obs) + (n - len(obs)) / self.noise**2)
 
     def could_lead(self, c: Candidate) -> bool:
         lead = self.leader(c.group)
@@ -565,7 +566,8 @@ class Search:
 
     @property
     def chances(self) -> Chances:
-        """What the cells not yet measured could still change, jointly (bench.execute.settle)."""
+        """What the cells not yet measured, and the measured ones that may still beat their leader, could still
+        change, jointly (bench.execute.settle)."""
         if "chances" not in self._memo:
             self._memo["chances"] = chances(self)
         return self._memo["chances"]
@@ -576,8 +578,9 @@ class Search:
         return ch.lead < self.s.settle, ch.frontier < self.s.settle
 
     def chance(self, c: Candidate) -> tuple[float, float]:
-        """An unmeasured cell's own chances: of beating its group's leader by more than the speed tolerance, and of
-        adding a frontier point (0 where its prediction alone puts it below bench.execute.settle.FLOOR)."""
+        """A cell's own chances: of beating its group's leader by more than the speed tolerance (an unmeasured cell, or
+        a measured one that may still be measured again: bench.execute.settle.rivals), and of adding a frontier point
+        (an unmeasured cell); 0 where its prediction alone puts it below bench.execute.settle.FLOOR."""
         ch = self.chances
         return ch.cell_lead.get(c.cell.hash, 0.0), ch.cell_frontier.get(c.cell.hash, 0.0)
 
@@ -739,7 +742,8 @@ class Search:
         led, ch = self._led(), self.chances
         pool = [(c, c) for c in self.open() + self.parked() if c.group in led and self.chance(c)[0] > 0]
         for m in self.candidates:  # measured cells that may still beat their leader: one of the two again
-            if m.obs and self.chance(m)[0] > 0 and (again := self.again(m, self.leader(m.group))) is not None:
+            lead = self.leader(m.group) if m.obs and self.chance(m)[0] > 0 else None
+            if lead is not None and (again := self.again(m, lead)) is not None:
                 pool.append((m, again))
         share = ch.share_lead
         for c, run in sorted(
@@ -754,8 +758,8 @@ class Search:
             lead = self.leader(c.group)
             why = (
                 f"could lead {_group(self.s, c.group)}: {_tps(self, c)}, the leader {_tps(self, lead)}; its chance of "
-                f"beating it by more than {self.s.speed_tolerance:.0%} {self.chance(c)[0]:.1%}, of every cell left "
-                f"{ch.lead:.1%}"
+                f"beating it by more than {self.s.speed_tolerance:.0%} {self.chance(c)[0]:.1%}, of every cell "
+                f"that could still lead {ch.lead:.1%}"
             )
             yield self._req(run, 0, "contender", why if run is c else f"{c.cell.name} against {run.cell.name}: {why}")
 

@@ -50,14 +50,15 @@ def summary(s: Search) -> list[str]:
 
 
 def _settled(s: Search) -> str:
-    """The joint stopping rule's figures (bench.execute.settle): what the cells left unmeasured could change."""
+    """The joint stopping rule's figures (bench.execute.settle): what the cells left unmeasured, and the measured ones
+    that may still beat their leader, could change."""
     ch, level = s.chances, s.s.settle
     left = len(s.open() + s.parked())
     rivals = sum(1 for c in s.candidates if c.obs and c.cell.hash in ch.cell_lead)  # bench.execute.settle.rivals
+    also = f", or of the {rivals} measured one(s) that may still be measured again," if rivals else ""
     lead, front = s.settled()
     return (
-        f"  settled: the chance that one of the {left} unmeasured cell(s), or of the {rivals} measured one(s) that "
-        f"may still be measured again, beats its group's fastest by more than "
+        f"  settled: the chance that one of the {left} unmeasured cell(s){also} beats its group's fastest by more than "
         f"{s.s.speed_tolerance:.0%} is {ch.lead:.1%}, that one adds a frontier point {ch.frontier:.1%} (the search "
         f"stops asking each below {level:.0%}: " + ("both below" if lead and front else "not both below") + ")"
     )

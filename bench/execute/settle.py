@@ -11,9 +11,10 @@ is drawn with the unmeasured cells at its true speed as the model and its measur
 (bench.estimate.online.Online.draws with its key): the fastest of near-equal measured cells is likelier measured
 high than low, and its measured level alone would set the bar too high.
 
-- lead: the chance that some cell, unmeasured or measured (`rivals`: drawn at their true speeds as the leader is),
-  beats its group's leader by more than the minimum effect; a measured cell that neither it nor the leader can be
-  measured again for is a tie the answer names, outside the chance;
+- lead: the chance that some cell, unmeasured or measured (`rivals`: drawn at their true speeds as the leader is;
+  one the step-time model cannot read, at its measured level, apart from the leader's draw), beats its group's
+  leader by more than the minimum effect; a measured cell that neither it nor the leader can be measured again
+  for, to some purpose, is a tie the answer names, outside the chance;
 - frontier: the chance that some unmeasured cell adds a frontier point: no measured cell of a tied block needs
   no more memory than it (within the memory tolerance) and is as fast within the frontier's resolution (the
   speed difference one measurement of each tells apart).
@@ -51,7 +52,8 @@ LIGHTER = 1e6
 
 @dataclass(frozen=True)
 class Chances:
-    """What the unmeasured cells could still change, each a probability under the corrected models."""
+    """What the unmeasured cells, and the measured ones that may still beat their leader, could still change, each a
+    probability under the corrected models."""
 
     lead: float = 0.0
     """That some cell other than its leader, unmeasured or a rival, beats its group's leader by more than the minimum
@@ -118,19 +120,30 @@ def chances(s) -> Chances:
 
 def rivals(s, leaders: dict, measured: list) -> list:
     """The measured cells of a led group, its leader aside, that it or the leader can still be measured again for
-    (bench.execute.answer.Search.again): each may in truth beat the leader, and measuring again tells. Once neither
-    can be, the two are a tie the answer names, outside the chance."""
-    return [m for m in measured if (lead := leaders.get(m.group)) is not None and m is not lead and s.again(m, lead)]
+    (bench.execute.answer.Search.again) to some purpose (not a tie, Search.tie): each may in truth beat the leader,
+    and measuring again tells. Once neither can be, or it is futile, the two are a tie the answer names, outside
+    the chance."""
+    return [
+        m
+        for m in measured
+        if (lead := leaders.get(m.group)) is not None and m is not lead and s.again(m, lead) and not s.tie(m, lead)
+    ]
 
 
 def _bars(s, leaders: dict, levels: list, measured: list) -> dict[int, tuple[float, float]]:
     """Each leader's bar for a cell's own chance (mean, variance of log tokens/s), by id: its true speed as the
     model and its measurements say together, as the draws take it (a leader the step-time model cannot read: its
     measured level)."""
-    known = [m for m in dict.fromkeys(leaders.values()) if m.base_tps is not None]
+    known = _known(leaders.values())
     mean, sd = s.tps.marginals([(m.model, m.base_tps) for m in known], cells=[m.cell.hash for m in known])
     out = {id(m): levels[k] for k, m in enumerate(measured) if m in leaders.values()}
     return out | {id(m): (float(mu), float(x) ** 2) for m, mu, x in zip(known, mean, sd)}
+
+
+def _known(cells) -> list:
+    """These measured cells, once each, that the step-time model reads: their true speeds are drawn (Online.draws
+    with their keys); the others' are their measured levels."""
+    return [m for m in dict.fromkeys(cells) if m.base_tps is not None]
 
 
 def _frontier_bounds(s, open_, measured, levels, tps_m, tps_sd):
@@ -169,7 +182,7 @@ def _drawn(
     if not cells and not rival:
         return out
     rng = np.random.default_rng(_SEED)
-    known = [m for m in dict.fromkeys([*leaders.values(), *rival]) if m.base_tps is not None]
+    known = _known([*leaders.values(), *rival])
     both = s.tps.draws(
         [(c.model, c.base_tps) for c in cells + known], DRAWS, rng, [None] * len(cells) + [m.cell.hash for m in known]
     )
