@@ -25,10 +25,17 @@ def test_the_simulator_answers_synthetic_truths_and_prints_its_figures(tmp_path,
     m = LAST.fullmatch(lines[-1])
     assert m, lines[-1]
     assert int(m[2]) == 2 and int(m[1]) <= 2 and int(m[3]) <= int(m[4])
-    assert float(m[5]) <= float(m[6]) and len(lines) == 4  # a line per trial, where the time went, the figures
+    assert float(m[5]) <= float(m[6]) and len(lines) == 5  # a line per trial, time, calibration, the figures
     # Where the time went: every attempt's seconds under its role, the leaders measured first among them.
     assert sum(a.roles.values()) == pytest.approx(a.spent_s) and a.roles.get("leader", 0) > 0
-    assert lines[-2].startswith("cell seconds per trial by role (mean): ") and "leader" in lines[-2]
+    assert lines[-3].startswith("cell seconds per trial by role (mean): ") and "leader" in lines[-3]
+    # The lead chances stated at the stops, summed, beside the wrong leaders: each a probability the search stated.
+    assert 0.0 <= a.chance <= 1.0
+    stated = re.fullmatch(
+        r"lead chance at the stop, summed over the trials: ([\d.]+) \(wrong leaders the truths found: (\d+)\)",
+        lines[-2],
+    )
+    assert stated and 0.0 <= float(stated[1]) <= 2.0 and stated[2] == m[1], lines[-2]
 
 
 def test_no_trials_print_a_last_line_that_says_so(capsys):

@@ -77,6 +77,7 @@ from bench.execute.plan import Planned, arrange, hardware, plan
 from bench.execute.replay import Recording, Replayed
 from bench.execute.run import run
 from bench.execute.settings import RunSettings
+from bench.execute.settle import chances
 from bench.judge import effects, results
 from bench.records import quality
 from bench.records.record import machine_of, parse
@@ -282,6 +283,7 @@ class Trial:
     settled: bool
     calls: int
     roles: dict[str, float] = dataclasses.field(default_factory=dict)  # cell seconds by why it was measured (`_roles`)
+    chance: float = 0.0  # the lead chance the search stated at its stop (bench.execute.settle.Chances.lead)
 
 
 def _templates() -> tuple[dict, dict, dict]:
@@ -328,7 +330,7 @@ def trial(
     wrong, called, wrong_fx = _score(s, world, recs)
     ended = [r for r in recs if r["status"] not in ("started", "unmeasured", "skipped")]
     spent = sum(r.get("wall_s") or 0.0 for r in ended)
-    return Trial(seed, wrong, called, wrong_fx, spent, _settled(path), calls, _roles(ended))
+    return Trial(seed, wrong, called, wrong_fx, spent, _settled(path), calls, _roles(ended), chances(s).lead)
 
 
 def _roles(ended: list[dict]) -> dict[str, float]:
@@ -437,9 +439,11 @@ def main(argv: list[str] | None = None) -> int:
         for t in trials:  # each as it ends: a 50-trial run takes an hour, and says where it is
             done.append(t)
             print(f"trial {t.seed}: {t.spent_s / 60:.1f} min in {t.calls} call(s), settled {t.settled}; wrong leader "
-                  f"{t.wrong_leaders or 'none'}; {t.effects} effects called, wrong {t.wrong_effects or 'none'}",
+                  f"{t.wrong_leaders or 'none'} (lead chance {t.chance:.1%}); {t.effects} effects called, wrong "
+                  f"{t.wrong_effects or 'none'}",
                   flush=True)  # fmt: skip
     print(by_role(done))
+    print(calibration(done))
     print(summary(done))
     return 0
 
@@ -451,6 +455,14 @@ def by_role(done: list[Trial]) -> str:
         total.update(t.roles)
     parts = [f"{role} {s / max(len(done), 1):.0f}" for role, s in total.most_common()]
     return "cell seconds per trial by role (mean): " + ", ".join(parts)
+
+
+def calibration(done: list[Trial]) -> str:
+    """The lead chances the search stated at its stops, summed: the wrong leaders a rule whose chances hold would
+    expect over these trials, beside the count the truths found."""
+    stated = sum(t.chance for t in done)
+    wrong = sum(bool(t.wrong_leaders) for t in done)
+    return f"lead chance at the stop, summed over the trials: {stated:.2f} (wrong leaders the truths found: {wrong})"
 
 
 def summary(done: list[Trial]) -> str:
