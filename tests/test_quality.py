@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bench.records import quality
 from bench.records.record import parse
-from tools import noise
+from tools import answer_sim, noise
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,6 +27,11 @@ def test_thresholds_and_noise_are_what_the_committed_records_give():
     # A flagged measurement is noisier than a clean one, by more than twice: weaker evidence, measured.
     assert quality.NOISE["gpu_flagged"] > 2 * quality.NOISE["gpu"]
     assert d["samples"]["gpu"] >= 40 and d["samples"]["gpu_flagged"] >= 40 and d["block_pairs"]["gpu"] >= 10
+    # A host term per pair of machines explains what the offsets leave: the simulator's per-machine deviation of a
+    # cell (tools.answer_sim.CROSS_OWN) is no less than what the records leave after it.
+    hosted = d["cross_hosted"]
+    assert hosted["block_pairs"] >= 10 and hosted["gpu"] < quality.CROSS["gpu"] / 2
+    assert answer_sim.CROSS_OWN >= hosted["gpu"]
 
 
 def test_answer_modes_short_look_adds_little_to_a_measurements_noise():

@@ -23,7 +23,8 @@ The truth, all on the log scale, with the magnitudes taken from committed record
   step-time fit finds on the committed files, bench.estimate.timecheck.machine_offsets: 24 H200 machines,
   -0.39 to +0.13), which moves a cell by its host share (bench.estimate.steptime.host_share): the 7b answer's
   two machines, 0.45 apart, ran its LoRA cells 17-26% apart; and each cell deviates per machine by CROSS_OWN
-  (0.02: what of bench.records.quality.CROSS, 0.039 between blocks, the host offsets do not explain);
+  (0.02, as OWN is taken: of bench.records.quality.CROSS, 0.039 between blocks, the committed records leave
+  nothing beyond the noise once a host term per pair of machines is fitted, tools.noise's cross_hosted);
 - a measurement: the cell's speed on its machine with the within-block noise of bench.records.quality.NOISE (0.026
   clean, 0.072 flagged); it is flagged (host-bound, unstable) with the chance FLAG_RATE gives at its host share
   on that machine (the share of committed H200 measurements flagged, by predicted host share: 7%, 32%, 53%

@@ -14,6 +14,11 @@
 - CROSS: pairs of blocks that share at least 3 cells; per pair each shared cell's difference of mean ln tokens/s
   between the blocks; their variance around the pair's mean difference (the offset) less what the cells' own
   noise explains, halved (two blocks' deviations in each difference); pooled over pairs by degrees of freedom.
+- CROSS after the host terms (`cross_hosted`): the same pairs, each shared cell's difference fitted with the pair's
+  offset plus a host term times the cell's host share (bench.estimate.steptime.host_share: two machines whose hosts
+  differ move a host-bound cell and a GPU-bound one apart, as answer mode's model has it, bench.estimate.online);
+  what is left beyond the noise, halved, pooled by degrees of freedom: a cell's own deviation per machine that
+  neither the machine's offset nor its host explains.
 - Answer mode's short look (`short_look`): each GPU ok record of an adaptive cell, its step times replayed through
   bench.records.adaptive as rung 0 runs the cell (bench.execute.answer.rung_cell); the spread of ln(that median
   over the record's own, the matrix's schedule), for records that flag nothing and for flagged ones, beside NOISE's:
@@ -29,6 +34,10 @@ import math
 import statistics
 from dataclasses import dataclass
 
+import numpy as np
+
+from bench.estimate.model import Hardware
+from bench.estimate.steptime import host_share
 from bench.execute.answer import rung_cell
 from bench.matrix.cells import Cell
 from bench.records import quality
@@ -37,7 +46,7 @@ from bench.records.record import parse
 from bench.records.status import Status
 from bench.records.store import read
 
-__all__ = ["GPU_FILES", "CPU_FILES", "Measured", "groups", "split", "derive", "short_look"]
+__all__ = ["GPU_FILES", "CPU_FILES", "Measured", "groups", "shares", "split", "derive", "short_look"]
 
 GPU_FILES = "results/*.jsonl"
 CPU_FILES = "results/ci-cpu-gate/aa*.jsonl"
@@ -70,6 +79,23 @@ def groups(pattern: str, gpu: bool) -> dict[tuple[str, str], list[Measured]]:
             offloads = (r.cell.get("offload") or "none") != "none"
             out[(r.block, r.cell_hash)].append(Measured(math.log(m.tokens_per_s), m.gpu_util_mean_pct, offloads, tail))
     return dict(out)
+
+
+def shares(pattern: str) -> dict[str, float]:
+    """cell hash -> its predicted host share on its record's GPU, for the GPU records matching `pattern` whose model
+    the step-time model reads."""
+    out: dict[str, float] = {}
+    for path in sorted(glob.glob(pattern)):
+        for raw in read(path):
+            r = parse(raw)
+            gpus = r.provenance.gpus if r.provenance else []
+            if r.cell_hash in out or not r.cell or not gpus:
+                continue
+            hw = Hardware(gpu_memory_bytes=gpus[0].memory_bytes, gpu_name=r.provenance.gpu_name)
+            share = host_share(Cell.from_dict(r.cell), hw)
+            if share is not None:
+                out[r.cell_hash] = share
+    return out
 
 
 def _samples(gs: dict) -> list[tuple[Measured, float]]:
@@ -112,27 +138,32 @@ def _flagged(x: Measured, util: float, tail: float) -> bool:
     return (x.util is not None and not x.offloads and x.util < util) or (x.tail is not None and x.tail > tail)
 
 
-def _cross(gs: dict, noise) -> tuple[float, int, float]:
+def _cross(gs: dict, noise, share: dict | None = None) -> tuple[float, int, float]:
     """The interaction between blocks (see the module's docstring), the pairs of blocks it pooled, and the
-    largest offset between two of them (|mean difference|, ln)."""
+    largest offset between two of them (|mean difference|, ln). share: each cell's host share, to fit a host term
+    per pair beside its offset (cells without one left out)."""
     by_block: dict = collections.defaultdict(dict)
     for (block, cell), ms in gs.items():
         by_block[block][cell] = ms
+    k = 1 if share is None else 2  # parameters per pair
     excess, dof, pairs, widest = 0.0, 0, 0, 0.0
     for a, b in itertools.combinations(sorted(by_block), 2):
-        shared = sorted(set(by_block[a]) & set(by_block[b]))
-        if len(shared) < MIN_SHARED:
+        shared = [c for c in sorted(set(by_block[a]) & set(by_block[b])) if share is None or c in share]
+        if len(shared) < MIN_SHARED + k - 1:
             continue
         d, own = [], []
         for c in shared:
             A, B = by_block[a][c], by_block[b][c]
             d.append(sum(x.log for x in B) / len(B) - sum(x.log for x in A) / len(A))
             own.append(sum(noise(x) ** 2 for x in A) / len(A) ** 2 + sum(noise(x) ** 2 for x in B) / len(B) ** 2)
-        mean = sum(d) / len(d)
-        widest = max(widest, abs(mean))
-        resid = sum((x - mean) ** 2 for x in d) / (len(d) - 1)
-        excess += (resid - sum(own) / len(own)) * (len(d) - 1)
-        dof += len(d) - 1
+        X = np.ones((len(d), k))
+        if share is not None:
+            X[:, 1] = [share[c] for c in shared]
+        fit, *_ = np.linalg.lstsq(X, np.array(d), rcond=None)
+        resid = np.array(d) - X @ fit
+        widest = max(widest, abs(sum(d) / len(d)))
+        excess += float(resid @ resid) - sum(own) / len(own) * (len(d) - k)
+        dof += len(d) - k
         pairs += 1
     return math.sqrt(max(0.0, excess / dof / 2)), pairs, widest
 
@@ -156,6 +187,9 @@ def derive() -> dict:
     gpu_cross, gpu_pairs, gpu_widest = _cross(
         gpu, lambda x: noise["gpu_flagged"] if _flagged(x, u, t) else noise["gpu"]
     )
+    hosted, hosted_pairs, _ = _cross(
+        gpu, lambda x: noise["gpu_flagged"] if _flagged(x, u, t) else noise["gpu"], shares(GPU_FILES)
+    )
     cpu_cross, cpu_pairs, cpu_widest = _cross(cpu, lambda x: noise["cpu"])
     return {
         "host_bound_util_pct": u,
@@ -166,6 +200,7 @@ def derive() -> dict:
         "samples": {"gpu": len(clean), "gpu_flagged": len(flagged), "cpu": len(cpu_d2)},
         "cross": {"gpu": gpu_cross, "cpu": cpu_cross},
         "block_pairs": {"gpu": gpu_pairs, "cpu": cpu_pairs},
+        "cross_hosted": {"gpu": hosted, "block_pairs": hosted_pairs},
         "widest_offset": {"gpu": gpu_widest, "cpu": cpu_widest},
     }
 
@@ -224,6 +259,9 @@ def main() -> None:
     print(f"interaction between blocks: GPU {c['gpu']:.4f} ({p['gpu']} pairs of blocks), CPU {c['cpu']:.4f} "
           f"({p['cpu']} pairs); blocks differ as a whole by up to x{math.exp(w['gpu']):.3f} (GPU), "
           f"x{math.exp(w['cpu']):.3f} (CPU)")  # fmt: skip
+    h = d["cross_hosted"]
+    print(f"interaction between blocks after a host term per pair of blocks: GPU {h['gpu']:.4f} "
+          f"({h['block_pairs']} pairs of blocks)")  # fmt: skip
     print(f"bench.records.quality: HOST_BOUND_UTIL_PCT {quality.HOST_BOUND_UTIL_PCT}, "
           f"UNSTABLE_TAIL {quality.UNSTABLE_TAIL}, "
           f"NOISE {quality.NOISE}, CROSS {quality.CROSS}")  # fmt: skip
