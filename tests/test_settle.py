@@ -48,6 +48,15 @@ def test_the_misfit_is_learned_from_the_residuals_small_where_effects_hold_and_l
         assert lo <= on.misfit <= hi, (interaction, on.misfit)
 
 
+def test_the_learned_misfit_never_falls_below_its_floor_and_the_floor_does_not_cap_it():
+    rng = np.random.default_rng(1)
+    for interaction, floor, low, high in ((0.0, 0.04, 0.04, 0.04), (0.2, 0.04, 0.1, 0.4)):
+        on = Online(prior_sd=0.3, offset_sd=1.0, noise_sd=0.02, misfit_sd=0.05, learn_misfit=True, misfit_floor=floor)
+        for f, y in _cells(rng, interaction):
+            on.observe(f, 0.0, y)
+        assert low <= on.misfit <= high, (interaction, on.misfit)  # cells that follow the effects: the floor
+
+
 def test_joint_draws_move_together_where_cells_share_an_unmeasured_value():
     on = Online(prior_sd=0.3, offset_sd=0.01, noise_sd=0.02, misfit_sd=0.01)
     on.declare([{"a": 0, "b": 0}, {"a": 0, "b": 1}, {"a": 1, "b": 2}])

@@ -13,14 +13,13 @@ blocks start from the anchors' estimate and its uncertainty, an untied one from 
 still teach the knobs' effects (their differences within the block) without setting the level. A prediction
 is on the reference block's scale unless a block is asked for.
 
-Why additive on the log scale: a knob multiplies throughput (and, roughly, memory) by a factor that holds
-across the rest of the settings to first order; two knobs that do not (ZeRO-3 at a small micro-batch) are a
-pair effect, shared by every cell with both values, so measuring one such cell teaches its neighbours. What is
-left, each cell's own, is the misfit. With `learn_misfit` the misfit is estimated from the measured cells'
-residuals: the value that makes them likeliest under the model (its effects integrated out), with a weak
-prior around `misfit_sd` (MISFIT_WIDTH), so it shrinks where the cells follow the effects and grows where they
-do not; without, the residuals' spread beyond the noise, never below misfit_sd. numpy only (the orchestrator
-never imports torch).
+Why additive on the log scale: a knob multiplies throughput (and, roughly, memory) by a factor that holds across the
+rest of the settings to first order; two knobs that do not (ZeRO-3 at a small micro-batch) are a pair effect, shared by
+every cell with both values, so measuring one such cell teaches its neighbours. What is left, each cell's own, is the
+misfit. With `learn_misfit` the misfit is estimated from the measured cells' residuals: the value that makes them
+likeliest under the model (its effects integrated out), with a weak prior around `misfit_sd` (MISFIT_WIDTH), so it
+shrinks where the cells follow the effects (never below `misfit_floor`) and grows where they do not; without, the
+residuals' spread beyond the noise, never below misfit_sd. numpy only (the orchestrator never imports torch).
 
 Host speed: a machine's host (CPU, launch, Python) is faster or slower than the typical one the base model
 was fitted on, and it moves a cell by how much of its step waits on the host (its host share: 0 where the
@@ -70,7 +69,7 @@ class Online:
     cell's true value, where observe() is not told its own; misfit_sd: the least interaction left after the
     effects (learn_misfit: the prior guess of it); pair_sd: how far one pair of axis values may be off (0: no
     pair effects); host_sd: how far a block's host may be from the typical host's, the term a cell takes times its
-    host share (0: no host terms)."""
+    host share (0: no host terms); misfit_floor: the least misfit learn_misfit may learn."""
 
     prior_sd: float
     offset_sd: float
@@ -79,6 +78,7 @@ class Online:
     pair_sd: float = 0.0
     learn_misfit: bool = False
     host_sd: float = 0.0
+    misfit_floor: float = 0.0
     _terms: list[tuple] = field(default_factory=list)  # (axis, value) or a pair of them, in column order
     _index: dict[tuple, int] = field(default_factory=dict)  # term -> its column (the intercept is column 0)
     _codes: dict[int, tuple] = field(default_factory=dict)  # id(features) -> (features, columns)
@@ -227,7 +227,7 @@ class Online:
     def _learned(self, G: np.ndarray, y: np.ndarray, S: np.ndarray) -> float:
         """The misfit that makes the residuals likeliest, the effects integrated out (y ~ N(0, X V X' + noise +
         misfit^2 S), S: which rows measure one cell), times its log-normal prior around misfit_sd: the most
-        probable value on a grid."""
+        probable value on a grid, or misfit_floor where that is less."""
 
         def score(k: int) -> float:
             m = self.misfit_sd * _GRID[k]
@@ -248,7 +248,7 @@ class Online:
                 seen.setdefault(k, score(k))
             lo, hi = (lo, b) if seen[a] >= seen[b] else (a, hi)
         best = max(range(lo, hi + 1), key=lambda k: seen.setdefault(k, score(k)))
-        return float(self.misfit_sd * _GRID[best])
+        return max(self.misfit_floor, float(self.misfit_sd * _GRID[best]))  # unimodal: the best above the floor
 
     def _misfit(self, X: np.ndarray, y: np.ndarray, mean: np.ndarray, noise: np.ndarray) -> float:
         """The interaction the effects leave: the residuals' spread beyond the measurement noise, counted only
