@@ -29,7 +29,7 @@ def test_the_simulator_answers_synthetic_truths_and_prints_its_figures(tmp_path,
     # Where the time went: every attempt's seconds under its role, the leaders measured first among them.
     assert sum(a.roles.values()) == pytest.approx(a.spent_s) and a.roles.get("leader", 0) > 0
     assert lines[-3].startswith("cell seconds per trial by role (mean): ") and "leader" in lines[-3]
-    # The lead chances stated at the stops, summed, beside the wrong leaders: each a probability the search stated.
+    # The lead chances at the trials' ends, summed, beside the wrong leaders: each a probability the search states.
     assert 0.0 <= a.chance <= 1.0
     stated = re.fullmatch(
         r"lead chance at the stop, summed over the trials: ([\d.]+) \(wrong leaders the truths found: (\d+)\)",

@@ -46,7 +46,9 @@ Scored, per trial: a wrong leader (a group where some cell that runs beats the a
 the minimum effect in truth, on the answer's reference machine), each effect called faster or slower whose
 true ratio over the same pairs lies on the other side of 1, and the cell time spent until the search stopped, also
 by the role each attempt was asked for (leader, contender, frontier, effect, anchor; "again" for a cell attempted
-before, the status for an attempt that did not end ok), printed as a mean per trial before the last line.
+before, the status for an attempt that did not end ok), printed as a mean per trial; and the lead chance the trial's
+records leave at its end, printed summed over the trials beside the wrong leaders found: a rule whose chances hold
+expects about that many (a check of the chance itself, not only of the answers).
 
 Left out: anything the models and these magnitudes do not hold (a cell that hangs or times out, a machine
 that slows down during a run, throttling, noise that is not normal, a third machine), the one-off
@@ -284,7 +286,7 @@ class Trial:
     settled: bool
     calls: int
     roles: dict[str, float] = dataclasses.field(default_factory=dict)  # cell seconds by why it was measured (`_roles`)
-    chance: float = 0.0  # the lead chance the search stated at its stop (bench.execute.settle.Chances.lead)
+    chance: float = 0.0  # the lead chance its records leave at the end (bench.execute.settle.Chances.lead)
 
 
 def _templates() -> tuple[dict, dict, dict]:
@@ -459,8 +461,9 @@ def by_role(done: list[Trial]) -> str:
 
 
 def calibration(done: list[Trial]) -> str:
-    """The lead chances the search stated at its stops, summed: the wrong leaders a rule whose chances hold would
-    expect over these trials, beside the count the truths found."""
+    """The lead chances the trials' records leave at their ends (the search rebuilt from them, as its answer states
+    the chance), summed: the wrong leaders a rule whose chances hold would expect over these trials, beside the count
+    the truths found."""
     stated = sum(t.chance for t in done)
     wrong = sum(bool(t.wrong_leaders) for t in done)
     return f"lead chance at the stop, summed over the trials: {stated:.2f} (wrong leaders the truths found: {wrong})"
