@@ -27,6 +27,33 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+GRIDS = {
+    "1b": ["results/1b.jsonl", "results/1b-rerun.jsonl", "results/1b-paramoffload.jsonl"],
+    "1b-axes": ["results/1b-axes.jsonl", "results/1b-axes-2.jsonl"],
+    "peft-axes-h200": ["results/peft-axes-h200.jsonl"],
+    "compare-h200": ["results/compare-h200-a1.jsonl", "results/compare-h200-a2.jsonl", "results/compare-h200-a3.jsonl"],
+}
+"""Committed H200 grids answer mode is replayed over: matrix name -> its record files."""
+
+
+def full_search(matrix_path: str, files: list[str], settings):
+    """The answer a recorded grid gives: an answer-mode search (bench.execute.answer.Search) that has observed every
+    recorded end."""
+    from bench.execute import answer
+    from bench.execute.plan import hardware, plan
+    from bench.execute.replay import Recording
+    from bench.records.record import parse
+
+    rec = Recording(files)
+    p = rec.restrict(plan(matrix_path, platform=rec.platform()))
+    hw = hardware(rec.platform())
+    full = answer.Search([it for it in p.items if it.skip is None], hw, settings, cuda=True)
+    for ends in rec.ends.values():
+        for r, _ in ends:
+            full.observe(parse(r))
+    return full
+
+
 @functools.cache
 def cuda_available() -> bool:
     # In a subprocess: importing torch here would slow every test session and hold a CUDA context.

@@ -13,13 +13,14 @@ import pytest
 from bench.cli import main as cli
 from bench.estimate.online import SHARE, Online
 from bench.execute import answer
-from bench.execute.plan import hardware, plan
+from bench.execute.plan import plan
 from bench.execute.replay import Recording
 from bench.matrix import spec
 from bench.matrix.cells import Cell
 from bench.records.record import parse
 from bench.records.status import Status
 from bench.records.store import Store
+from tests.conftest import GRIDS, full_search
 
 # -- the constants and pieces -----------------------------------------------------------------------------
 
@@ -153,25 +154,6 @@ def test_answer_mode_refuses_a_searched_micro_batch(tmp_path, capsys):
 
 # -- replayed over committed H200 grids -------------------------------------------------------------------
 
-GRIDS = {
-    "1b": ["results/1b.jsonl", "results/1b-rerun.jsonl", "results/1b-paramoffload.jsonl"],
-    "1b-axes": ["results/1b-axes.jsonl", "results/1b-axes-2.jsonl"],
-    "peft-axes-h200": ["results/peft-axes-h200.jsonl"],
-    "compare-h200": ["results/compare-h200-a1.jsonl", "results/compare-h200-a2.jsonl", "results/compare-h200-a3.jsonl"],
-}
-
-
-def _full(matrix_path: str, files: list[str], settings: answer.Settings) -> answer.Search:
-    """The answer the recorded grid gives: a search that has observed every recorded end."""
-    rec = Recording(files)
-    p = rec.restrict(plan(matrix_path, platform=rec.platform()))
-    hw = hardware(rec.platform())
-    full = answer.Search([it for it in p.items if it.skip is None], hw, settings, cuda=True)
-    for ends in rec.ends.values():
-        for r, _ in ends:
-            full.observe(parse(r))
-    return full
-
 
 @pytest.mark.parametrize("name", sorted(GRIDS))
 def test_answer_mode_replayed_recovers_the_answer_of_the_full_grid(tmp_path, capsys, name):
@@ -181,7 +163,7 @@ def test_answer_mode_replayed_recovers_the_answer_of_the_full_grid(tmp_path, cap
                 "--no-report", "--no-progress"])  # fmt: skip
     printed = capsys.readouterr().out
     assert code == 0
-    full = _full(f"matrices/{name}.yaml", files, answer.Settings())
+    full = full_search(f"matrices/{name}.yaml", files, answer.Settings())
     recs = [r for r in Store(out).records() if r["status"] != Status.STARTED.value]
     # Every cell of the matrix ends with a record; each measured one says why, each unmeasured one why not.
     p = plan(f"matrices/{name}.yaml", platform=Recording(files).platform())

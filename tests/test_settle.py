@@ -12,7 +12,7 @@ from bench.execute.settle import exceed
 from bench.judge import results
 from bench.records.store import Store
 from bench.report import markdown
-from tests.test_answer import GRIDS, _full
+from tests.conftest import GRIDS, full_search
 
 COMPARE = ["results/compare-h200-a1.jsonl", "results/compare-h200-a2.jsonl", "results/compare-h200-a3.jsonl"]
 
@@ -118,7 +118,7 @@ def test_a_measured_cells_drawn_truth_is_its_measurement_pulled_towards_the_mode
 
 
 def test_a_measured_cell_that_may_still_beat_its_leader_counts_and_is_measured_again_until_neither_can_be():
-    full = _full(
+    full = full_search(
         "matrices/compare-h200.yaml", GRIDS["compare-h200"], answer.Settings(speed_tolerance=0.001, settle=0.01)
     )
     lead = full.leader(("none",))
