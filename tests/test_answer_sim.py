@@ -29,13 +29,16 @@ def test_the_simulator_answers_synthetic_truths_and_prints_its_figures(tmp_path,
     # Where the time went: every attempt's seconds under its role, the leaders measured first among them.
     assert sum(a.roles.values()) == pytest.approx(a.spent_s) and a.roles.get("leader", 0) > 0
     assert lines[-3].startswith("cell seconds per trial by role (mean): ") and "leader" in lines[-3]
-    # The lead chances at the trials' ends, summed, beside the wrong leaders: each a probability the search states.
-    assert 0.0 <= a.chance <= 1.0
+    # The lead chance each answer states (its settled: line), and their sum beside the wrong leaders the truths found.
+    assert a.chance is not None and 0.0 <= a.chance <= 1.0
+    each = [float(x) / 100 for x in re.findall(r"\(lead chance ([\d.]+)%\)", "\n".join(lines[:2]))]
     stated = re.fullmatch(
-        r"lead chance at the stop, summed over the trials: ([\d.]+) \(wrong leaders the truths found: (\d+)\)",
+        r"lead chance the answers state, summed over 2 trial\(s\): ([\d.]+) \(wrong leaders the truths found in them: "
+        r"(\d+)\)",
         lines[-2],
     )
-    assert stated and 0.0 <= float(stated[1]) <= 2.0 and stated[2] == m[1], lines[-2]
+    assert len(each) == 2 and stated and stated[2] == m[1], lines
+    assert float(stated[1]) == pytest.approx(sum(each), abs=0.006)  # each printed to 0.1%, the sum to 0.01
 
 
 def test_no_trials_print_a_last_line_that_says_so(capsys):

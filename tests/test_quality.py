@@ -27,10 +27,10 @@ def test_thresholds_and_noise_are_what_the_committed_records_give():
     # A flagged measurement is noisier than a clean one, by more than twice: weaker evidence, measured.
     assert quality.NOISE["gpu_flagged"] > 2 * quality.NOISE["gpu"]
     assert d["samples"]["gpu"] >= 40 and d["samples"]["gpu_flagged"] >= 40 and d["block_pairs"]["gpu"] >= 10
-    # A host term per pair of machines explains what the offsets leave: the simulator's per-machine deviation of a
+    # A host term per pair of blocks explains what the offsets leave: the simulator's per-machine deviation of a
     # cell (tools.answer_sim.CROSS_OWN) is no less than what the records leave after it.
     hosted = d["cross_hosted"]
-    assert hosted["block_pairs"] >= 10 and hosted["gpu"] < quality.CROSS["gpu"] / 2
+    assert hosted["block_pairs"] == d["block_pairs"]["gpu"] and hosted["gpu"] < quality.CROSS["gpu"] / 2
     assert answer_sim.CROSS_OWN >= hosted["gpu"]
 
 

@@ -24,7 +24,7 @@ The truth, all on the log scale, with the magnitudes taken from committed record
   -0.39 to +0.13), which moves a cell by its host share (bench.estimate.steptime.host_share): the 7b answer's
   two machines, 0.45 apart, ran its LoRA cells 17-26% apart; and each cell deviates per machine by CROSS_OWN
   (0.02, as OWN is taken: of bench.records.quality.CROSS, 0.039 between blocks, the committed records leave
-  nothing beyond the noise once a host term per pair of machines is fitted, tools.noise's cross_hosted);
+  nothing beyond the noise once a host term per pair of blocks is fitted, tools.noise's cross_hosted);
 - a measurement: the cell's speed on its machine with the within-block noise of bench.records.quality.NOISE (0.026
   clean, 0.072 flagged); it is flagged (host-bound, unstable) with the chance FLAG_RATE gives at its host share
   on that machine (the share of committed H200 measurements flagged, by predicted host share: 7%, 32%, 53%
@@ -47,8 +47,8 @@ the minimum effect in truth, on the answer's reference machine), each effect cal
 true ratio over the same pairs lies on the other side of 1, and the cell time spent until the search stopped, also
 by the role each attempt was asked for (leader, contender, frontier, effect, anchor; "again" for a cell attempted
 before, the status for an attempt that did not end ok), printed as a mean per trial; and the lead chance the trial's
-records leave at its end, printed summed over the trials beside the wrong leaders found: a rule whose chances hold
-expects about that many (a check of the chance itself, not only of the answers).
+answer states (its last call's `settled:` line), summed over the trials beside the wrong leaders found: a rule whose
+chances hold expects about that many (a check of the chance itself, not only of the answers).
 
 Left out: anything the models and these magnitudes do not hold (a cell that hangs or times out, a machine
 that slows down during a run, throttling, noise that is not normal, a third machine), the one-off
@@ -64,6 +64,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -80,7 +81,6 @@ from bench.execute.plan import Planned, arrange, hardware, plan
 from bench.execute.replay import Recording, Replayed
 from bench.execute.run import run
 from bench.execute.settings import RunSettings
-from bench.execute.settle import chances
 from bench.judge import effects, results
 from bench.records import quality
 from bench.records.record import machine_of, parse
@@ -303,6 +303,16 @@ def _call(matrix: str, path: Path, sim: SimRecording, budget: float, resume: boo
     return lines
 
 
+STATED = re.compile(r"settled: the chance that one of .* beats its group's fastest by more than \d+% is ([\d.]+)%")
+"""The lead chance in the answer a call prints (bench.execute.answer_text._settled)."""
+
+
+def _stated(printed: list[str]) -> float | None:
+    """The lead chance the last call's answer states (None: it printed none)."""
+    found = [m[1] for line in printed if (m := STATED.search(line))]
+    return float(found[-1]) / 100 if found else None
+
+
 def _settled(path: Path) -> bool:
     """Whether the last call left no cell that could still change the answer."""
     recs = Store(path).records()
@@ -322,18 +332,18 @@ def trial(
     world = World(seed, hw, ok, optimizers)
     sim = SimRecording(world, ok, failed, oom)
     path = workdir / f"trial-{seed}.jsonl"
-    _call(matrix, path, sim, first_s, resume=False, settle=settle)
+    printed = _call(matrix, path, sim, first_s, resume=False, settle=settle)
     calls = 1
     if not _settled(path):
         sim.machine = world.machines[1]
-        _call(matrix, path, sim, cap_s, resume=True, settle=settle)
+        printed = _call(matrix, path, sim, cap_s, resume=True, settle=settle)
         calls = 2
     recs = Store(path).records()
     s = _search(items, hw, recs)
     wrong, called, wrong_fx = _score(s, world, recs)
     ended = [r for r in recs if r["status"] not in ("started", "unmeasured", "skipped")]
     spent = sum(r.get("wall_s") or 0.0 for r in ended)
-    return Trial(seed, wrong, called, wrong_fx, spent, _settled(path), calls, _roles(ended), chances(s).lead)
+    return Trial(seed, wrong, called, wrong_fx, spent, _settled(path), calls, _roles(ended), _stated(printed))
 
 
 def _roles(ended: list[dict]) -> dict[str, float]:
@@ -442,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         for t in trials:  # each as it ends: a 50-trial run takes an hour, and says where it is
             done.append(t)
             print(f"trial {t.seed}: {t.spent_s / 60:.1f} min in {t.calls} call(s), settled {t.settled}; wrong leader "
-                  f"{t.wrong_leaders or 'none'} (lead chance {t.chance:.1%}); {t.effects} effects called, wrong "
+                  f"{t.wrong_leaders or 'none'} (lead chance {_pct(t.chance)}); {t.effects} effects called, wrong "
                   f"{t.wrong_effects or 'none'}",
                   flush=True)  # fmt: skip
     print(by_role(done))
@@ -460,13 +470,20 @@ def by_role(done: list[Trial]) -> str:
     return "cell seconds per trial by role (mean): " + ", ".join(parts)
 
 
+def _pct(p: float | None) -> str:
+    return "not stated" if p is None else f"{p:.1%}"
+
+
 def calibration(done: list[Trial]) -> str:
-    """The lead chances the trials' records leave at their ends (the search rebuilt from them, as its answer states
-    the chance), summed: the wrong leaders a rule whose chances hold would expect over these trials, beside the count
-    the truths found."""
-    stated = sum(t.chance for t in done)
-    wrong = sum(bool(t.wrong_leaders) for t in done)
-    return f"lead chance at the stop, summed over the trials: {stated:.2f} (wrong leaders the truths found: {wrong})"
+    """The lead chances the trials' answers state, summed: the wrong leaders a rule whose chances hold would expect over
+    these trials, beside the count the truths found (a pair the answer names as a tie is outside the chance, and counts
+    as a wrong leader where the truth puts the other one ahead by more than the minimum effect)."""
+    stated = [t for t in done if t.chance is not None]
+    wrong = sum(bool(t.wrong_leaders) for t in stated)
+    return (
+        f"lead chance the answers state, summed over {len(stated)} trial(s): {sum(t.chance for t in stated):.2f} "
+        f"(wrong leaders the truths found in them: {wrong})"
+    )
 
 
 def summary(done: list[Trial]) -> str:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bench.estimate.check import _cell
 from bench.estimate.model import Hardware
 from bench.estimate.steptime import host_share
 from bench.execute.answer import rung_cell
@@ -82,17 +83,18 @@ def groups(pattern: str, gpu: bool) -> dict[tuple[str, str], list[Measured]]:
 
 
 def shares(pattern: str) -> dict[str, float]:
-    """cell hash -> its predicted host share on its record's GPU, for the GPU records matching `pattern` whose model
-    the step-time model reads."""
+    """cell hash -> its predicted host share, for the ok GPU records matching `pattern` whose model the step-time
+    model reads: on the GPU of the first such record of the cell (a hash's records share a GPU model: the files
+    hold H200 records)."""
     out: dict[str, float] = {}
     for path in sorted(glob.glob(pattern)):
         for raw in read(path):
             r = parse(raw)
             gpus = r.provenance.gpus if r.provenance else []
-            if r.cell_hash in out or not r.cell or not gpus:
+            if r.status is not Status.OK or r.cell_hash in out or not r.cell or not gpus:
                 continue
             hw = Hardware(gpu_memory_bytes=gpus[0].memory_bytes, gpu_name=r.provenance.gpu_name)
-            share = host_share(Cell.from_dict(r.cell), hw)
+            share = host_share(_cell(r.cell), hw)
             if share is not None:
                 out[r.cell_hash] = share
     return out
@@ -159,11 +161,13 @@ def _cross(gs: dict, noise, share: dict | None = None) -> tuple[float, int, floa
         X = np.ones((len(d), k))
         if share is not None:
             X[:, 1] = [share[c] for c in shared]
-        fit, *_ = np.linalg.lstsq(X, np.array(d), rcond=None)
+        fit, _, rank, _ = np.linalg.lstsq(X, np.array(d), rcond=None)
         resid = np.array(d) - X @ fit
+        lever = np.einsum("ij,ij->i", X, np.linalg.pinv(X).T)  # each cell's pull on its own fit
         widest = max(widest, abs(sum(d) / len(d)))
-        excess += float(resid @ resid) - sum(own) / len(own) * (len(d) - k)
-        dof += len(d) - k
+        # What the noise leaves in the residuals: each cell's own, less its leverage's part (k = 1: (n - 1) / n).
+        excess += float(resid @ resid) - float((1 - lever) @ np.array(own))
+        dof += len(d) - rank
         pairs += 1
     return math.sqrt(max(0.0, excess / dof / 2)), pairs, widest
 

@@ -248,7 +248,7 @@ class Online:
                 seen.setdefault(k, score(k))
             lo, hi = (lo, b) if seen[a] >= seen[b] else (a, hi)
         best = max(range(lo, hi + 1), key=lambda k: seen.setdefault(k, score(k)))
-        return max(self.misfit_floor, float(self.misfit_sd * _GRID[best]))  # unimodal: the best above the floor
+        return max(self.misfit_floor, float(self.misfit_sd * _GRID[best]))  # unimodal: the likeliest above the floor
 
     def _misfit(self, X: np.ndarray, y: np.ndarray, mean: np.ndarray, noise: np.ndarray) -> float:
         """The interaction the effects leave: the residuals' spread beyond the measurement noise, counted only

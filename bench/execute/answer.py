@@ -66,11 +66,9 @@ MAX_MEASUREMENTS = 3  # per cell and block: past this, two cells that still over
 EXTRA_ANCHORS = 2  # anchors a new block measures besides the groups' leaders
 # How far the step-time model may miss, on the log scale, once the machine's offset is taken out: one axis value's
 # effect, one pair of axis values' (two knobs whose effects do not multiply), and a cell's own (the misfit's prior
-# guess; the run learns it from its residuals, never below that guess: a few dozen cells, measured for being fast, can
-# put it well under what a new cell misses by, and the search then stops on chances that do not hold: tools.answer_sim's
-# truths, docs/answer-mode.md). Prior widths set by hand at the size of the step-time model's held-out misses on H200
-# records; no committed tool derives them yet. Where the step-time model was not fitted (another GPU, a CPU), each is
-# wider by UNFAMILIAR.
+# guess; the run learns it from its residuals, never below that guess: docs/answer-mode.md, the joint stopping rule).
+# Prior widths set by hand at the size of the step-time model's held-out misses on H200 records; no committed tool
+# derives them yet. Where the step-time model was not fitted (another GPU, a CPU), each is wider by UNFAMILIAR.
 MAIN_SD = 0.05
 PAIR_SD = 0.01
 MISFIT_GUESS = 0.02
@@ -191,7 +189,7 @@ class Search:
         # Where the step-time model was fitted (H200/H100) the machine as a whole is off by up to its held-out band
         # (p95 of |log error|, STEP_BAND), each knob and pair of knobs by MAIN_SD and PAIR_SD; elsewhere only its
         # ranking is trusted. A cell's own misfit is learned from the measured cells' residuals, never below its guess
-        # (in either model).
+        # (in either model, as tools.answer_sim ran it).
         band = STEP_BAND["familiar"]["p95"] / Z if known_gpu else 0.7
         wide = 1.0 if known_gpu else UNFAMILIAR
         self.tps = Online(
