@@ -188,19 +188,20 @@ class Search:
         known_gpu = cuda and bool(hw.gpu_name) and any(k in (hw.gpu_name or "") for k in ("H200", "H100"))
         # Where the step-time model was fitted (H200/H100) the machine as a whole is off by up to its held-out band
         # (p95 of |log error|, STEP_BAND), each knob and pair of knobs by MAIN_SD and PAIR_SD; elsewhere only its
-        # ranking is trusted. A cell's own misfit is learned from the measured cells' residuals, never below its guess
-        # (in either model, as tools.answer_sim ran it).
+        # ranking is trusted. A cell's own misfit is learned from the measured cells' residuals; there, never below its
+        # guess (in either model, as tools.answer_sim ran it); elsewhere the guess is UNFAMILIAR-wide, and the residuals
+        # may take it lower.
         band = STEP_BAND["familiar"]["p95"] / Z if known_gpu else 0.7
         wide = 1.0 if known_gpu else UNFAMILIAR
         self.tps = Online(
             prior_sd=MAIN_SD * wide, offset_sd=band if known_gpu else 3.0, noise_sd=self.noise,
             misfit_sd=MISFIT_GUESS * wide, pair_sd=PAIR_SD * wide, learn_misfit=True,
-            host_sd=HOST_SD if known_gpu else 0.0, misfit_floor=MISFIT_GUESS * wide,
+            host_sd=HOST_SD if known_gpu else 0.0, misfit_floor=MISFIT_GUESS if known_gpu else 0.0,
         )  # fmt: skip
         m = MEMORY_SD if cuda else MEMORY_SD_CPU
         self.memory = Online(
             prior_sd=m["main"], offset_sd=m["offset"], noise_sd=MEMORY_NOISE, misfit_sd=m["misfit"],
-            pair_sd=m["pair"], learn_misfit=True, misfit_floor=m["misfit"],
+            pair_sd=m["pair"], learn_misfit=True, misfit_floor=m["misfit"] if known_gpu else 0.0,
         )  # fmt: skip
         self.cost = Online(prior_sd=0.3, offset_sd=0.5 if known_gpu else 3.0, noise_sd=0.2)
         self.candidates = [self._candidate(p, (predicted or {}).get(id(p))) for p in runnable]
