@@ -286,7 +286,7 @@ class Trial:
     settled: bool
     calls: int
     roles: dict[str, float] = dataclasses.field(default_factory=dict)  # cell seconds by why it was measured (`_roles`)
-    chance: float = 0.0  # the lead chance its records leave at the end (bench.execute.settle.Chances.lead)
+    chance: float | None = None  # the lead chance its answer states (printed to 0.1%; None: it printed none)
 
 
 def _templates() -> tuple[dict, dict, dict]:

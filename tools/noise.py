@@ -188,12 +188,12 @@ def derive() -> dict:
         "gpu_flagged": math.sqrt(sum(flagged) / len(flagged)),
         "cpu": math.sqrt(sum(cpu_d2) / len(cpu_d2)),
     }
-    gpu_cross, gpu_pairs, gpu_widest = _cross(
-        gpu, lambda x: noise["gpu_flagged"] if _flagged(x, u, t) else noise["gpu"]
-    )
-    hosted, hosted_pairs, _ = _cross(
-        gpu, lambda x: noise["gpu_flagged"] if _flagged(x, u, t) else noise["gpu"], shares(GPU_FILES)
-    )
+
+    def gpu_noise(x: Measured) -> float:
+        return noise["gpu_flagged"] if _flagged(x, u, t) else noise["gpu"]
+
+    gpu_cross, gpu_pairs, gpu_widest = _cross(gpu, gpu_noise)
+    hosted, hosted_pairs, _ = _cross(gpu, gpu_noise, shares(GPU_FILES))
     cpu_cross, cpu_pairs, cpu_widest = _cross(cpu, lambda x: noise["cpu"])
     return {
         "host_bound_util_pct": u,
