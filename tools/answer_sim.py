@@ -48,7 +48,10 @@ true ratio over the same pairs lies on the other side of 1, and the cell time sp
 by the role each attempt was asked for (leader, contender, frontier, effect, anchor; "again" for a cell attempted
 before, the status for an attempt that did not end ok), printed as a mean per trial; and the lead chance the trial's
 answer states (its last call's `settled:` line), summed over the trials beside the wrong leaders found: a rule whose
-chances hold expects about that many (a check of the chance itself, not only of the answers).
+chances hold expects about that many (a check of the chance itself, not only of the answers); and, per group, how
+far each unmeasured cell's truth lies from its corrected step-time prediction, in the prediction's sd, at the trial's
+end: the pooled tails against a normal's, beside how far one trial's cells moved together (the width the search
+stops on, checked cell by cell).
 
 Left out: anything the models and these magnitudes do not hold (a cell that hangs or times out, a machine
 that slows down during a run, throttling, noise that is not normal, a third machine), the one-off
@@ -287,6 +290,7 @@ class Trial:
     calls: int
     roles: dict[str, float] = dataclasses.field(default_factory=dict)  # cell seconds by why it was measured (`_roles`)
     chance: float | None = None  # the lead chance its answer states (printed to 0.1%; None: it printed none)
+    misses: dict[str, tuple[int, int, int, float]] = dataclasses.field(default_factory=dict)  # per group (`_misses`)
 
 
 def _templates() -> tuple[dict, dict, dict]:
@@ -343,7 +347,8 @@ def trial(
     wrong, called, wrong_fx = _score(s, world, recs)
     ended = [r for r in recs if r["status"] not in ("started", "unmeasured", "skipped")]
     spent = sum(r.get("wall_s") or 0.0 for r in ended)
-    return Trial(seed, wrong, called, wrong_fx, spent, _settled(path), calls, _roles(ended), _stated(printed))
+    roles, stated = _roles(ended), _stated(printed)
+    return Trial(seed, wrong, called, wrong_fx, spent, _settled(path), calls, roles, stated, _misses(s, world))
 
 
 def _roles(ended: list[dict]) -> dict[str, float]:
@@ -358,6 +363,28 @@ def _roles(ended: list[dict]) -> dict[str, float]:
         seen.add(r["cell_hash"])
         out[role] += r.get("wall_s") or 0.0
     return dict(out)
+
+
+def _reference(s: answer.Search, world: World) -> Machine:
+    """The machine of the answer's reference block, whose scale the answer's figures are on."""
+    machine = {m.id: m for m in world.machines}
+    return machine.get((s.offsets.ref or "@").split("@")[1], world.machines[0])
+
+
+def _misses(s: answer.Search, world: World) -> dict[str, tuple[int, int, int, float]]:
+    """How far the truth lies from the corrected step-time prediction of each unmeasured cell that runs, at the
+    trial's end, z = (truth - prediction) / its sd, per group: (cells, z past 2, z past 3, the mean z). The cells of
+    one trial share effects, so their z move together: the mean per trial says how much."""
+    ref = _reference(s, world)
+    out = {}
+    for g in s._groups():
+        cells = [c for c in s.candidates if c.group == g and not c.obs and c.base_tps is not None]
+        cells = [c for c in cells if world.fate(c.cell) is None]
+        if cells:
+            mean, sd = s.tps.marginals([(c.model, c.base_tps) for c in cells])
+            z = (np.array([world.speed(c.cell, ref) for c in cells]) - mean) / sd
+            out[answer._group(s.s, g)] = (len(z), int((z > 2).sum()), int((z > 3).sum()), float(z.mean()))
+    return out
 
 
 def _runnable(matrix: str, platform, hw) -> list[Planned]:
@@ -383,7 +410,7 @@ def _search(items: list[Planned], hw, recs: list[dict]) -> answer.Search:
 def _score(s: answer.Search, world: World, recs: list[dict]) -> tuple[list[str], int, list[str]]:
     """The groups whose fastest cell is wrong in truth, the effects called, those called the wrong way."""
     machine = {m.id: m for m in world.machines}
-    ref = machine.get((s.offsets.ref or "@").split("@")[1], world.machines[0])
+    ref = _reference(s, world)
     tol = math.log(1 + s.s.speed_tolerance)
     wrong = []
     for g in s._groups():
@@ -457,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)  # fmt: skip
     print(by_role(done))
     print(calibration(done))
+    print(misses(done))
     print(summary(done))
     return 0
 
@@ -483,6 +511,26 @@ def calibration(done: list[Trial]) -> str:
     return (
         f"lead chance the answers state, summed over {len(stated)} trial(s): {sum(t.chance for t in stated):.2f} "
         f"(wrong leaders the truths found in them: {wrong})"
+    )
+
+
+def misses(done: list[Trial]) -> str:
+    """The step-time predictions' tails against a normal's, pooled per group over the trials' unmeasured cells
+    (`_misses`), and the spread of each trial's mean z: one trial whose shared effects were drawn far out moves
+    all its cells at once, and weighs in the pooled tail as one event, not as hundreds."""
+    parts = []
+    for g in sorted({g for t in done for g in t.misses}):
+        got = [(t.seed, t.misses[g]) for t in done if g in t.misses]
+        n, two, three = (sum(m[k] for _, m in got) for k in range(3))
+        means = [m[3] for _, m in got]
+        far = max(got, key=lambda x: abs(x[1][3]))
+        parts.append(
+            f"{g}: {n} cells, {two / n:.1%} past 2, {three / n:.2%} past 3; a trial's mean z sd "
+            f"{statistics.pstdev(means):.2f}, farthest {far[1][3]:+.2f} (trial {far[0]})"
+        )
+    return (
+        "the unmeasured cells at each trial's end, z = (truth - corrected prediction) / its sd (a normal's tail: 2.3% "
+        "past 2, 0.13% past 3): " + ("; ".join(parts) or "none")
     )
 
 
