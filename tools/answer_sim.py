@@ -528,9 +528,10 @@ def misses(done: list[Trial]) -> str:
             f"{g}: {n} cells, {two / n:.1%} past 2, {three / n:.2%} past 3; a trial's mean z sd "
             f"{statistics.pstdev(means):.2f}, farthest {far[1][3]:+.2f} (trial {far[0]})"
         )
+    normal = statistics.NormalDist()
     return (
-        "the unmeasured cells at each trial's end, z = (truth - corrected prediction) / its sd (a normal's tail: 2.3% "
-        "past 2, 0.13% past 3): " + ("; ".join(parts) or "none")
+        "the unmeasured cells at each trial's end, z = (truth - corrected prediction) / its sd (a normal's tail: "
+        f"{1 - normal.cdf(2):.1%} past 2, {1 - normal.cdf(3):.2%} past 3): " + ("; ".join(parts) or "none")
     )
 
 
