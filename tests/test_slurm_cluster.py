@@ -187,16 +187,18 @@ def test_time_limit_usr2_fails_the_job_before_slurm_times_it_out(slurm_cluster, 
     UncompletedJobError; a function that ignores USR2 runs into Slurm's TIMEOUT, which leaves no pickle."""
     c = slurm_cluster
     short = {"time": "0:15"}  # Slurm rounds it up to a minute
-    # Slurm sends --signal at a coarse resolution, up to 60 s early (sbatch(1)). With a 1-minute limit and USR2 due
-    # 90 s before it, a loaded CI host saw the job TIMEOUT unsignalled; with 2 minutes, USR2 came 0.1 s after the
-    # start, before submitit's handler was in place, and killed the job with no result for result() to wait on.
-    # Three minutes put USR2 30-90 s after the start.
-    signalled = submitit_on(slurm_additional_parameters={"time": "3:00"}).submit(_sleep, 300)
+    # Slurm sends --signal once, at a coarse resolution, up to 60 s early (sbatch(1)), to the job's steps as they are
+    # then: with a 2-minute limit USR2 came 0.1 s after the start, before submitit's handler, and killed the job with
+    # no result; with 3 minutes a loaded CI host once saw the job TIMEOUT unsignalled. So the job starts with a limit
+    # far off and gets its 3 minutes only once its function runs, with submitit's handler in place.
+    signalled = submitit_on(slurm_additional_parameters={"time": "20:00"}).submit(_sleep, 600)
     timed_out = submitit_on(slurm_additional_parameters=short, slurm_signal_delay_s=5).submit(_sleep_through_usr2, 300)
-    # First: result() waits for ever on a job that died before its handler. Bounded past the job's own limit (a loaded
-    # host starts it late and Slurm's signal comes at its coarse resolution), so a missed USR2 shows as TIMEOUT.
+    _sleeping(signalled)
+    c.run("scontrol", "update", f"JobId={signalled.job_id}", "TimeLimit=3")
+    # First: result() waits for ever on a job that died before its handler. Bounded past the job's own limit (Slurm's
+    # signal comes at its coarse resolution), so a missed USR2 shows as TIMEOUT, with the job's own log.
     ended = c.wait_ended(signalled.job_id, timeout=330)
-    assert (ended["JobState"], ended["ExitCode"]) == ("FAILED", "1:0"), ended
+    assert (ended["JobState"], ended["ExitCode"]) == ("FAILED", "1:0"), (ended, signalled.stderr(), c.logs())
     with pytest.raises(Exception, match="timed-out and not checkpointable"):
         signalled.result()
     t0 = time.time()
