@@ -1,0 +1,162 @@
+"""A machine's rates: what one GPU and its host do per second, the physical step-time model's denominators.
+
+They come from `zerobench probe` (bench.worker.probe measures them in a child process; the orchestrator caches
+them per machine), or, for a machine never probed, from its GPU's data sheet (DATASHEETS, said so by `source`).
+Torch-free: the orchestrator, the records and the models read them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+__all__ = ["DATASHEETS", "Rates", "datasheet"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rates:
+    """Rates of one GPU and its host. None where the probe could not measure it (no GPU, no bitsandbytes)."""
+
+    matmul_bf16: float | None = None
+    """Dense bf16 matmul, FLOP/s, at the model's own shapes."""
+    matmul_fp16: float | None = None
+    """Dense fp16 matmul, FLOP/s."""
+    matmul_fp32: float | None = None
+    """Dense fp32 matmul, FLOP/s, at PyTorch's default precision (full fp32, not TF32)."""
+    matmul_tf32: float | None = None
+    """Dense fp32 matmul with TF32 allowed, FLOP/s."""
+    hbm: float | None = None
+    """Device memory bandwidth, bytes/s (a copy counts its read and its write)."""
+    h2d_pinned: float | None = None
+    """Host to device over PCIe from pinned memory, bytes/s."""
+    d2h_pinned: float | None = None
+    h2d_pageable: float | None = None
+    d2h_pageable: float | None = None
+    host_mem: float | None = None
+    """Host memory bandwidth, bytes/s (one large copy, read and write counted)."""
+    cpu_adam: float | None = None
+    """DeepSpeed's CPU Adam, parameters updated per second at this host's threads (fp32 state)."""
+    dequant_4bit: float | None = None
+    """bitsandbytes NF4 dequantization, parameters per second (None without bitsandbytes or a GPU)."""
+    host_overhead_s: float | None = None
+    """One small kernel launched and waited on from Python, seconds: the per-step host cost a single thread pays."""
+    source: str = "probe"
+    """"probe" (measured on this machine), "datasheet" (the GPU vendor's figures, no host figures) or "cpu" (a
+    GPU-less host: the CPU's own rates in the GPU's fields)."""
+    device: str | None = None
+    """The device probed: the GPU's name, or the CPU's model."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Rates | None:
+        if not data:
+            return None
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def filled(self, other: Rates | None) -> Rates:
+        """These rates with other's where these have none (a probe that could not measure one, say)."""
+        if other is None:
+            return self
+        return replace(self, **{f.name: getattr(other, f.name) for f in fields(self) if getattr(self, f.name) is None})
+
+
+# The vendors' data sheets: dense tensor-core peaks (no sparsity), fp32 on the fp32 cores, memory bandwidth, and
+# the PCIe link's one-way figure. Host figures are no GPU's data sheet: a datasheet Rates has none.
+_GB = 1e9
+_T = 1e12
+DATASHEETS: tuple[tuple[str, Rates], ...] = (
+    (
+        "H200",
+        Rates(
+            matmul_bf16=989.4 * _T,
+            matmul_fp16=989.4 * _T,
+            matmul_tf32=494.7 * _T,
+            matmul_fp32=66.9 * _T,
+            hbm=4800 * _GB,
+            h2d_pinned=64 * _GB,
+            d2h_pinned=64 * _GB,
+            source="datasheet",
+            device="H200",
+        ),
+    ),
+    (
+        "H100",
+        Rates(
+            matmul_bf16=989.4 * _T,
+            matmul_fp16=989.4 * _T,
+            matmul_tf32=494.7 * _T,
+            matmul_fp32=66.9 * _T,
+            hbm=3350 * _GB,
+            h2d_pinned=64 * _GB,
+            d2h_pinned=64 * _GB,
+            source="datasheet",
+            device="H100",
+        ),
+    ),
+    (
+        "A100",
+        Rates(
+            matmul_bf16=312 * _T,
+            matmul_fp16=312 * _T,
+            matmul_tf32=156 * _T,
+            matmul_fp32=19.5 * _T,
+            hbm=2039 * _GB,
+            h2d_pinned=32 * _GB,
+            d2h_pinned=32 * _GB,
+            source="datasheet",
+            device="A100",
+        ),
+    ),
+    (
+        "L40S",
+        Rates(
+            matmul_bf16=362 * _T,
+            matmul_fp16=362 * _T,
+            matmul_tf32=183 * _T,
+            matmul_fp32=91.6 * _T,
+            hbm=864 * _GB,
+            h2d_pinned=32 * _GB,
+            d2h_pinned=32 * _GB,
+            source="datasheet",
+            device="L40S",
+        ),
+    ),
+    (
+        "A10",
+        Rates(
+            matmul_bf16=125 * _T,
+            matmul_fp16=125 * _T,
+            matmul_tf32=62.5 * _T,
+            matmul_fp32=31.2 * _T,
+            hbm=600 * _GB,
+            h2d_pinned=32 * _GB,
+            d2h_pinned=32 * _GB,
+            source="datasheet",
+            device="A10",
+        ),
+    ),
+    (
+        "4090",
+        Rates(
+            matmul_bf16=165.2 * _T,
+            matmul_fp16=165.2 * _T,
+            matmul_tf32=82.6 * _T,
+            matmul_fp32=82.6 * _T,
+            hbm=1008 * _GB,
+            h2d_pinned=32 * _GB,
+            d2h_pinned=32 * _GB,
+            source="datasheet",
+            device="RTX 4090",
+        ),
+    ),
+)
+
+
+def datasheet(gpu_name: str | None) -> Rates | None:
+    """The data sheet of the GPU a name contains ("NVIDIA H100 80GB HBM3" -> H100's); None where none is known."""
+    for key, rates in DATASHEETS:
+        if gpu_name and key.lower() in gpu_name.lower():
+            return rates
+    return None
