@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..host.rates import Rates
 from ..matrix.axes import OPTIMIZERS, Offload, OptimizerSpec, optimizer_offloaded, params_offloaded
 from ..matrix.shapes import Shape, adapted, shape_of, trainable_params
 from .fitted import FITTED, Constants
@@ -64,6 +65,9 @@ class Hardware:
     """The host's time for a fixed CPU workload over the typical H200 host's, measured on it before any cell ran
     (bench.estimate.steptime.host_time_of: 0.5 is a host twice as fast); None where unmeasured, and the
     step-time model predicts for the typical host. The memory model reads none."""
+    rates: Rates | None = None
+    """The machine's rates (bench.host.rates: the probe's, else None and the step-time model takes the GPU's data
+    sheet). The memory model reads none."""
 
 
 @dataclass(frozen=True, slots=True)

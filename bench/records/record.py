@@ -420,6 +420,8 @@ class Machine(BaseModel):
     """None where it is unknown (records before schema v3, a system without one)."""
     cpu: str | None = None
     cpu_count: int | None = None
+    rates: dict[str, float | str] | None = None
+    """The machine's rates as `zerobench probe` measured them (bench.host.rates.Rates.to_dict), where probed."""
 
 
 def machine_of(provenance: Any, held: list[int] | None = None) -> Machine | None:
