@@ -4,12 +4,13 @@ and named; resume state is derived from records; one run holds a results file at
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from bench.matrix.cells import Cell
 from bench.records.record import Record
-from bench.records.store import ResultsInUse, Store, read
+from bench.records.store import InputError, ResultsInUse, Store, read
 
 AT = "2026-01-01T00:00:00.000+00:00"
 
@@ -105,3 +106,19 @@ def test_one_holder_at_a_time(tmp_path):
     assert not lock.exists(), "the lock file is removed with the lock"
     with s.hold("third"):
         pass
+
+
+def test_a_gzipped_results_file_reads_as_its_lines(tmp_path):
+    import gzip
+
+    from bench.records.store import read_records
+
+    src = Path("results/compare-h200-a1.jsonl")
+    plain = list(read_records(src))
+    gz = tmp_path / "a1.jsonl.gz"
+    gz.write_bytes(gzip.compress(src.read_bytes()))
+    assert [r.cell_id for r in read_records(gz)] == [r.cell_id for r in plain] and plain
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(gz.read_bytes()[:100])
+    with pytest.raises(InputError, match="gzip"):
+        list(read_records(cut))

@@ -26,6 +26,7 @@ import dataclasses
 import datetime as dt
 import errno
 import fcntl
+import gzip
 import json
 import math
 import os
@@ -257,7 +258,13 @@ def _read_results_bytes(path: str | os.PathLike) -> bytes | None:
             f"cannot read the results file {path}: {e.strerror}; give a readable results .jsonl file"
         ) from None
     with os.fdopen(fd, "rb") as f:
-        return f.read()
+        data = f.read()
+    if data[:2] != b"\x1f\x8b":
+        return data
+    try:  # a gzipped results file (records carried between machines are kept so): read as its lines
+        return gzip.decompress(data)
+    except (OSError, EOFError) as e:
+        raise InputError(f"results file {path} is gzip but cannot be read ({e}); give a whole .jsonl.gz") from None
 
 
 def _parse_line(rec, path, line: int, foreign: list[str], checked: bool = False) -> Record | None:
