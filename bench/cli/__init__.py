@@ -1,4 +1,4 @@
-"""`zerobench` (= `python -m bench`): run, cells, report, compare, export, selfcheck, schema.
+"""`zerobench` (= `python -m bench`): run, cells, report, compare, export, selfcheck, schema, probe.
 
 One module per verb, each with its parser (add_parser) and its command (cmd_*): run (dry_run: its --dry-run;
 run_options: its options as one bench.execute.RunSettings), cells, report (report, export, compare), estimate,
@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from ..matrix.problems import ConfigError, InputError
-from . import cells, estimate, report, run, schema, selfcheck
+from . import cells, estimate, probe, report, run, schema, selfcheck
 from .args import DEFAULT_MATRIX, LOCAL
 
 __all__ = ["DEFAULT_MATRIX", "LOCAL", "main", "parser"]
@@ -32,6 +32,7 @@ def parser() -> argparse.ArgumentParser:
         estimate.add_parser,
         report.add_compare_parser,
         schema.add_parser,
+        probe.add_parser,
     ):
         add(sub)
     return ap

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-__all__ = ["DATASHEETS", "Rates", "datasheet"]
+__all__ = ["DATASHEETS", "Rates", "datasheet", "line"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,6 +44,14 @@ class Rates:
     GPU-less host: the CPU's own rates in the GPU's fields)."""
     device: str | None = None
     """The device probed: the GPU's name, or the CPU's model."""
+    matmul_shape: str | None = None
+    """The matmul timed, tokens x hidden x intermediate (the MLP's up projection of the run's model)."""
+    threads: int | None = None
+    """The host threads the probe ran with (torch's intra-op threads: CPU Adam's and the host copy's)."""
+    probe_s: float | None = None
+    """Seconds the measurements took."""
+    notes: str | None = None
+    """Why a figure is missing or was taken at another shape, one "name: why" each, "; " between."""
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -60,6 +68,64 @@ class Rates:
         if other is None:
             return self
         return replace(self, **{f.name: getattr(other, f.name) for f in fields(self) if getattr(self, f.name) is None})
+
+
+_FIGURES = (
+    ("matmul_bf16", "bf16", "FLOP/s"),
+    ("matmul_fp16", "fp16", "FLOP/s"),
+    ("matmul_tf32", "tf32", "FLOP/s"),
+    ("matmul_fp32", "fp32", "FLOP/s"),
+    ("hbm", "HBM", "B/s"),
+)
+
+
+def _si(v: float, unit: str) -> str:
+    """3 significant digits with an SI prefix: 612 TFLOP/s, 2.9 TB/s, 12 us."""
+    for factor, prefix in (
+        (1e15, "P"),
+        (1e12, "T"),
+        (1e9, "G"),
+        (1e6, "M"),
+        (1e3, "k"),
+        (1, ""),
+        (1e-3, "m"),
+        (1e-6, "u"),
+    ):
+        if abs(v) >= factor:
+            return f"{v / factor:.3g} {prefix}{unit}"
+    return f"{v:.3g} {unit}"
+
+
+def _pair(a: float | None, b: float | None) -> str:
+    return "/".join("-" if x is None else f"{x / 1e9:.3g}" for x in (a, b)) + " GB/s"
+
+
+def line(r: Rates, cached: bool = False) -> str:
+    """The probe's figures in one console line; the figures it lacks named at its end (--json says why)."""
+    parts = [f"{label} {_si(v, unit)}" for name, label, unit in _FIGURES if (v := getattr(r, name)) is not None]
+    if r.source == "cpu" and r.hbm is not None:
+        parts[-1] = parts[-1].replace("HBM", "memory")
+    if r.h2d_pinned is not None or r.h2d_pageable is not None:
+        parts.append(f"PCIe h2d {_pair(r.h2d_pinned, r.h2d_pageable)}, d2h {_pair(r.d2h_pinned, r.d2h_pageable)}")
+        parts[-1] += " (pinned/pageable)"
+    if r.host_mem is not None:
+        parts.append(f"host mem {_si(r.host_mem, 'B/s')}")
+    if r.cpu_adam is not None:
+        parts.append(f"CPU Adam {r.cpu_adam / 1e6:.3g} Mparam/s")
+    if r.dequant_4bit is not None:
+        parts.append(f"NF4 dequant {r.dequant_4bit / 1e9:.3g} Gparam/s")
+    if r.host_overhead_s is not None:
+        parts.append(f"host overhead {_si(r.host_overhead_s, 's')}")
+    lacking = [f.name for f in fields(Rates) if f.type.startswith("float") and getattr(r, f.name) is None]
+    lacking = [n for n in lacking if n != "probe_s"]
+    pcie = [n for n in lacking if n[:4] in ("h2d_", "d2h_")]
+    if len(pcie) == 4:  # no GPU: one word for the four
+        lacking = [n for n in lacking if n not in pcie] + ["PCIe"]
+    where = ", ".join(x for x in (r.device, f"{r.threads} threads" if r.threads else None) if x)
+    tail = f" [{where}]" if where else ""
+    if lacking:
+        tail += f"; not measured: {', '.join(lacking)}"
+    return f"probe{': cached' if cached else ''}: {', '.join(parts) or 'no figures'}{tail}"
 
 
 # The vendors' data sheets: dense tensor-core peaks (no sparsity), fp32 on the fp32 cores, memory bandwidth, and

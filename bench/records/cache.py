@@ -15,6 +15,8 @@ Two things are kept, under `root()` ($ZEROBENCH_CACHE, else $XDG_CACHE_HOME/zero
 - checkpoints/<preset>-<precision>-<key>/: the random-weight checkpoint QLoRA cells quantize from,
   keyed by the preset's shape, precision, seed and library versions, with a manifest of its files
   written last, so its presence is checked here without a helper process.
+- probe/<key>.json: the machine's rates as `zerobench probe` measured them (bench.execute.probe), keyed by the
+  machine (its boot and GPUs, bench.records.record.machine_of), the matmul's shape and the libraries timed.
 Anything that does not check out (another stack, a missing or rebuilt library, a build lock left
 behind, an unreadable record, a manifest that disagrees with the files) is built again: a cache entry
 is only ever a reason to skip work, never a reason to fail.
@@ -53,6 +55,9 @@ __all__ = [
     "checkpoint_dir",
     "checkpoint_problem",
     "write_checkpoint_manifest",
+    "deepspeed_prebuilt",
+    "probe_read",
+    "probe_write",
 ]
 
 # torch's default seed: what the checkpoint helper's unseeded build always used, so the weights of
@@ -259,6 +264,21 @@ def ops_missing(key: dict, builders: list[str], environ: Mapping[str, str] | Non
     return out
 
 
+def deepspeed_prebuilt(op: str) -> bool:
+    """DeepSpeed was installed with this op (e.g. cpu_adam) compiled in (DS_BUILD_*=1): its load imports it and
+    compiles nothing. Read from the installed package's file, without importing DeepSpeed."""
+    import ast
+
+    try:
+        spec = importlib.util.find_spec("deepspeed")
+        folder = Path(next(iter(spec.submodule_search_locations or ()))) if spec else None
+        text = (folder / "git_version_info_installed.py").read_text() if folder else ""
+        m = re.search(r"^installed_ops\s*=\s*(\{.*\})\s*$", text, re.M)
+        return bool(m and ast.literal_eval(m.group(1)).get(op))
+    except (ImportError, OSError, ValueError, SyntaxError, StopIteration):
+        return False
+
+
 def record_ops(key: dict, report: Mapping[str, dict], environ: Mapping[str, str] | None = None) -> None:
     """Record the ops a prebuild left ready (its report: builder -> {ok, unavailable, dir, dirs, libs, s}),
     with each library's size and content and each folder's build file as they are now (dirs: every op
@@ -324,3 +344,25 @@ def checkpoint_problem(folder: Path, key: dict) -> str | None:
         except OSError:
             return f"{name} is missing"
     return None
+
+
+# -- the machine's probed rates -------------------------------------------------------------------
+
+
+def _probe_path(key: dict, environ: Mapping[str, str] | None = None) -> Path:
+    return root(environ) / "probe" / f"{_digest(key)}.json"
+
+
+def probe_read(key: dict, environ: Mapping[str, str] | None = None) -> dict | None:
+    """The rates a probe with this key left (a Rates dict), or None: never probed, or an entry that does not
+    check out."""
+    data = _read_json(_probe_path(key, environ))
+    if data is None or data.get("key") != key or not isinstance(data.get("rates"), dict):
+        return None
+    return data["rates"]
+
+
+def probe_write(key: dict, rates: Mapping, environ: Mapping[str, str] | None = None) -> Path:
+    path = _probe_path(key, environ)
+    _write_json(path, {"key": key, "rates": dict(rates)})
+    return path

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     # The parent stops a cell or a helper with SIGTERM (timeout, Ctrl-C): unwind, so the result says so
     # and a build in progress releases its lock in the extensions folder.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    if args.prebuild or args.checkpoint:
+    if args.prebuild or args.checkpoint or args.probe:
         # A one-off helper of the orchestrator (bench.execute.launch.run_tool): if the orchestrator dies, stop
         # with everything this started (the compiler of a prebuild), not minutes later.
         watch_parent(int(os.environ.get("ZEROBENCH_PARENT_PID") or 0) or None, group=True)
@@ -52,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         return _prebuild(args.prebuild, args.report)
     if args.checkpoint:
         return _checkpoint(*args.checkpoint)
+    if args.probe:
+        from . import probe
+
+        return probe.main(args.probe, args.shape, args.cpu_adam)
     if not args.spec:
         ap.error("--spec is required")
     t_start = time.time()
@@ -86,6 +90,20 @@ def _parser() -> argparse.ArgumentParser:
         nargs=2,
         metavar=("PRESET", "PRECISION"),
         help="only build and cache the local checkpoint QLoRA cells quantize from, and exit",
+    )
+    ap.add_argument("--probe", metavar="REPORT", help="only measure the machine's rates, write them here as JSON")
+    ap.add_argument(
+        "--shape",
+        nargs=3,
+        type=int,
+        default=[2048, 4096, 11008],
+        metavar=("TOKENS", "HIDDEN", "INTERMEDIATE"),
+        help="with --probe: the matmul's shape (default: a 7B's MLP at 2048 tokens)",
+    )
+    ap.add_argument(
+        "--cpu-adam",
+        action="store_true",
+        help="with --probe: DeepSpeed's CPU Adam op is built (the probe never compiles it): time it",
     )
     return ap
 

@@ -1,0 +1,115 @@
+"""The probe of the machine, from the orchestrator's side: run once per machine and kept in the per-machine
+cache (bench.records.cache), measured by a helper process (bench.worker.probe, started as the op prebuild is,
+launch.run_tool), read as bench.host.rates.Rates. `zerobench probe` runs it alone; a run runs it before its cells
+at its largest model's shape, and its figures go into every record's machine section and the run's Hardware."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+from ..host import env
+from ..host.env import version
+from ..host.rates import Rates, line
+from ..matrix.cells import Cell
+from ..matrix.presets import PRESETS
+from ..records import cache
+from ..records.record import machine_of
+from . import launch
+
+__all__ = ["DEFAULT_MODEL", "DEFAULT_TOKENS", "probe", "run_shape", "shape"]
+
+DEFAULT_MODEL = "llama-7b"
+DEFAULT_TOKENS = 2048
+TIMEOUT_S = 300.0
+"""The helper's limit: its measurements stop themselves at 20 s; the rest is importing torch, DeepSpeed and
+bitsandbytes on a loaded host."""
+
+
+def shape(model: str, tokens: int) -> tuple[int, int, int] | None:
+    """(tokens, hidden, intermediate) of a preset's MLP; None for a model that is not a preset."""
+    p = PRESETS.get(model)
+    if p is None:
+        return None
+    return tokens, int(p["hidden_size"]), int(p["intermediate_size"])
+
+
+def run_shape(cells: Iterable[Cell]) -> tuple[int, int, int]:
+    """The shape a run is probed at: its largest preset's MLP at that preset's most tokens per micro-batch (the
+    default 7B shape where no cell's model is a preset)."""
+    shapes = [s for c in cells if (s := shape(c.model, c.micro_batch * c.seq_len)) is not None]
+    if not shapes:
+        return shape(DEFAULT_MODEL, DEFAULT_TOKENS)  # type: ignore[return-value]
+    return max(shapes, key=lambda s: (s[1] * s[2], s[0]))
+
+
+def _cpu_adam_built(environ: Mapping[str, str], platform: env.Platform) -> bool:
+    """DeepSpeed's CPU Adam loads without a compile: DeepSpeed was installed with it, or the op cache vouches for
+    it (the probe never compiles)."""
+    if cache.deepspeed_prebuilt("cpu_adam"):
+        return True
+    key = cache.ops_key(environ, cuda=platform.cuda, gpus=[g.name for g in platform.gpus])
+    return not cache.ops_missing(key, ["CPUAdamBuilder"], environ)
+
+
+def _key(dims: tuple[int, int, int], cpu_adam: bool) -> dict | None:
+    """What the cached figures depend on: the machine (boot and GPUs), the shape, the libraries timed. None where
+    the machine cannot be told apart from another (no boot id and no GPU UUID): measured every time."""
+    m = machine_of(env.provenance())
+    if m is None:
+        return None
+    libs = {d: version(d) for d in ("torch", "deepspeed", "bitsandbytes")}
+    return {"machine": m.id, "shape": list(dims), **libs, "cpu_adam": cpu_adam}
+
+
+def probe(
+    dims: tuple[int, int, int],
+    *,
+    refresh: bool = False,
+    extra_env: dict | None = None,
+    logs: Path | None = None,
+    printer: Callable[[str], object] | None = print,
+) -> tuple[Rates | None, bool]:
+    """The machine's rates at a matmul shape (tokens, hidden, intermediate), and whether they came from the cache;
+    (None, False) where the helper failed (said, with its log). Prints the one line (printer None: silent)."""
+    platform = env.probe()
+    gpus = [platform.gpus[0].index] if platform.cuda else None
+    environ = launch.child_env({**os.environ, **(extra_env or {})}, port=launch.free_port(), gpus=gpus)
+    cpu_adam = _cpu_adam_built(environ, platform)
+    key = _key(dims, cpu_adam)
+    cached = None if refresh or key is None else cache.probe_read(key, environ)
+    if cached is not None:
+        rates = Rates.from_dict(cached)
+        if printer and rates is not None:
+            printer(line(rates, cached=True))
+        return rates, rates is not None
+    rates = _measure(dims, cpu_adam, environ, logs, printer)
+    if rates is not None and key is not None:
+        cache.probe_write(key, rates.to_dict(), environ)
+    return rates, False
+
+
+def _measure(dims: tuple[int, int, int], cpu_adam: bool, environ: dict, logs: Path | None, printer) -> Rates | None:
+    with tempfile.TemporaryDirectory(prefix="zerobench-probe-") as tmp:
+        folder = logs or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        log, report = folder / "probe.log", Path(tmp) / "probe.json"
+        log.unlink(missing_ok=True)
+        args = ["-m", "bench.worker", "--probe", str(report), "--shape", *map(str, dims)]
+        code = launch.run_tool(args + ["--cpu-adam"] * cpu_adam, log_path=log, env=environ, timeout_s=TIMEOUT_S)
+        try:
+            rates = Rates.from_dict(json.loads(report.read_text()))
+        except (OSError, ValueError):
+            rates = None
+        if rates is None:
+            tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:]) if log.exists() else ""
+            where = f"log: {log}" if logs else f"its output: {tail or 'none'}"
+            if printer:
+                printer(f"probe: failed (exit {code}; {where})")
+            return None
+    if printer:
+        printer(line(rates))
+    return rates
