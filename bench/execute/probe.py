@@ -55,14 +55,32 @@ def _cpu_adam_built(environ: Mapping[str, str], platform: env.Platform) -> bool:
     return not cache.ops_missing(key, ["CPUAdamBuilder"], environ)
 
 
-def _key(dims: tuple[int, int, int], cpu_adam: bool) -> dict | None:
-    """What the cached figures depend on: the machine (boot and GPUs), the shape, the libraries timed. None where
-    the machine cannot be told apart from another (no boot id and no GPU UUID): measured every time."""
+def _key(cpu_adam: bool) -> dict | None:
+    """What the cached figures depend on: the machine (boot and GPUs) and the libraries timed. None where the
+    machine cannot be told apart from another (no boot id and no GPU UUID): measured every time."""
     m = machine_of(env.provenance())
     if m is None:
         return None
     libs = {d: version(d) for d in ("torch", "deepspeed", "bitsandbytes")}
-    return {"machine": m.id, "shape": list(dims), **libs, "cpu_adam": cpu_adam}
+    return {"machine": m.id, **libs, "cpu_adam": cpu_adam}
+
+
+def _split(figures: dict) -> tuple[dict, dict]:
+    """A probe's figures as the machine's and the matmul shape's (each with its notes): the cache keeps one entry per
+    machine, its matmuls per shape."""
+    mm = {k: v for k, v in figures.items() if k.startswith("matmul_")}
+    rest = {k: v for k, v in figures.items() if not k.startswith("matmul_") and k != "notes"}
+    notes = [n for n in str(figures.get("notes") or "").split("; ") if n]
+    if matmul_notes := [n for n in notes if n.startswith("matmul")]:
+        mm["notes"] = "; ".join(matmul_notes)
+    if rest_notes := [n for n in notes if not n.startswith("matmul")]:
+        rest["notes"] = "; ".join(rest_notes)
+    return rest, mm
+
+
+def _join(machine: dict, mm: dict) -> Rates | None:
+    notes = "; ".join(x for x in (mm.get("notes"), machine.get("notes")) if x)
+    return Rates.from_dict({**machine, **mm, **({"notes": notes} if notes else {})})
 
 
 def probe(
@@ -73,43 +91,64 @@ def probe(
     logs: Path | None = None,
     printer: Callable[[str], object] | None = print,
 ) -> tuple[Rates | None, bool]:
-    """The machine's rates at a matmul shape (tokens, hidden, intermediate), and whether they came from the cache;
-    (None, False) where the helper failed (said, with its log). Prints the one line (printer None: silent)."""
+    """The machine's rates at a matmul shape (tokens, hidden, intermediate), and whether they came from the cache
+    (a machine probed before at another shape times only the matmuls again); (None, False) where the helper failed
+    (said, with its log). Prints the one line (printer None: silent)."""
     platform = env.probe()
     gpus = [platform.gpus[0].index] if platform.cuda else None
     environ = launch.child_env({**os.environ, **(extra_env or {})}, port=launch.free_port(), gpus=gpus)
     cpu_adam = _cpu_adam_built(environ, platform)
-    key = _key(dims, cpu_adam)
-    cached = None if refresh or key is None else cache.probe_read(key, environ)
-    if cached is not None:
-        rates = Rates.from_dict(cached)
+    key = _key(cpu_adam)
+    entry = (None if refresh or key is None else cache.probe_read(key, environ)) or {}
+    machine, shapes = entry.get("machine"), entry.get("matmul") or {}
+    shape_key = "x".join(map(str, dims))
+    if isinstance(machine, dict) and isinstance(shapes.get(shape_key), dict):
+        rates = _join(machine, shapes[shape_key])
         if printer and rates is not None:
-            printer(line(rates, cached=True))
+            printer(line(rates, cached="cached"))
         return rates, rates is not None
-    rates = _measure(dims, cpu_adam, environ, logs, printer)
-    if rates is not None and key is not None:
-        cache.probe_write(key, rates.to_dict(), environ)
+    figures = _measure(dims, cpu_adam, environ, logs, printer, matmul_only=isinstance(machine, dict))
+    if figures is None:
+        return None, False
+    if isinstance(machine, dict):
+        rates, cached = _join(machine, _split(figures)[1]), f"cached, matmul timed at {shape_key}"
+    else:
+        rates, cached = Rates.from_dict(figures), None
+        machine = _split(figures)[0]
+    if printer and rates is not None:
+        printer(line(rates, cached=cached))
+    if key is not None:
+        _store(key, {"machine": machine, "matmul": {**shapes, shape_key: _split(figures)[1]}}, environ, printer)
     return rates, False
 
 
-def _measure(dims: tuple[int, int, int], cpu_adam: bool, environ: dict, logs: Path | None, printer) -> Rates | None:
+def _store(key: dict, entry: dict, environ: Mapping[str, str], printer) -> None:
+    try:
+        cache.probe_write(key, entry, environ)
+    except OSError as e:  # the figures stand; the next run measures again
+        if printer:
+            printer(f"probe: not cached ({e.strerror or e})")
+
+
+def _measure(
+    dims: tuple[int, int, int], cpu_adam: bool, environ: dict, logs: Path | None, printer, matmul_only: bool
+) -> dict | None:
     with tempfile.TemporaryDirectory(prefix="zerobench-probe-") as tmp:
         folder = logs or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         log, report = folder / "probe.log", Path(tmp) / "probe.json"
         log.unlink(missing_ok=True)
         args = ["-m", "bench.worker", "--probe", str(report), "--shape", *map(str, dims)]
-        code = launch.run_tool(args + ["--cpu-adam"] * cpu_adam, log_path=log, env=environ, timeout_s=TIMEOUT_S)
+        args += ["--cpu-adam"] * cpu_adam + ["--matmul-only"] * matmul_only
+        code = launch.run_tool(args, log_path=log, env=environ, timeout_s=TIMEOUT_S)
         try:
-            rates = Rates.from_dict(json.loads(report.read_text()))
+            figures = json.loads(report.read_text())
         except (OSError, ValueError):
-            rates = None
-        if rates is None:
+            figures = None
+        if not isinstance(figures, dict):
             tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:]) if log.exists() else ""
             where = f"log: {log}" if logs else f"its output: {tail or 'none'}"
             if printer:
                 printer(f"probe: failed (exit {code}; {where})")
             return None
-    if printer:
-        printer(line(rates))
-    return rates
+    return figures

@@ -100,8 +100,9 @@ def _pair(a: float | None, b: float | None) -> str:
     return "/".join("-" if x is None else f"{x / 1e9:.3g}" for x in (a, b)) + " GB/s"
 
 
-def line(r: Rates, cached: bool = False) -> str:
-    """The probe's figures in one console line; the figures it lacks named at its end (--json says why)."""
+def line(r: Rates, cached: str | None = None) -> str:
+    """The probe's figures in one console line, after where they came from ("cached", ...) where not just
+    measured; the figures it lacks named at its end (--json says why)."""
     parts = [f"{label} {_si(v, unit)}" for name, label, unit in _FIGURES if (v := getattr(r, name)) is not None]
     if r.source == "cpu" and r.hbm is not None:
         parts[-1] = parts[-1].replace("HBM", "memory")
@@ -125,7 +126,7 @@ def line(r: Rates, cached: bool = False) -> str:
     tail = f" [{where}]" if where else ""
     if lacking:
         tail += f"; not measured: {', '.join(lacking)}"
-    return f"probe{': cached' if cached else ''}: {', '.join(parts) or 'no figures'}{tail}"
+    return f"probe: {cached + ': ' if cached else ''}{', '.join(parts) or 'no figures'}{tail}"
 
 
 # The vendors' data sheets: dense tensor-core peaks (no sparsity), fp32 on the fp32 cores, memory bandwidth, and

@@ -16,7 +16,7 @@ Two things are kept, under `root()` ($ZEROBENCH_CACHE, else $XDG_CACHE_HOME/zero
   keyed by the preset's shape, precision, seed and library versions, with a manifest of its files
   written last, so its presence is checked here without a helper process.
 - probe/<key>.json: the machine's rates as `zerobench probe` measured them (bench.execute.probe), keyed by the
-  machine (its boot and GPUs, bench.records.record.machine_of), the matmul's shape and the libraries timed.
+  machine (its boot and GPUs, bench.records.record.machine_of) and the libraries timed; the matmuls per shape.
 Anything that does not check out (another stack, a missing or rebuilt library, a build lock left
 behind, an unreadable record, a manifest that disagrees with the files) is built again: a cache entry
 is only ever a reason to skip work, never a reason to fail.
@@ -354,15 +354,15 @@ def _probe_path(key: dict, environ: Mapping[str, str] | None = None) -> Path:
 
 
 def probe_read(key: dict, environ: Mapping[str, str] | None = None) -> dict | None:
-    """The rates a probe with this key left (a Rates dict), or None: never probed, or an entry that does not
-    check out."""
+    """The figures probes with this key left (bench.execute.probe's entry), or None: never probed, or an entry
+    that does not check out."""
     data = _read_json(_probe_path(key, environ))
-    if data is None or data.get("key") != key or not isinstance(data.get("rates"), dict):
+    if data is None or data.get("key") != key or not isinstance(data.get("figures"), dict):
         return None
-    return data["rates"]
+    return data["figures"]
 
 
-def probe_write(key: dict, rates: Mapping, environ: Mapping[str, str] | None = None) -> Path:
+def probe_write(key: dict, figures: Mapping, environ: Mapping[str, str] | None = None) -> Path:
     path = _probe_path(key, environ)
-    _write_json(path, {"key": key, "rates": dict(rates)})
+    _write_json(path, {"key": key, "figures": dict(figures)})
     return path

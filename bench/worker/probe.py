@@ -213,30 +213,22 @@ class _Probe:
         self.notes.append(f"{name}: {why}")
 
 
-def measure(tokens: int, hidden: int, inter: int, *, budget_s: float = 20.0, cpu_adam: bool = False) -> dict:
+def measure(
+    tokens: int, hidden: int, inter: int, *, budget_s: float = 20.0, cpu_adam: bool = False, matmul_only: bool = False
+) -> dict:
     """The machine's rates as a bench.host.rates.Rates dict. cpu_adam: DeepSpeed's CPU Adam op loads without a
     compile (installed with DeepSpeed, or built and in the op cache: bench.records.cache): time it; it is never
-    compiled here."""
+    compiled here. matmul_only: the matmuls alone (the rest of this machine's figures are known)."""
     t0 = time.perf_counter()
     p = _Probe(budget_s)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if cuda:
-        _gpu_figures(p, tokens, hidden, inter, device)
+        _gpu_matmuls(p, tokens, hidden, inter, device)
     else:
-        _cpu_figures(p, tokens, hidden, inter)
-    p.take("host_mem", lambda: _host_mem(p.deadline))
-    if not cuda:
-        p.figures["hbm"] = p.figures.get("host_mem")
-    if cpu_adam:
-        p.take("cpu_adam", lambda: _cpu_adam(p.deadline))
-    else:
-        p.lacks(
-            "cpu_adam",
-            "its op is not built on this machine (a run with a CPU-offload cell builds it once; "
-            "the probe compiles nothing)",
-        )
-    p.take("host_overhead_s", lambda: _overhead(device))
+        _cpu_matmuls(p, tokens, hidden, inter)
+    if not matmul_only:
+        _rest(p, device, hidden, inter, cpu_adam)
     out = {k: v for k, v in p.figures.items() if v is not None}
     out.update(
         source="probe" if cuda else "cpu",
@@ -250,13 +242,36 @@ def measure(tokens: int, hidden: int, inter: int, *, budget_s: float = 20.0, cpu
     return out
 
 
+def _rest(p: _Probe, device, hidden: int, inter: int, cpu_adam: bool) -> None:
+    """Every figure but the matmuls."""
+    if device.type == "cuda":
+        _copies(p, device)
+        torch.cuda.empty_cache()
+        _nf4(p, hidden, inter)
+    else:
+        p.lacks("pcie", "no GPU")
+        p.lacks("dequant_4bit", "no GPU")
+    p.take("host_mem", lambda: _host_mem(p.deadline))
+    if device.type != "cuda":  # a CPU's device memory is the host's
+        p.figures["hbm"] = p.figures.get("host_mem")
+    if cpu_adam:
+        p.take("cpu_adam", lambda: _cpu_adam(p.deadline))
+    else:
+        p.lacks(
+            "cpu_adam",
+            "its op is not built on this machine (a run with a CPU-offload cell builds it once; "
+            "the probe compiles nothing)",
+        )
+    p.take("host_overhead_s", lambda: _overhead(device))
+
+
 def _host_mem(deadline: _Deadline) -> float:
     src = torch.ones(_HOST_COPY_BYTES, dtype=torch.uint8)
     dst = torch.zeros_like(src)
     return _copy_rate(dst, src, deadline, both=True)
 
 
-def _gpu_figures(p: _Probe, tokens: int, hidden: int, inter: int, device) -> None:
+def _gpu_matmuls(p: _Probe, tokens: int, hidden: int, inter: int, device) -> None:
     for dtype, name in ((torch.bfloat16, "matmul_bf16"), (torch.float16, "matmul_fp16")):
         p.take(name, lambda dtype=dtype: _matmul(tokens, hidden, inter, dtype, device, p.deadline))
     old = torch.backends.cuda.matmul.allow_tf32
@@ -267,8 +282,9 @@ def _gpu_figures(p: _Probe, tokens: int, hidden: int, inter: int, device) -> Non
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
     torch.cuda.empty_cache()
-    _copies(p, device)
-    torch.cuda.empty_cache()
+
+
+def _nf4(p: _Probe, hidden: int, inter: int) -> None:
     try:
         import bitsandbytes  # noqa: F401
     except Exception as e:  # noqa: BLE001 - missing, or present and broken: either way no figure
@@ -285,7 +301,7 @@ def _copies(p: _Probe, device) -> None:
     p.take("pcie", lambda: _pcie(dev, p.deadline))
 
 
-def _cpu_figures(p: _Probe, tokens: int, hidden: int, inter: int) -> None:
+def _cpu_matmuls(p: _Probe, tokens: int, hidden: int, inter: int) -> None:
     cpu = torch.device("cpu")
     for dtype, name in (
         (torch.float32, "matmul_fp32"),
@@ -297,16 +313,14 @@ def _cpu_figures(p: _Probe, tokens: int, hidden: int, inter: int) -> None:
             p.lacks(name, "timed at {}x{}x{} (the run's shape would take long on this CPU)".format(*shape))
         p.take(name, lambda dtype=dtype, shape=shape: _matmul(*shape, dtype, cpu, p.deadline))
     p.lacks("matmul_tf32", "no TF32 on a CPU")
-    p.lacks("pcie", "no GPU")
-    p.lacks("dequant_4bit", "no GPU")
 
 
-def main(report: str, shape: list[int], cpu_adam: bool) -> int:
+def main(report: str, shape: list[int], cpu_adam: bool, matmul_only: bool) -> int:
     """The helper's entry (bench.worker.main --probe): measure, print the figures, write them to report as JSON."""
     import json
 
     tokens, hidden, inter = shape
-    out = measure(tokens, hidden, inter, cpu_adam=cpu_adam)
+    out = measure(tokens, hidden, inter, cpu_adam=cpu_adam, matmul_only=matmul_only)
     print(json.dumps(out), flush=True)
     tmp = f"{report}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
