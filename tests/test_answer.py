@@ -257,3 +257,52 @@ def test_a_stopped_answer_run_still_records_every_cell(tmp_path):
     stopped = [r for r in last.values() if r["status"] == "unmeasured" and r["answer"]["needed"]]
     assert stopped and all(r["reason"].startswith("answer mode: not measured, the run was stopped") for r in stopped)
     assert all(r["answer"]["stopped"] for r in stopped)
+
+
+# -- resumed under another plan or budget -------------------------------------------------------------------
+
+COMPARE = ["run", "matrices/compare-h200.yaml", "--answer", "--replay", "results/compare-h200-a1.jsonl",
+           "--no-report", "--no-progress"]  # fmt: skip
+
+
+def test_a_cell_skipped_under_another_plan_is_open_on_resume(tmp_path, capsys):
+    # Under 30 GiB half the cells are predicted not to fit (skipped); resumed with the GPU's own memory they are
+    # candidates never attempted: the search measures the fastest of them (gc off), not "settled" without it.
+    out = str(tmp_path / "r.jsonl")
+    assert cli([*COMPARE, "--results", out, "--gpu-mem", "30GiB"]) == 0
+    skipped = {r["cell_hash"] for r in Store(out).records() if r["status"] == Status.SKIPPED.value}
+    assert len(skipped) == 4
+    capsys.readouterr()
+    assert cli([*COMPARE, "--results", out, "--resume"]) == 0
+    printed = capsys.readouterr().out
+    assert "goes on from 4 cell(s) already measured or failed" in printed
+    ran = {r["cell_hash"] for r in Store(out).records() if r["status"] == "ok" and r["cell_hash"] in skipped}
+    assert ran and "fastest, peft=none: the same" in printed
+
+
+def test_the_budget_counts_earlier_cells_that_left_the_plan(tmp_path, capsys):
+    # The first call spends its 40 s on cells of which some are predicted not to fit 30 GiB: resumed under 30 GiB,
+    # the budget is still spent; nothing more is measured.
+    out = str(tmp_path / "r.jsonl")
+    assert cli([*COMPARE, "--results", out, "--budget", "40s"]) == 0
+    before = sum(r.get("wall_s") or 0 for r in Store(out).records())
+    capsys.readouterr()
+    assert cli([*COMPARE, "--results", out, "--budget", "40s", "--resume", "--gpu-mem", "30GiB"]) == 0
+    assert f"({before:.0f} s of cell time spent)" in capsys.readouterr().out
+    assert sum(r.get("wall_s") or 0 for r in Store(out).records()) == before
+
+
+def test_a_resume_with_the_budget_spent_prepares_nothing(tmp_path, capsys, monkeypatch):
+    # Resumed on this host (the local executor) with the replayed call's budget spent: no attempt can start, so no
+    # op is built nor checkpoint written for one; every cell left says the budget was spent.
+    from bench.execute import session
+
+    out = str(tmp_path / "r.jsonl")
+    assert cli([*COMPARE, "--results", out, "--budget", "40s"]) == 0
+    monkeypatch.setattr(session, "prepare", lambda *a, **k: pytest.fail("prepared for a call that measures nothing"))
+    capsys.readouterr()
+    assert cli(["run", "matrices/compare-h200.yaml", "--answer", "--budget", "40s", "--resume", "--results", out,
+                "--no-report", "--no-progress"]) == 0  # fmt: skip
+    assert "prepare: nothing built, the --budget left pays for no attempt" in capsys.readouterr().out
+    last = {r["cell_hash"]: r for r in Store(out).records() if r["status"] != "started"}
+    assert all(r["status"] != "unmeasured" or "budget" in r["answer"]["why"] for r in last.values())
