@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import math
 import random
+import re
 
 import pytest
 
@@ -306,3 +307,13 @@ def test_a_resume_with_the_budget_spent_prepares_nothing(tmp_path, capsys, monke
     assert "prepare: nothing built, the --budget left pays for no attempt" in capsys.readouterr().out
     last = {r["cell_hash"]: r for r in Store(out).records() if r["status"] != "started"}
     assert all(r["status"] != "unmeasured" or "budget" in r["answer"]["why"] for r in last.values())
+
+
+@pytest.mark.parametrize("pairs", [2, 1000000])
+def test_pairs_measures_each_knob_values_pairs_where_the_matrix_has_them(tmp_path, capsys, pairs):
+    # Each zero stage pairs with ZeRO-0 at gc on and at gc off: --pairs 2 (or more) measures both, even where one
+    # cell of the second pair was measured already (for another question).
+    assert cli([*COMPARE, "--results", str(tmp_path / "r.jsonl"), "--pairs", str(pairs)]) == 0
+    printed = capsys.readouterr().out
+    for stage in (1, 2, 3):
+        assert re.search(rf"effect zero={stage} vs zero=0: .*\(2 pair\(s\) measured in one block\)", printed), printed

@@ -800,7 +800,7 @@ class Search:
         value whose pair attempts failed MAX_MEASUREMENTS times (they ran out of memory, say) is left."""
         halves, news = [], []
         for axis, value, ref, pairs, possible in self.effect_pairs():
-            if len(pairs) >= min(self.s.pairs, len(possible)) or self._pair_failures[(axis, value)] >= MAX_MEASUREMENTS:
+            if len(pairs) >= self.s.pairs or self._pair_failures[(axis, value)] >= MAX_MEASUREMENTS:
                 continue
             for c, partner in possible:
                 cost = self.cost_s(c, 0)
