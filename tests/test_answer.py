@@ -325,3 +325,20 @@ def test_pairs_measures_each_knob_values_pairs_where_the_matrix_has_them(tmp_pat
     printed = capsys.readouterr().out
     for stage in (1, 2, 3):
         assert re.search(rf"effect zero={stage} vs zero=0: .*\(2 pair\(s\) measured in one block\)", printed), printed
+
+
+def test_an_answer_does_not_claim_settled_over_cells_no_anchor_ties_to_it(tmp_path, capsys):
+    # The three 1b files are three runs (blocks); the offload cells' ends lie only in the second and third, which no
+    # cell measured in both ties to the first: the chances leave them out, and the answer says it is not settled
+    # against them rather than "both below" alone.
+    out = str(tmp_path / "r.jsonl")
+    assert cli(["run", "matrices/1b.yaml", "--answer", "--replay", *GRIDS["1b"], "--results", out, "--no-report",
+                "--no-progress"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    settled = next(ln for ln in printed.splitlines() if ln.startswith("  settled: "))
+    assert "not compared with it (no block or anchor ties theirs to its)" in printed
+    assert "both below); not settled against the 3 measured cell(s) of B2, B3, which no anchor ties to B1" in settled
+    # One block: every measured cell compares, nothing is left out.
+    assert cli([*COMPARE, "--results", str(tmp_path / "one.jsonl")]) == 0
+    settled = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  settled: "))
+    assert settled.endswith("(the search stops asking each below 5%: both below)")

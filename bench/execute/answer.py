@@ -344,6 +344,12 @@ class Search:
             self._memo["parts"] = blocks.parts(measured, self.offsets.ref)
         return self._memo["parts"]
 
+    def untied(self) -> list[Candidate]:
+        """The measured cells of blocks no anchor ties to the reference block: compared with no cell of it, and left
+        out of the chances (bench.execute.settle)."""
+        tied = self.offsets.tied
+        return [c for c in self.candidates if c.obs and not set(c.obs) & tied]
+
     def interval(self, c: Candidate) -> tuple[float, float]:
         m, sd = self.speed(c)
         return m - Z * sd, m + Z * sd
