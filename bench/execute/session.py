@@ -551,8 +551,8 @@ class Session:
         return list(will_run.values())
 
     def nothing_to_measure(self) -> bool:
-        """Answer mode whose --budget an earlier call spent: no attempt will start, so nothing is built for one (the
-        ops, the QLoRA checkpoints); said."""
+        """Answer mode whose --budget left pays for no attempt (earlier calls spent it): none will start, so nothing is
+        built for one (the ops, the QLoRA checkpoints); said."""
         if self.search is None or not self.search.unaffordable():
             return False
         self.o.printer("prepare: nothing built, the --budget left pays for no attempt (a larger --budget goes on)")
