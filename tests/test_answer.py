@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import math
 import random
+import re
 
 import pytest
 
@@ -136,6 +137,14 @@ def test_rung_zero_is_the_short_schedule_and_rung_one_the_matrixs():
         (["--budget", "20m"], "--budget only with --answer"),
         (["--answer", "--budget", "twenty"], "a duration such as"),
         (["--answer", "--group-by", "peft,nonsense"], "--group-by nonsense: not an axis"),
+        (["--dry-run", "--answer", "--budget", "20"], "--budget 20: give a unit, e.g. 20m or 20s"),
+        (["--dry-run", "--answer", "--budget", ""], "--budget '': a duration such as"),
+        (["--dry-run", "--budget", ""], "--budget only with --answer"),
+        (["--dry-run", "--answer", "--group-by", ""], "--group-by '': name the axes to group by"),
+        (["--dry-run", "--answer", "--group-by", " , "], "--group-by ' , ': name the axes to group by"),
+        (["--dry-run", "--answer", "--settle", "5e-324"], "--settle 5e-324: a chance from 0.1% to 50%"),
+        (["--dry-run", "--answer", "--settle", "0.9"], "--settle 0.9: a chance from 0.1% to 50%"),
+        (["--dry-run", "--answer", "--settle", ""], "--settle : a chance from 0.1% to 50%"),
         (["--answer", "--repeats", "2"], "--repeats with --answer"),
         (["--executor", "replay"], "--executor replay needs the results files"),
     ],
@@ -257,3 +266,79 @@ def test_a_stopped_answer_run_still_records_every_cell(tmp_path):
     stopped = [r for r in last.values() if r["status"] == "unmeasured" and r["answer"]["needed"]]
     assert stopped and all(r["reason"].startswith("answer mode: not measured, the run was stopped") for r in stopped)
     assert all(r["answer"]["stopped"] for r in stopped)
+
+
+# -- resumed under another plan or budget -------------------------------------------------------------------
+
+COMPARE = ["run", "matrices/compare-h200.yaml", "--answer", "--replay", "results/compare-h200-a1.jsonl",
+           "--no-report", "--no-progress"]  # fmt: skip
+
+
+def test_a_cell_skipped_under_another_plan_is_open_on_resume(tmp_path, capsys):
+    # Under 30 GiB half the cells are predicted not to fit (skipped); resumed with the GPU's own memory they are
+    # candidates never attempted: the search measures the fastest of them (gc off), not "settled" without it.
+    out = str(tmp_path / "r.jsonl")
+    assert cli([*COMPARE, "--results", out, "--gpu-mem", "30GiB"]) == 0
+    skipped = {r["cell_hash"] for r in Store(out).records() if r["status"] == Status.SKIPPED.value}
+    assert len(skipped) == 4
+    capsys.readouterr()
+    assert cli([*COMPARE, "--results", out, "--resume"]) == 0
+    printed = capsys.readouterr().out
+    assert "goes on from 4 cell(s) already measured or failed" in printed
+    ran = {r["cell_hash"] for r in Store(out).records() if r["status"] == "ok" and r["cell_hash"] in skipped}
+    assert ran and "fastest, peft=none: the same" in printed
+
+
+def test_the_budget_counts_earlier_cells_that_left_the_plan(tmp_path, capsys):
+    # The first call spends its 40 s on cells of which some are predicted not to fit 30 GiB: resumed under 30 GiB,
+    # the budget is still spent; nothing more is measured.
+    out = str(tmp_path / "r.jsonl")
+    assert cli([*COMPARE, "--results", out, "--budget", "40s"]) == 0
+    before = sum(r.get("wall_s") or 0 for r in Store(out).records())
+    capsys.readouterr()
+    assert cli([*COMPARE, "--results", out, "--budget", "40s", "--resume", "--gpu-mem", "30GiB"]) == 0
+    assert f"({before:.0f} s of cell time spent)" in capsys.readouterr().out
+    assert sum(r.get("wall_s") or 0 for r in Store(out).records()) == before
+
+
+def test_a_resume_with_the_budget_spent_prepares_nothing(tmp_path, capsys, monkeypatch):
+    # Resumed on this host (the local executor) with the replayed call's budget spent: no attempt can start, so no
+    # op is built nor checkpoint written for one; every cell left says the budget was spent.
+    from bench.execute import session
+
+    out = str(tmp_path / "r.jsonl")
+    assert cli([*COMPARE, "--results", out, "--budget", "40s"]) == 0
+    monkeypatch.setattr(session, "prepare", lambda *a, **k: pytest.fail("prepared for a call that measures nothing"))
+    capsys.readouterr()
+    assert cli(["run", "matrices/compare-h200.yaml", "--answer", "--budget", "40s", "--resume", "--results", out,
+                "--no-report", "--no-progress"]) == 0  # fmt: skip
+    assert "prepare: nothing built, the --budget left pays for no attempt" in capsys.readouterr().out
+    last = {r["cell_hash"]: r for r in Store(out).records() if r["status"] != "started"}
+    assert all(r["status"] != "unmeasured" or "budget" in r["answer"]["why"] for r in last.values())
+
+
+@pytest.mark.parametrize("pairs", [2, 1000000])
+def test_pairs_measures_each_knob_values_pairs_where_the_matrix_has_them(tmp_path, capsys, pairs):
+    # Each zero stage pairs with ZeRO-0 at gc on and at gc off: --pairs 2 (or more) measures both, even where one
+    # cell of the second pair was measured already (for another question).
+    assert cli([*COMPARE, "--results", str(tmp_path / "r.jsonl"), "--pairs", str(pairs)]) == 0
+    printed = capsys.readouterr().out
+    for stage in (1, 2, 3):
+        assert re.search(rf"effect zero={stage} vs zero=0: .*\(2 pair\(s\) measured in one block\)", printed), printed
+
+
+def test_an_answer_does_not_claim_settled_over_cells_no_anchor_ties_to_it(tmp_path, capsys):
+    # The three 1b files are three runs (blocks); the offload cells' ends lie only in the second and third, which no
+    # cell measured in both ties to the first: the chances leave them out, and the answer says it is not settled
+    # against them rather than "both below" alone.
+    out = str(tmp_path / "r.jsonl")
+    assert cli(["run", "matrices/1b.yaml", "--answer", "--replay", *GRIDS["1b"], "--results", out, "--no-report",
+                "--no-progress"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    settled = next(ln for ln in printed.splitlines() if ln.startswith("  settled: "))
+    assert "not compared with it (no block or anchor ties theirs to its)" in printed
+    assert "both below); not settled against the 3 measured cell(s) of B2, B3, which no anchor ties to B1" in settled
+    # One block: every measured cell compares, nothing is left out.
+    assert cli([*COMPARE, "--results", str(tmp_path / "one.jsonl")]) == 0
+    settled = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  settled: "))
+    assert settled.endswith("(the search stops asking each below 5%: both below)")

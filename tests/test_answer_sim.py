@@ -65,7 +65,7 @@ def test_no_trials_print_a_last_line_that_says_so(capsys):
 @pytest.mark.parametrize(
     "bad, says",
     [(["--trials", "-1"], "--trials takes 0 or more"), (["--jobs", "0"], "--jobs 1 or more"),
-     (["--settle", "0"], "--settle 0: a chance between 0 and 1"), (["--settle", "5"], "such as 5% or 0.05")],
+     (["--settle", "0"], "--settle 0: a chance from 0.1% to 50%"), (["--settle", "5"], "such as 5% or 0.05")],
 )  # fmt: skip
 def test_a_negative_trial_count_no_jobs_or_a_level_outside_0_1_is_refused(bad, says, capsys):
     with pytest.raises(SystemExit) as e:

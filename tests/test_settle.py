@@ -86,7 +86,7 @@ def test_the_answer_states_the_chance_that_an_unmeasured_cell_beats_the_leader(t
     assert "that one of them adds a frontier point: " in text and "(the search stops asking each below 10%)" in text
     bad = ["run", "matrices/compare-h200.yaml", "--answer", "--settle", "1.5", "--replay", *COMPARE]
     assert cli([*bad, "--results", str(tmp_path / "b.jsonl")]) == 2
-    assert "--settle 1.5: a chance between 0 and 1" in capsys.readouterr().err
+    assert "--settle 1.5: a chance from 0.1% to 50%" in capsys.readouterr().err
 
 
 def test_a_measured_cells_drawn_truth_is_its_measurement_pulled_towards_the_model_against_the_winners_curse():

@@ -56,7 +56,7 @@ def settings_of(args) -> RunSettings:
 def _answer_settings(args) -> AnswerSettings | None:
     """--answer and its options; None without --answer."""
     options = (("--budget", args.budget), ("--group-by", args.group_by), ("--pairs", args.pairs))
-    given = [f for f, v in (*options, ("--settle", args.settle)) if v]
+    given = [f for f, v in (*options, ("--settle", args.settle)) if v is not None]  # "" is given too: refused below
     if not args.answer:
         if given:
             raise ValueError(f"{', '.join(given)} only with --answer")
@@ -66,22 +66,27 @@ def _answer_settings(args) -> AnswerSettings | None:
     from ..execute import AnswerSettings
     from ..matrix.axes import AXIS
 
-    group_by = tuple(g.strip() for g in (args.group_by or "peft").split(",") if g.strip())
+    text = "peft" if args.group_by is None else args.group_by
+    group_by = tuple(g.strip() for g in text.split(",") if g.strip())
+    if not group_by:
+        raise ValueError(f"--group-by {args.group_by!r}: name the axes to group by, e.g. peft or peft,zero_stage")
     unknown = [g for g in group_by if g not in AXIS]
     if unknown:
         raise ValueError(f"--group-by {','.join(unknown)}: not an axis; one of {', '.join(AXIS)}")
     return AnswerSettings(
         group_by=group_by,
-        budget_s=_duration(args.budget) if args.budget else None,
+        budget_s=_duration(args.budget) if args.budget is not None else None,
         pairs=args.pairs or AnswerSettings.pairs,
-        settle=chance_level(args.settle) if args.settle else AnswerSettings.settle,
+        settle=chance_level(args.settle) if args.settle is not None else AnswerSettings.settle,
     )
 
 
 def _duration(text: str) -> float:
-    """Seconds from "90", "90s", "20m", "1h", "1h30m"."""
+    """Seconds from "90s", "20m", "1h", "1h30m": a unit is required (a bare 20 could mean seconds or minutes)."""
     from ..matrix.spec import duration_s
 
+    if text.strip().replace(".", "", 1).isdigit():
+        raise ValueError(f"--budget {text}: give a unit, e.g. {text.strip()}m or {text.strip()}s")
     try:
         return duration_s(text)
     except ValueError as e:
@@ -89,13 +94,20 @@ def _duration(text: str) -> float:
 
 
 def chance_level(text: str) -> float:
-    """A chance from "5%" or "0.05", strictly between 0 and 1."""
+    """A chance from "5%" or "0.05", from one in the settling draws (bench.execute.settle.DRAWS: below that no chance
+    is told from none, and the search would never settle) to one half (above, "settled" would allow a cell that
+    more likely than not beats the leader)."""
+    from ..execute.settle import DRAWS
+
     try:
         v = float(text[:-1]) / 100 if text.endswith("%") else float(text)
     except ValueError:
         v = -1.0
-    if not 0 < v < 1:
-        raise ValueError(f"--settle {text}: a chance between 0 and 1, such as 5% or 0.05")
+    if not 1 / DRAWS <= v <= 0.5:
+        raise ValueError(
+            f"--settle {text}: a chance from {100 / DRAWS:g}% to 50%, such as 5% or 0.05 (below {100 / DRAWS:g}%, one "
+            f"in the search's {DRAWS} joint draws, no chance is told from none)"
+        )
     return v
 
 

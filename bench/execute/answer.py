@@ -344,6 +344,12 @@ class Search:
             self._memo["parts"] = blocks.parts(measured, self.offsets.ref)
         return self._memo["parts"]
 
+    def untied(self) -> list[Candidate]:
+        """The measured cells of blocks no anchor ties to the reference block: compared with no cell of it, and left
+        out of the chances (bench.execute.settle)."""
+        tied = self.offsets.tied
+        return [c for c in self.candidates if c.obs and not set(c.obs) & tied]
+
     def interval(self, c: Candidate) -> tuple[float, float]:
         m, sd = self.speed(c)
         return m - Z * sd, m + Z * sd
@@ -378,6 +384,14 @@ class Search:
         """A resumed call whose budget afforded no attempt: it measured nothing, so it settled nothing either."""
         return self.resumed and self.over_budget and not self.started_here
 
+    def unaffordable(self) -> bool:
+        """The budget left pays for no attempt: each cell that may still be measured costs more, even on the short
+        schedule, than is left (a resumed call whose earlier ones spent it). Nothing will be measured."""
+        if self.s.budget_s is None:
+            return False
+        left = self.s.budget_s - self.spent_s
+        return not any(self.cost_s(c, 0) <= left for c in self.candidates if not self.exhausted(c))
+
     def started(self, c: Candidate, rung: int, request: Request | None = None) -> None:
         c.tries += 1
         self.started_here += 1
@@ -390,12 +404,16 @@ class Search:
         self._memo.clear()
 
     def earlier(self, rec: Record) -> None:
-        """An attempt an earlier part of the run made (--resume): its outcome, and a try in its block."""
+        """An attempt an earlier part of the run made (--resume): its outcome, and a try in its block. The budget is
+        the whole search's: a cell that is no candidate now (another --gpu-mem put it out of the plan) spent its
+        time too."""
         self.observe(rec, rec.answer.rung if rec.answer else None)
         c = self.by_hash.get(rec.cell_hash)
-        if c is not None:
-            c.tries += 1
-            c.tries_in[rec.block] += 1
+        if c is None:
+            self.spent_s += rec.wall_s or 0.0
+            return
+        c.tries += 1
+        c.tries_in[rec.block] += 1
 
     def observe(self, rec: Record, rung: int | None = None) -> None:
         """An attempt of a candidate ended (or, on --resume, had ended before)."""
@@ -788,7 +806,7 @@ class Search:
         value whose pair attempts failed MAX_MEASUREMENTS times (they ran out of memory, say) is left."""
         halves, news = [], []
         for axis, value, ref, pairs, possible in self.effect_pairs():
-            if len(pairs) >= min(self.s.pairs, len(possible)) or self._pair_failures[(axis, value)] >= MAX_MEASUREMENTS:
+            if len(pairs) >= self.s.pairs or self._pair_failures[(axis, value)] >= MAX_MEASUREMENTS:
                 continue
             for c, partner in possible:
                 cost = self.cost_s(c, 0)

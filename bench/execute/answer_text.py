@@ -60,7 +60,25 @@ def _settled(s: Search) -> str:
     return (
         f"  settled: the chance that one of the {left} unmeasured cell(s){also} beats its group's fastest by more than "
         f"{s.s.speed_tolerance:.0%} is {ch.lead:.1%}, that one adds a frontier point {ch.frontier:.1%} (the search "
-        f"stops asking each below {level:.0%}: " + ("both below" if lead and front else "not both below") + ")"
+        f"stops asking each below {level:.0%}: "
+        + ("both below" if lead and front else "not both below")
+        + ")"
+        + _untied(s)
+    )
+
+
+def _untied(s: Search) -> str:
+    """The measured cells the chances leave out: those of blocks no anchor ties to the reference block, whose speeds
+    compare with none of its cells (a cell there may be faster than the fastest by any amount)."""
+    apart = s.untied()
+    if not apart:
+        return ""
+    names = _block_names(s)
+    where = sorted({b for c in apart for b in c.obs}, key=list(names).index)
+    return (
+        f"; not settled against the {len(apart)} measured cell(s) of {', '.join(names[b] for b in where)}, which no "
+        f"anchor ties to {names[s.offsets.ref]}: no chance above counts them and the answer does not compare them "
+        "(a cell measured in both would tie them)"
     )
 
 

@@ -189,10 +189,10 @@ class Session:
 
     def _resume_search(self) -> None:
         """Answer mode on --resume: what the earlier part measured counts (attempts a kill cut off too), and its
-        cells keep their outcome. The budget is the whole search's: said, with what is left."""
-        ended = [
-            parse(r) for r in self.existing if r.get("status") not in (Status.STARTED.value, Status.UNMEASURED.value)
-        ]
+        cells keep their outcome. A skip is no attempt: a cell the earlier plan skipped (predicted not to fit another
+        --gpu-mem) is open here. The budget is the whole search's: said, with what is left."""
+        no_attempt = (Status.STARTED.value, Status.UNMEASURED.value, Status.SKIPPED.value)
+        ended = [parse(r) for r in self.existing if r.get("status") not in no_attempt]
         for r in ended + self.cut_off:
             self.search.earlier(r)
             self.begun.add(r.cell_hash)
@@ -505,7 +505,7 @@ class Session:
                 # First: a cluster that cannot be reached is said before anything is built.
                 ex = executor_for(o.executor, o.slots, o.platform, **self.executor_options())
                 self.width = ex.slots
-                if getattr(ex, "prepares", True):
+                if getattr(ex, "prepares", True) and not self.nothing_to_measure():
                     self.prepare(ex)
                 self.imply_stored()
                 dispatch(ex, self.source(), admit=self.admit, done=self.done)
@@ -549,6 +549,14 @@ class Session:
         if self.search is not None:
             will_run |= {id(c.planned): c.planned for c in self.search.candidates}
         return list(will_run.values())
+
+    def nothing_to_measure(self) -> bool:
+        """Answer mode whose --budget left pays for no attempt (earlier calls spent it): none will start, so nothing is
+        built for one (the ops, the QLoRA checkpoints); said."""
+        if self.search is None or not self.search.unaffordable():
+            return False
+        self.o.printer("prepare: nothing built, the --budget left pays for no attempt (a larger --budget goes on)")
+        return True
 
     def prepare(self, ex) -> None:
         """The one-off costs, for the cells that will run (not those skipped or predicted not to fit)."""
