@@ -8,10 +8,11 @@ What each figure is held to (thresholds: bench.matrix.spec.CompareSettings, per 
   1 - 2 alpha (90%: one-sided 95% either way) whose variance is the larger of what the measurements' noise
   allows (bench.records.quality, measured on the committed runs; one repeat a side is judged by that noise) and what
   the repeats' spread shows; changed only when the whole interval lies beyond the minimum effect;
-- machines (bench.records.record.Machine): the sides ran on one machine (or a record does not say): compared directly.
-  On different machines a machine is faster or slower as a whole: the difference is estimated from the cells
-  measured ok on both sides (anchors; their median log ratio, at least MIN_ANCHORS of them), taken out of
-  each cell's ratio and added to its uncertainty with each cell's own deviation from it (bench.records.quality.CROSS).
+- machines (bench.records.record.Machine): the sides ran on one machine (or no record of either side says which):
+  compared directly. On different machines, or where some records say and some do not (unknown is not the same),
+  a machine is faster or slower as a whole: the difference is estimated from the cells measured ok on both sides
+  (anchors; their median log ratio, at least MIN_ANCHORS of them), taken out of each cell's ratio and added to
+  its uncertainty with each cell's own deviation from it (bench.records.quality.CROSS).
   A change common to every cell cannot be told from the machines' difference, and the Markdown says so;
 - figures that repeat exactly or nearly (allocator peaks and the memory between steps, NVML peaks,
   host RSS, first and final loss): bench.stats.judge_bound, a tight bound widened to the spread the
@@ -275,7 +276,7 @@ class Machines:
     blocks: tuple[int, int] = (0, 0)
     """How many blocks (run parts on one machine) each side's attempts come from."""
     same: bool = True
-    """One machine on both sides, or one side does not say: compared directly."""
+    """One machine on both sides, or no record of either side says: compared directly."""
     anchors: int = 0
     """Across machines: the cells measured ok on both sides, whose median log ratio is the machines' difference."""
     offset: float | None = None
@@ -380,8 +381,10 @@ def machines(b: dict[str, CellSamples], c: dict[str, CellSamples]) -> Machines:
     mb = tuple(dict.fromkeys(m for x in b.values() for m in x.machines))
     mc = tuple(dict.fromkeys(m for x in c.values() for m in x.machines))
     n = (len({k for x in b.values() for k in x.blocks}), len({k for x in c.values() for k in x.blocks}))
-    known_b, known_c = {m for m in mb if m}, {m for m in mc if m}
-    if None in mb + mc or not known_b or not known_c or (known_b == known_c and len(known_b) == 1):
+    known = {m for m in mb + mc if m}
+    # Unknown is not the same machine: only records that name none on either side (before machine ids) compare
+    # directly; any that do, and one that does not, leave the sides' machines to the anchors.
+    if not known or (len(known) == 1 and None not in mb + mc):
         return Machines(baseline=mb, current=mc, blocks=n)
     gpu = any(x.environment.get("gpu_name") for x in [*b.values(), *c.values()])
     cross = quality.CROSS["gpu" if gpu else "cpu"]
