@@ -210,8 +210,28 @@ def _median_step(r: dict) -> float:
             "metrics.step_time_median_s: ",
         ),
         (lambda r: r.update(status="skipped"), "metrics.tokens_per_s: "),
+        (
+            lambda r: r["memory"].update(nvml_proc_peak_bytes=-1),
+            "memory.nvml_proc_peak_bytes: Value error, -1 is negative",
+        ),
+        (lambda r: r["memory"].update(nvml_proc_peak_per_gpu=[2**30, -1]), "memory.nvml_proc_peak_per_gpu.1: "),
+        (lambda r: r["metrics"].update(mfu=-0.5), "metrics.mfu: Value error, -0.5 is negative"),
+        (
+            lambda r: r.update(step_times_s=[-1.0, *r["step_times_s"][1:]]),
+            "step_times_s.0: Value error, -1 is negative",
+        ),
+        (lambda r: r["metrics"].update(tokens_per_s=0.0), "metrics.tokens_per_s: 0 on an ok record"),
     ],
-    ids=["tokens-per-s", "median-not-of-its-steps", "measured-yet-skipped"],
+    ids=[
+        "tokens-per-s",
+        "median-not-of-its-steps",
+        "measured-yet-skipped",
+        "negative-nvml-peak",
+        "negative-per-gpu",
+        "negative-mfu",
+        "negative-step-time",
+        "ok-at-zero-tokens-per-s",
+    ],  # fmt: skip
 )
 def test_impossible_metrics_are_refused_with_the_line(tmp_path, capfd, forge, says):
     recs = _cpu_records()

@@ -138,8 +138,11 @@ def _size_problem(rec: dict) -> str | None:
 
 def _metrics_problem(rec: Record) -> str | None:
     """Figures that contradict each other or the status: tokens/s that the recorded step times and the cell's
-    tokens per step do not give (either way), or a measurement on a cell whose worker never trained."""
+    tokens per step do not give (either way), none on a cell measured ok, or a measurement on a cell whose worker
+    never trained."""
     m = rec.metrics
+    if m is not None and m.tokens_per_s == 0 and rec.status is Status.OK:
+        return "metrics.tokens_per_s: 0 on an ok record: a cell measured ok trained at a positive rate"
     if m is None or not m.tokens_per_s:
         return None
     if rec.status.value in _NEVER_RAN:
