@@ -9,7 +9,7 @@ import pytest
 
 from bench.matrix.cells import Cell
 from bench.records.record import Record
-from bench.records.store import ResultsInUse, Store, read
+from bench.records.store import ResultsInUse, Store, StoreWriteError, read
 
 AT = "2026-01-01T00:00:00.000+00:00"
 
@@ -105,3 +105,32 @@ def test_one_holder_at_a_time(tmp_path):
     assert not lock.exists(), "the lock file is removed with the lock"
     with s.hold("third"):
         pass
+
+
+def test_a_results_file_deleted_mid_run_lets_no_two_runs_write_one_file(tmp_path):
+    """The run writes through the descriptor it locked: once its file is deleted (and a second run takes the
+    name), its next record is refused with why, never appended to the second run's file beside that run's."""
+    path = tmp_path / "r.jsonl"
+    first = Store(path)
+    with first.hold("first"):
+        first.append(started(0, "first"))
+        path.unlink()
+        second = Store(path)
+        with second.hold("second"):
+            second.append(started(1, "second"))
+            with pytest.raises(StoreWriteError, match=r"r.jsonl no longer names the file this run holds"):
+                first.append(started(2, "first"))
+            second.append(started(3, "second"))
+    assert [r["run_id"] for r in read(path)] == ["second", "second"]
+
+
+def test_a_held_results_file_is_written_through_one_descriptor(tmp_path):
+    """While held, appends reuse the locked descriptor (no open per record); the file still reads whole."""
+    s = Store(tmp_path / "r.jsonl")
+    with s.hold("run"):
+        for n in range(3):
+            s.append(started(n))
+        with open(tmp_path / "r.jsonl", "a") as f:
+            f.write('{"torn')  # a line cut short: sealed before the next record
+        s.append(started(3))
+    assert len(read(tmp_path / "r.jsonl", warn=False)) == 4

@@ -5,7 +5,9 @@ e.g. on a full disk, is continued) and, when the file system refuses, cuts the f
 and raises `StoreWriteError`. One run at a time writes a results file: `Store.hold()` takes an flock on
 the results file itself for the run (the kernel drops it when the holder dies, so a killed run leaves no
 lock that blocks the next; and it is the file that is locked, not its name, so a second run through a
-symlink or a hard link is refused too), and a second run on the file gets `ResultsInUse`. No figure is
+symlink or a hard link is refused too), and a second run on the file gets `ResultsInUse`. The run appends through
+the descriptor it locked, so a file deleted mid-run cannot let a second run's records in beside its own: its next
+append is refused instead. No figure is
 written as NaN or Infinity (JSON has neither): such a value is written as null, with a warning.
 
 Readers skip a torn last line (a run killed mid-write) and name it; the writer seals such a line first so
@@ -392,6 +394,8 @@ class Store:
         # Cells packed side by side (bench.execute.local) append from their threads: one append at a time, or a
         # failed one's cut back to "its" previous end would cut off a neighbour's record.
         self._lock = threading.Lock()
+        self._held: int | None = None
+        """While held (hold()), the locked descriptor every append writes through."""
 
     def append(self, record: Record | dict) -> dict:
         """Append one record (a bench.records.record.Record; a plain dict is written as it is); return what was written.
@@ -407,14 +411,10 @@ class Store:
             return self._append(record, data)
 
     def _append(self, record: dict, data: bytes) -> dict:
+        fd = self._held if self._held is not None else self._open()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        except OSError as e:
-            raise StoreWriteError(
-                e.errno, f"cannot open {self.path} to append a record: {e.strerror}", str(self.path)
-            ) from None
-        try:
+            if self._held is not None:
+                self._check_held()
             size = os.fstat(fd).st_size
             try:
                 if size:
@@ -438,14 +438,44 @@ class Store:
                     str(self.path),
                 ) from None
         finally:
-            os.close(fd)
+            if fd != self._held:
+                os.close(fd)
         return record
+
+    def _open(self) -> int:
+        """A descriptor to append one record (the file is not held)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as e:
+            raise StoreWriteError(
+                e.errno, f"cannot open {self.path} to append a record: {e.strerror}", str(self.path)
+            ) from None
+
+    def _check_held(self) -> None:
+        """The results path still names the file this run holds: deleted or replaced, the name may be another
+        run's file now, and writing there would interleave two runs in one file."""
+        held = os.fstat(self._held)
+        try:
+            now = os.stat(self.path)
+        except OSError:
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+            gone = "it was deleted" if now is None else "it was deleted or replaced"
+            raise StoreWriteError(
+                errno.ENOENT,
+                f"{self.path} no longer names the file this run holds ({gone} while the run wrote it); this run "
+                "stops rather than write beside another run; rerun with --results naming a file no run holds",
+                str(self.path),
+            )
 
     @contextlib.contextmanager
     def hold(self, what: str = "zerobench run"):
         """Hold the results file for one run; raise ResultsInUse when another process holds it. The lock is
         an flock on the results file itself, so a second run through a symlink or a hard link to the same
-        file is refused too. <results>.lock says who holds it, for that message; it is removed at the end."""
+        file is refused too. <results>.lock says who holds it, for that message; it is removed at the end.
+        While held, every append writes through the locked descriptor; one made after the path stopped naming
+        that file (deleted or replaced: a second run may hold the name now) raises StoreWriteError."""
         fd = self._open_for_lock()
         try:
             try:
@@ -478,9 +508,11 @@ class Store:
                 _write_all(info_fd, (info + "\n").encode())
             finally:
                 os.close(info_fd)
+            self._held = fd
             try:
                 yield self
             finally:
+                self._held = None
                 with contextlib.suppress(OSError):
                     os.unlink(lock)  # while still holding the lock, so no one reads a stale holder
         finally:
