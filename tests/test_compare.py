@@ -420,3 +420,17 @@ def test_sides_that_never_name_a_machine_are_compared_directly():
     """Records from before machine ids name none on either side: nothing says they differ, so they compare directly."""
     cmp = run_cmp([rec(0, i + 1, tps=30_000 * f) for i, f in enumerate(NOISE)], [rec(0, 1, tps=30_000)])
     assert cmp.machines.same and cmp.machines.baseline == (None,) and cmp.machines.current == (None,)
+
+
+def test_markdown_escapes_html_in_cell_names_and_driver_strings():
+    """Names and environment strings are data: a pull-request comment shows them as text, never as markup."""
+    evil = {**PROV, "driver": "<img src=x onerror=alert(1)>"}
+    base = [rec(0, 1, tps=30_000), rec(1, 1, tps=30_000)]
+    cur = [rec(0, 1, tps=30_000, prov=evil), rec(1, 1, tps=30_000)]
+    for r in base + cur:
+        if r["cell_hash"] == f"{1:010x}":
+            r["cell_name"] = r["cell_id"] = "<script>alert(1)</script>|zero=1"
+            r["cell_id"] += f"#{1:010x}"
+    md = compare.markdown(run_cmp(base, cur))
+    assert "<img" not in md and "<script" not in md
+    assert "&lt;img src=x onerror=alert(1)&gt;" in md and "&lt;script&gt;alert(1)&lt;/script&gt;\\|zero=1" in md

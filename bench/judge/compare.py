@@ -34,7 +34,9 @@ Exit code for CI: 0 no regression, 1 regression, 2 bad input (bench.cli), 3 comp
 from __future__ import annotations
 
 import dataclasses
+import html
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +63,7 @@ __all__ = [
     "compare",
     "settings",
     "markdown",
+    "escape",
     "REGRESSION",
     "NOT_COMPARABLE",
 ]
@@ -596,8 +599,11 @@ def settings(matrix_files: list[str], thresholds: str | None) -> tuple[CompareSe
 # -- Markdown, for a pull-request comment ------------------------------------------------------------
 
 
-def _esc(s) -> str:
-    return str(s).replace("|", "\\|").replace("\n", " ")
+def escape(s) -> str:
+    """Text for Markdown (a table cell, a line): HTML-escaped, then Markdown's syntax neutralised, on one line. A
+    cell name, a driver string or a reason is data: rendered as text, never as markup (the reports' escape too)."""
+    s = html.escape("" if s is None else str(s), quote=False)
+    return re.sub(r"([\\`*_\[\]|#!~])", r"\\\1", s).replace("\r", " ").replace("\n", " ")
 
 
 def _fmt(v: float | None, unit: str) -> str:
@@ -639,7 +645,7 @@ def _schedules(cmp: Comparison) -> list[str]:
         "",
         "| baseline steps | current steps | cells |",
         "|---|---|---:|",
-        *[f"| {_esc(b)} | {_esc(c)} | {n} |" for (b, c), n in pairs.items()],
+        *[f"| {escape(b)} | {escape(c)} | {n} |" for (b, c), n in pairs.items()],
         "",
     ]
 
@@ -696,13 +702,13 @@ def _heading(cmp: Comparison) -> list[str]:
         else "**No regression**"
     )
     return [
-        f"## zerobench compare: `{_esc(cmp.current)}` against `{_esc(cmp.baseline)}`",
+        f"## zerobench compare: {escape(cmp.current)} against {escape(cmp.baseline)}",
         "",
-        *[f"> **Replay**: {_esc(x)}." for x in cmp.replay_lines()],
+        *[f"> **Replay**: {escape(x)}." for x in cmp.replay_lines()],
         *([""] if cmp.replayed else []),
         f"{head} in {len(cmp.cells)} cells ("
         + ", ".join(f"{n} {v}" for v, n in counts.items())
-        + f"); {_esc(cmp.coverage_line())}. Exit code {cmp.exit_code}.",
+        + f"); {cmp.coverage_line()}. Exit code {cmp.exit_code}.",  # its own words, no input's
         "",
     ]
 
@@ -711,7 +717,7 @@ def _rules_text(cmp: Comparison) -> list[str]:
     """The rules the verdicts follow, with the thresholds in force and where they came from."""
     s = cmp.settings
     return [
-        f"Rules (thresholds from {_esc(cmp.settings_source)}): tokens/s and step time change when the whole "
+        f"Rules (thresholds from {escape(cmp.settings_source)}): tokens/s and step time change when the whole "
         f"{1 - 2 * s.alpha:.0%} interval of their ratio (over process-level repeats, never narrower than the measured "
         f"noise allows) lies beyond ±{s.min_effect:.0%} (one that excludes no change but reaches inside it is *not "
         "settled*: shown, not a regression); "
@@ -745,7 +751,7 @@ def _environments_text(cmp: Comparison) -> list[str]:
         return []
     lines = ["Environments differ, so those cells are not comparable (not regressions):", ""]
     lines += ["| | baseline | current |", "|---|---|---|"]
-    lines += [f"| {_esc(a)} | {_esc(b)} | {_esc(c)} |" for a, b, c in sorted(envs)]
+    lines += [f"| {escape(a)} | {escape(b)} | {escape(c)} |" for a, b, c in sorted(envs)]
     return [*lines, ""]
 
 
@@ -756,7 +762,7 @@ def _flagged_table(cmp: Comparison) -> list[str]:
         return []
     lines = ["| | cell | verdict | why |", "|---|---|---|---|"]
     for c in flagged[:MAX_ROWS]:
-        lines.append(f"| {_MARK[c.verdict]} | {_esc(c.cell_name)} | {c.verdict} | {_esc('; '.join(c.reasons))} |")
+        lines.append(f"| {_MARK[c.verdict]} | {escape(c.cell_name)} | {c.verdict} | {escape('; '.join(c.reasons))} |")
     return [*lines, ""]
 
 
@@ -789,5 +795,7 @@ def _cell_row(c: CellComparison, show: list[Figure]) -> str:
         else:
             cells.append(f"{_fmt(j.cur, f.unit)} ({_change(j, f)})")
     return (
-        f"| {_esc(c.cell_name)} | {_esc(st)} | {reps} | " + " | ".join(cells) + f" | {_MARK[c.verdict]} {c.verdict} |"
+        f"| {escape(c.cell_name)} | {escape(st)} | {reps} | "
+        + " | ".join(cells)
+        + f" | {_MARK[c.verdict]} {c.verdict} |"
     )
