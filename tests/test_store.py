@@ -4,6 +4,7 @@ and named; resume state is derived from records; one run holds a results file at
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -134,3 +135,27 @@ def test_a_held_results_file_is_written_through_one_descriptor(tmp_path):
             f.write('{"torn')  # a line cut short: sealed before the next record
         s.append(started(3))
     assert len(read(tmp_path / "r.jsonl", warn=False)) == 4
+
+
+def test_a_record_repeated_byte_for_byte_is_one_attempt_and_named(tmp_path, capsys):
+    """A file appended to itself many times: each repeat of a line is the same attempt, skipped with one warning;
+    the file is read a line at a time (reading it whole held it three times over: bytes, text, lines)."""
+    import tracemalloc
+
+    lines = (Path(__file__).parent / "data" / "smoke_cpu.jsonl").read_text().splitlines(keepends=True)
+    path = tmp_path / "r.jsonl"
+    with path.open("w") as f:
+        f.writelines(lines)
+        for _ in range(1500):
+            f.writelines(lines[:4])  # some 6,000 repeated lines, 10 MB
+    assert path.stat().st_size > 8 * 2**20
+    tracemalloc.start()
+    try:
+        got = read(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(got) == len(lines)
+    err = capsys.readouterr().err
+    assert f"skipping 6,000 lines that repeat an earlier record byte for byte (lines {len(lines) + 1}, " in err, err
+    assert peak < 4 * 2**20, peak

@@ -23,11 +23,13 @@ Resume reads the same file.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import dataclasses
 import datetime as dt
 import errno
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -216,41 +218,50 @@ def read_records(path: str | os.PathLike, *, warn=True) -> Iterator[Record]:
 
 
 def numbered_records(path: str | os.PathLike, *, warn=True) -> Iterator[tuple[int, Record]]:
-    """As read_records(), each record with its line number in the file (for messages that point at it)."""
-    data = _read_results_bytes(path)
-    if data is None:
+    """As read_records(), each record with its line number in the file (for messages that point at it). The file
+    is read a line at a time (a file of a GB is not held whole); a line that repeats an earlier record byte for
+    byte is the same attempt written again (a file appended to itself, a copy pasted twice): skipped, counted
+    in one warning, never a second attempt."""
+    f = _open_results(path)
+    if f is None:
         return
-    # utf-8-sig: a byte-order mark an editor added must not make the first record unreadable.
-    lines = data.decode("utf-8-sig", errors="replace").split("\n")
-    last = max((i for i, x in enumerate(lines) if x.strip("\0 \t\r")), default=-1)
     foreign: list[str] = []
     not_json: list[int] = []
-    torn = None
-    for i, line in enumerate(lines):
-        if not line.strip("\0 \t\r"):  # a crash can leave a zero-filled tail
-            continue
-        if len(line) > MAX_LINE_CHARS:  # not parsed: a record is a few KB
-            foreign.append(
-                f"line {i + 1} ({len(line) / 2**20:.1f} MiB; a record is at most {MAX_LINE_CHARS >> 20} MiB)"
-            )
-            continue
-        try:
-            rec = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):
-            if i < last:
-                not_json.append(i + 1)
-            else:  # the last line, cut short by a run killed while writing it
-                torn = i + 1
-            continue
-        parsed = _parse_line(rec, path, i + 1, foreign, checked=len(line) <= MAX_NAME_CHARS)
-        if parsed is not None:
-            yield i + 1, parsed
+    repeated: list[int] = []
+    seen: set[bytes] = set()
+    pending = None  # a line that is not JSON: the torn end of a killed run's write if no line follows it
+    with f:
+        for i, raw in enumerate(f, 1):
+            if i == 1 and raw.startswith(codecs.BOM_UTF8):  # an editor's byte-order mark: the first record stands
+                raw = raw[len(codecs.BOM_UTF8) :]
+            if not raw.strip(b"\0 \t\r\n"):  # a crash can leave a zero-filled tail
+                continue
+            if pending is not None:
+                not_json.append(pending)
+                pending = None
+            if len(raw) > MAX_LINE_CHARS:  # not parsed: a record is a few KB
+                foreign.append(f"line {i} ({len(raw) / 2**20:.1f} MiB; a record is at most {MAX_LINE_CHARS >> 20} MiB)")
+                continue
+            digest = hashlib.blake2b(raw.rstrip(b"\r\n"), digest_size=16).digest()
+            if digest in seen:
+                repeated.append(i)
+                continue
+            line = raw.decode("utf-8", errors="replace")
+            try:
+                rec = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
+                pending = i
+                continue
+            parsed = _parse_line(rec, path, i, foreign, checked=len(line) <= MAX_NAME_CHARS)
+            if parsed is not None:
+                seen.add(digest)
+                yield i, parsed
     if warn:
-        _warn_skipped(path, not_json, foreign, torn)
+        _warn_skipped(path, not_json, foreign, pending, repeated)
 
 
-def _read_results_bytes(path: str | os.PathLike) -> bytes | None:
-    """The bytes of a results file; None when it does not exist."""
+def _open_results(path: str | os.PathLike) -> typing.BinaryIO | None:
+    """A results file open to read; None when it does not exist."""
     try:
         fd = open_regular(path)
     except FileNotFoundError:
@@ -261,8 +272,7 @@ def _read_results_bytes(path: str | os.PathLike) -> bytes | None:
         raise InputError(
             f"cannot read the results file {path}: {e.strerror}; give a readable results .jsonl file"
         ) from None
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
+    return os.fdopen(fd, "rb")
 
 
 def _parse_line(rec, path, line: int, foreign: list[str], checked: bool = False) -> Record | None:
@@ -294,8 +304,18 @@ def _parse_line(rec, path, line: int, foreign: list[str], checked: bool = False)
     return parsed
 
 
-def _warn_skipped(path, not_json: list[int], foreign: list[str], torn: int | None = None) -> None:
+def _warn_skipped(
+    path, not_json: list[int], foreign: list[str], torn: int | None = None, repeated: list[int] | None = None
+) -> None:
     """One warning per kind of skipped line, with a count and the first few line numbers."""
+    if repeated:
+        n, first = len(repeated), ", ".join(map(str, repeated[:5]))
+        print(
+            f"zerobench: {path}: skipping {n:,} line{'s' if n != 1 else ''} that repeat{'' if n != 1 else 's'} an "
+            f"earlier record byte for byte (line{'s' if n != 1 else ''} {first}{', ...' if n > 5 else ''}): the same "
+            "attempt written again, counted once; remove the repeats (the file may have been appended to itself)",
+            file=sys.stderr,
+        )
     if torn is not None:
         print(
             f"zerobench: {path}: skipping its last line ({torn}): it is cut short, not a whole record (a run killed "
