@@ -434,3 +434,21 @@ def test_markdown_escapes_html_in_cell_names_and_driver_strings():
     md = compare.markdown(run_cmp(base, cur))
     assert "<img" not in md and "<script" not in md
     assert "&lt;img src=x onerror=alert(1)&gt;" in md and "&lt;script&gt;alert(1)&lt;/script&gt;\\|zero=1" in md
+
+
+def test_a_baseline_folder_of_two_runs_keeps_each_runs_repeats(tmp_path):
+    """Two runs of the same cells (three repeats each, numbered 1-3 in both) in one folder: six samples of each
+    cell, not the second file's three standing for both."""
+    from bench.judge.results import load
+
+    root = Path(__file__).resolve().parent.parent / "results"
+    folder = tmp_path / "base"
+    folder.mkdir()
+    for name in ("compare-h200-a1.jsonl", "compare-h200-a2.jsonl"):
+        (folder / name).write_bytes((root / name).read_bytes())
+    cmp = compare.compare(load(folder), load(root / "compare-h200-a1.jsonl"))
+    assert cmp.cells and all(c.base.repeats == 6 and len(c.base.values["tokens_per_s"]) == 6 for c in cmp.cells)
+    assert all(c.cur.repeats == 3 for c in cmp.cells)
+    # One file whose run was resumed keeps a repeat's last record: the resume replaced that attempt.
+    one = compare.samples(load(root / "compare-h200-a1.jsonl"))
+    assert all(s.repeats == 3 for s in one.values())

@@ -211,23 +211,26 @@ def samples(df, one_schedule: bool = False) -> dict[str, CellSamples]:
     """A results frame (bench.judge.results.load) -> per cell key, its repeats' figures, in first-seen order.
 
     A repeat's last record stands for it (a re-run after an interruption replaces the attempt); records
-    without a repeat index are repeat 1, so an old results file gives one sample per cell. one_schedule: of a
-    cell answer mode measured on both its schedules, the matrix's only (what compare judges; answer mode itself
-    counts both as measurements of its tokens/s)."""
+    without a repeat index are repeat 1, so an old results file gives one sample per cell. Repeats are counted
+    per results file (the frame's `results_file`, from bench.judge.results.load): each file's are its own.
+    one_schedule: of a cell answer mode measured on both its schedules, the matrix's only (what compare judges;
+    answer mode itself counts both as measurements of its tokens/s)."""
 
     if df is None or df.empty:
         return {}
     need = ["cell_hash", "variant", "repeat", "status", "reason", "cell_name", "warmup_steps", "step_times_s", "losses"]
-    need += ["noise_sd", "machine", "block", "steps_schedule", "answer_rung", "replay_source"]
+    need += ["noise_sd", "machine", "block", "steps_schedule", "answer_rung", "replay_source", "results_file"]
     need += [f.column for f in FIGURES] + [col for col, _ in ENVIRONMENT]
     cols = [c for c in need if c in df]
     # Column lists zipped, not to_dict("records") over the frame: a 10k-row report stays fast.
     rows = [dict(zip(cols, vals)) for vals in zip(*(df[c].tolist() for c in cols))]
-    per_cell: dict[str, dict[int, dict]] = {}
+    per_cell: dict[str, dict[tuple[int, int], dict]] = {}
+    files: dict[str, int] = {}  # the order the results files came in
     for r in rows:
         rep = r.get("repeat")
-        rep = int(rep) if _present(rep) else 1
-        per_cell.setdefault(cell_key(r), {})[rep] = r
+        # Repeats are numbered per results file: two files' repeat 1 are two samples (two runs), not one replaced.
+        src = files.setdefault(str(r.get("results_file") or ""), len(files))
+        per_cell.setdefault(cell_key(r), {})[(src, int(rep) if _present(rep) else 1)] = r
     out = {}
     for key, reps in per_cell.items():
         recs = [reps[i] for i in sorted(reps)]
