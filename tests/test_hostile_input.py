@@ -304,3 +304,22 @@ def test_many_skipped_cells_keep_the_html_small(tmp_path, recs):
     assert len(html) < 200_000, len(html)  # listing them made 6 MB (62 MB at 50,000)
     assert "5,000 cells that did not run (5,000 skipped) are counted here, not listed" in html
     assert "skipped by rule: fp16-needs-cuda 5,000" in html
+
+
+def test_machine_fields_of_60000_characters_are_cut_in_reports_and_compare(tmp_path):
+    """A record may hold text of 64 KiB (a CPU model, an OS, a driver): the reports' environment and compare's
+    table of environments show each cut to its first 200 characters and how long it was."""
+    recs, other = _cpu_records(), _cpu_records()
+    for r, driver in [*((r, "D" * 60_000) for r in recs), *((r, "580.1") for r in other)]:
+        if r.get("provenance"):
+            r["provenance"].update(cpu="C" * 60_000, os="O" * 60_000, driver=driver)
+    p, q = _write(tmp_path / "long.jsonl", recs), _write(tmp_path / "short.jsonl", other)
+    r = zerobench("report", str(p), "-o", "rep/r", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for name in ("r.md", "r.html"):
+        text = (tmp_path / "rep" / name).read_text()
+        assert "C" * 201 not in text and "O" * 201 not in text and "D" * 201 not in text, name
+        assert "C" * 200 + "… (60,000 characters)" in text, name
+    r = zerobench("compare", str(q), str(p), "--md", "c.md", cwd=tmp_path)
+    md = (tmp_path / "c.md").read_text()
+    assert "D" * 201 not in md and "| driver | 580.1 | " + "D" * 200 + "… (60,000 characters) |" in md, md[-3000:]

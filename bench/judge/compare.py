@@ -64,6 +64,7 @@ __all__ = [
     "settings",
     "markdown",
     "escape",
+    "clip",
     "REGRESSION",
     "NOT_COMPARABLE",
 ]
@@ -378,7 +379,7 @@ def _env_diff(b: CellSamples, c: CellSamples) -> list[tuple[str, str, str]]:
     for col, label in ENVIRONMENT:
         vb, vc = b.environment.get(col, ()), c.environment.get(col, ())
         if vb and vc and vb != vc:  # a side that did not say (a CPU run has no driver) is no difference
-            out.append((label, ", ".join(vb) or "none", ", ".join(vc) or "none"))
+            out.append((label, ", ".join(map(clip, vb)) or "none", ", ".join(map(clip, vc)) or "none"))
     return out
 
 
@@ -600,6 +601,17 @@ def settings(matrix_files: list[str], thresholds: str | None) -> tuple[CompareSe
 
 
 # -- Markdown, for a pull-request comment ------------------------------------------------------------
+
+
+CLIP = 200
+"""The most characters of one recorded string (a host, CPU, driver or OS name) that a report or the console shows."""
+
+
+def clip(s, most: int = CLIP) -> str:
+    """A recorded string for output: whole when short, else its start and how long it was (a record may hold a
+    field of 64 KiB, bench.records.store.MAX_TEXT_CHARS, which no line of a report should print whole)."""
+    s = "" if s is None else str(s)
+    return s if len(s) <= most else f"{s[:most]}… ({len(s):,} characters)"
 
 
 def escape(s) -> str:
