@@ -114,3 +114,22 @@ def test_an_odd_micro_batch_is_told_a_few_divisors_of_the_batch_size():
     with pytest.raises(spec.MatrixError) as e:
         spec.loads(BATCHED + "batch: {micro: 7, size: 1048575}\n")
     assert "use micro-batches among 1, 3, 5, 11, 15, 25, 31, 33, 41, 55, 75, ... (36 more), 1048575" in str(e.value)
+
+
+def test_estimate_expands_the_matrix_once_and_says_how_far_it_got(tmp_path, monkeypatch, capsys):
+    """A matrix of a million cells took 242 s and 4.3 GB, silently, expanded three times (loading it, the table,
+    the run's plan): now once, and past PROGRESS_FROM cells each tenth of the way is said on stderr."""
+    from bench.cli import estimate, main
+
+    path = tmp_path / "m.yaml"
+    path.write_text("name: m\nmodel: llama-tiny\naxes: {zero_stage: [0, 1, 2, 3], micro_batch: [1, 2, 4, 8, 16]}\n")
+    expanded = []
+    real = spec.expand
+    monkeypatch.setattr(spec, "expand", lambda m: expanded.append(1) or real(m))
+    monkeypatch.setattr(estimate, "PROGRESS_FROM", 10)
+    assert main(["estimate", str(path), "--gpu-mem", "80GiB", "--host-mem", "512GiB"]) == 0
+    out, err = capsys.readouterr()
+    assert len(expanded) == 1
+    assert "zerobench estimate: 20 cells; --filter narrows them" in err
+    assert "predicted memory of 2 of 20 cells" in err and "predicted step time of 20 of 20 cells" in err
+    assert "20 cells against GPU 80.0 GiB" in out

@@ -74,11 +74,33 @@ def cmd_estimate(args) -> int:
     m = spec.load(resolve(args.matrix), ds_configs=args.ds_config)
     cells = select(spec.expand(m), args.filter)
     hw = Hardware(gpu_memory_bytes=gpu_mem, host_memory_bytes=host_mem)
-    rows = estimate_cells(cells, hw, gpus=args.gpus)
-    print(as_json(rows, hw, args.margin) if args.json else text(rows, hw, args.margin))
-    if not args.json:
-        _print_run_time(args, m, cells, rows, hw)
+    if len(cells) >= PROGRESS_FROM:
+        print(f"zerobench estimate: {len(cells):,} cells; --filter narrows them", file=sys.stderr, flush=True)
+    rows = estimate_cells(_progress(cells, "predicted memory of"), hw, gpus=args.gpus)
+    if args.json:
+        print(as_json(rows, hw, args.margin))
+        return 0
+    print(text(rows, hw, args.margin, progress=lambda xs: _progress(xs, "predicted step time of")))
+    _print_run_time(args, m, cells, rows, hw)
     return 0
+
+
+PROGRESS_FROM = 20_000
+"""Cells from which estimate says how far it got (on stderr): some 2 ms a cell on one core, a matrix of a million
+cells takes many minutes."""
+
+
+def _progress(items, what: str):
+    """The items, saying on stderr each tenth of the way (of a large matrix only)."""
+    n = len(items)
+    if n < PROGRESS_FROM:
+        yield from items
+        return
+    step = -(-n // 10)
+    for i, x in enumerate(items, 1):
+        yield x
+        if i % step == 0 or i == n:
+            print(f"zerobench estimate: {what} {i:,} of {n:,} cells", file=sys.stderr, flush=True)
 
 
 def _print_run_time(args, m, cells, rows, hw) -> None:
@@ -91,7 +113,8 @@ def _print_run_time(args, m, cells, rows, hw) -> None:
     from ..execute.plan import decide, host_platform
 
     platform = host_platform(None)
-    runnable = {it.cell.hash: it.ds_config for it in decide(m, resolve(args.matrix), args.filter, platform).runnable}
+    planned = decide(m, resolve(args.matrix), args.filter, platform, cells=cells)  # the cells expanded once
+    runnable = {it.cell.hash: it.ds_config for it in planned.runnable}
     kept = [
         (c, est)
         for orig, (c, est, _) in zip(cells, rows)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from ..matrix import dsconfig
 from ..matrix.axes import AUTO
@@ -87,10 +87,16 @@ def _seconds(s: float | None) -> str:
     return "-" if s is None else f"{s:.4g}"
 
 
-def text(rows: Sequence[tuple[Cell, Estimate | None, str]], hw: Hardware, margin: float = DEFAULT_MARGIN) -> str:
+def text(
+    rows: Sequence[tuple[Cell, Estimate | None, str]],
+    hw: Hardware,
+    margin: float = DEFAULT_MARGIN,
+    progress: Callable[[Iterable], Iterable] | None = None,
+) -> str:
+    """The table, a line per cell. progress: wraps the rows as they are laid out (a large matrix says how far)."""
     head = [*GROUPS, "GPU GiB", "host GiB", "s/step", "phase", "GPU", "host", "cell"]
     lines = [head]
-    for cell, e, why in rows:
+    for cell, e, why in progress(rows) if progress else rows:
         if e is None:
             lines.append(["-"] * (len(head) - 1) + [f"{cell.id}  ({why})"])
             continue

@@ -13,6 +13,7 @@ import itertools
 import math
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -893,7 +894,7 @@ def _semantic_problems(m: Matrix, file: str, lines: dict) -> list[Problem]:
                     lines.get(("exclude", i)),
                 )
             )
-    if not out and not expand(m):
+    if not out and next(_cells(m), None) is None:  # the first cell says it is not empty: no whole expansion
         out.append(Problem(file, "exclude", "every cell is excluded", "loosen exclude"))
     return out
 
@@ -1099,6 +1100,11 @@ def _blocks(m: Matrix, combo: dict) -> dict:
 
 def expand(m: Matrix) -> list[Cell]:
     """The cells of a matrix: axes crossed, plus include, minus exclude; duplicates removed, order kept."""
+    return list(_cells(m))
+
+
+def _cells(m: Matrix) -> Iterator[Cell]:
+    """expand(), one cell at a time."""
     fixed = dict(
         model=m.model,
         data=m.data,
@@ -1114,7 +1120,7 @@ def expand(m: Matrix) -> list[Cell]:
         matrix=m.name or "",
         nvme_path=m.nvme_path,
     )
-    cells, seen = [], set()
+    seen = set()
     for combo in _cross(m):
         if any(_matches(combo, pick) for pick in m.exclude):
             continue
@@ -1125,5 +1131,4 @@ def expand(m: Matrix) -> list[Cell]:
         cell = Cell(**{**fixed, **combo}, **_blocks(m, combo))
         if cell.hash not in seen:
             seen.add(cell.hash)
-            cells.append(cell)
-    return cells
+            yield cell
