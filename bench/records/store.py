@@ -15,7 +15,8 @@ the next record starts clean. Lines that are JSON but not records of zerobench (
 edit, a field of the wrong type or out of range, a record that contradicts itself: tokens/s that its step
 times and tokens per step do not give, a measurement on a cell that never ran, a name of megabytes) are
 skipped and named with their line numbers in one warning, never read as a cell; lines that are not JSON
-are counted in one warning. A path that is not a regular file (a device, a FIFO) is refused before a byte
+are counted in one warning, and so are lines that repeat an earlier record byte for byte (one attempt, read once).
+The file is read a line at a time. A path that is not a regular file (a device, a FIFO) is refused before a byte
 is read. Reading
 upgrades every record to the current schema version (bench.records.record); writing writes that version.
 Resume reads the same file.
