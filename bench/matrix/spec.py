@@ -61,8 +61,8 @@ def _setting_field(axis: str):
     return Field(a.default, description=a.doc)
 
 
-# Sequences per optimizer step on each rank: far beyond any training batch (GPT-3's was 1,536 sequences over all
-# ranks), and each divisor of the size is a micro-batch answer mode may plan.
+# Sequences per optimizer step on each rank: far beyond any training batch; each divisor of the size is a
+# micro-batch answer mode may plan, and finding them takes the size's square root in steps.
 MAX_BATCH_SIZE = 2**20
 
 

@@ -99,8 +99,8 @@ def _not_negative(v: float) -> float:
     return v
 
 
-# Memory in bytes, times, rates and utilisations: never below 0 (a negative peak once made answer mode's logarithm
-# fail and a report show "-931 GiB"). A record with one is no measurement: readers skip it and name the field.
+# Memory in bytes, times, rates and utilisations: never below 0 (a negative peak would break answer mode's logarithm
+# and show as a negative size). A record with one is no measurement: readers skip it and name the field.
 Bytes = Annotated[int, AfterValidator(_not_negative), Field(json_schema_extra={"minimum": 0})]
 Rate = Annotated[float, AfterValidator(_not_negative), Field(json_schema_extra={"minimum": 0})]
 
