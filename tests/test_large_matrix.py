@@ -131,5 +131,5 @@ def test_estimate_expands_the_matrix_once_and_says_how_far_it_got(tmp_path, monk
     out, err = capsys.readouterr()
     assert len(expanded) == 1
     assert "zerobench estimate: 20 cells; --filter narrows them" in err
-    assert "predicted memory of 2 of 20 cells" in err and "predicted step time of 20 of 20 cells" in err
+    assert "zerobench estimate: predicted 2 of 20 cells" in err and "predicted 20 of 20 cells" in err
     assert "20 cells against GPU 80.0 GiB" in out
