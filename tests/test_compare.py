@@ -384,3 +384,71 @@ def test_a_flagged_measurement_counts_by_its_noise_not_as_much_as_a_clean_one():
     assert unknown == [1.0, 1.0]  # the plain mean
     d, dvar = stats.log_diff([9.42], [clean], logs, sds)
     assert abs(d - (mean - 9.42)) < 1e-12 and dvar >= var + clean**2 - 1e-12
+
+
+def _slower(r: dict, factor: float) -> dict:
+    """A stored record's copy whose cell ran `factor` times as slow."""
+    r = json.loads(json.dumps(r))
+    if r.get("metrics"):
+        r["metrics"]["tokens_per_s"] /= factor
+        r["metrics"]["step_time_median_s"] *= factor
+        r["step_times_s"] = [t * factor for t in r["step_times_s"]]
+    return r
+
+
+def test_a_record_that_does_not_name_its_machine_does_not_make_the_sides_one_machine(tmp_path):
+    """The committed runs a1 and a3 ran on two H200s (their GPUs' UUIDs differ); a3 made 12% slower against a1 is
+    judged across machines (its common slowdown is the machines' difference). One record of the 24 without its
+    GPU's UUID names no machine: unknown, not the same machine, so the verdict stays the one across machines."""
+    root = Path(__file__).resolve().parent.parent / "results"
+    base = records_to_frame(read(root / "compare-h200-a1.jsonl"))
+    lines = (root / "compare-h200-a3.jsonl").read_text().splitlines()
+    slow = [_slower(json.loads(x), 1.12) for x in lines]  # as stored (schema v2): the machine from the UUIDs
+    whole = compare.compare(base, records_to_frame(read(_write(tmp_path / "a.jsonl", slow))))
+    assert not whole.machines.same and whole.machines.offset is not None and whole.exit_code == 0
+    ok = next(i for i, r in enumerate(slow) if r["status"] == "ok")
+    for g in slow[ok]["provenance"]["gpus"]:
+        g.pop("uuid")
+    cmp = compare.compare(base, records_to_frame(read(_write(tmp_path / "b.jsonl", slow))))
+    assert None in cmp.machines.current and not cmp.machines.same
+    assert cmp.machines.offset == pytest.approx(whole.machines.offset, abs=0.01)
+    assert cmp.exit_code == 0 and not cmp.regressions
+    assert "unknown" in compare.markdown(cmp)
+
+
+def test_sides_that_never_name_a_machine_are_compared_directly():
+    """Records from before machine ids name none on either side: nothing says they differ, so they compare directly."""
+    cmp = run_cmp([rec(0, i + 1, tps=30_000 * f) for i, f in enumerate(NOISE)], [rec(0, 1, tps=30_000)])
+    assert cmp.machines.same and cmp.machines.baseline == (None,) and cmp.machines.current == (None,)
+
+
+def test_markdown_escapes_html_in_cell_names_and_driver_strings():
+    """Names and environment strings are data: a pull-request comment shows them as text, never as markup."""
+    evil = {**PROV, "driver": "<img src=x onerror=alert(1)>"}
+    base = [rec(0, 1, tps=30_000), rec(1, 1, tps=30_000)]
+    cur = [rec(0, 1, tps=30_000, prov=evil), rec(1, 1, tps=30_000)]
+    for r in base + cur:
+        if r["cell_hash"] == f"{1:010x}":
+            r["cell_name"] = r["cell_id"] = "<script>alert(1)</script>|zero=1"
+            r["cell_id"] += f"#{1:010x}"
+    md = compare.markdown(run_cmp(base, cur))
+    assert "<img" not in md and "<script" not in md
+    assert "&lt;img src=x onerror=alert(1)&gt;" in md and "&lt;script&gt;alert(1)&lt;/script&gt;\\|zero=1" in md
+
+
+def test_a_baseline_folder_of_two_runs_keeps_each_runs_repeats(tmp_path):
+    """Two runs of the same cells (three repeats each, numbered 1-3 in both) in one folder: six samples of each
+    cell, not the second file's three standing for both."""
+    from bench.judge.results import load
+
+    root = Path(__file__).resolve().parent.parent / "results"
+    folder = tmp_path / "base"
+    folder.mkdir()
+    for name in ("compare-h200-a1.jsonl", "compare-h200-a2.jsonl"):
+        (folder / name).write_bytes((root / name).read_bytes())
+    cmp = compare.compare(load(folder), load(root / "compare-h200-a1.jsonl"))
+    assert cmp.cells and all(c.base.repeats == 6 and len(c.base.values["tokens_per_s"]) == 6 for c in cmp.cells)
+    assert all(c.cur.repeats == 3 for c in cmp.cells)
+    # One file whose run was resumed keeps a repeat's last record: the resume replaced that attempt.
+    one = compare.samples(load(root / "compare-h200-a1.jsonl"))
+    assert all(s.repeats == 3 for s in one.values())

@@ -210,8 +210,28 @@ def _median_step(r: dict) -> float:
             "metrics.step_time_median_s: ",
         ),
         (lambda r: r.update(status="skipped"), "metrics.tokens_per_s: "),
+        (
+            lambda r: r["memory"].update(nvml_proc_peak_bytes=-1),
+            "memory.nvml_proc_peak_bytes: Value error, -1 is negative",
+        ),
+        (lambda r: r["memory"].update(nvml_proc_peak_per_gpu=[2**30, -1]), "memory.nvml_proc_peak_per_gpu.1: "),
+        (lambda r: r["metrics"].update(mfu=-0.5), "metrics.mfu: Value error, -0.5 is negative"),
+        (
+            lambda r: r.update(step_times_s=[-1.0, *r["step_times_s"][1:]]),
+            "step_times_s.0: Value error, -1 is negative",
+        ),
+        (lambda r: r["metrics"].update(tokens_per_s=0.0), "metrics.tokens_per_s: 0 on an ok record"),
     ],
-    ids=["tokens-per-s", "median-not-of-its-steps", "measured-yet-skipped"],
+    ids=[
+        "tokens-per-s",
+        "median-not-of-its-steps",
+        "measured-yet-skipped",
+        "negative-nvml-peak",
+        "negative-per-gpu",
+        "negative-mfu",
+        "negative-step-time",
+        "ok-at-zero-tokens-per-s",
+    ],  # fmt: skip
 )
 def test_impossible_metrics_are_refused_with_the_line(tmp_path, capfd, forge, says):
     recs = _cpu_records()
@@ -284,3 +304,22 @@ def test_many_skipped_cells_keep_the_html_small(tmp_path, recs):
     assert len(html) < 200_000, len(html)  # listing them made 6 MB (62 MB at 50,000)
     assert "5,000 cells that did not run (5,000 skipped) are counted here, not listed" in html
     assert "skipped by rule: fp16-needs-cuda 5,000" in html
+
+
+def test_machine_fields_of_60000_characters_are_cut_in_reports_and_compare(tmp_path):
+    """A record may hold text of 64 KiB (a CPU model, an OS, a driver): the reports' environment and compare's
+    table of environments show each cut to its first 200 characters and how long it was."""
+    recs, other = _cpu_records(), _cpu_records()
+    for r, driver in [*((r, "D" * 60_000) for r in recs), *((r, "580.1") for r in other)]:
+        if r.get("provenance"):
+            r["provenance"].update(cpu="C" * 60_000, os="O" * 60_000, driver=driver)
+    p, q = _write(tmp_path / "long.jsonl", recs), _write(tmp_path / "short.jsonl", other)
+    r = zerobench("report", str(p), "-o", "rep/r", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for name in ("r.md", "r.html"):
+        text = (tmp_path / "rep" / name).read_text()
+        assert "C" * 201 not in text and "O" * 201 not in text and "D" * 201 not in text, name
+        assert "C" * 200 + "… (60,000 characters)" in text, name
+    r = zerobench("compare", str(q), str(p), "--md", "c.md", cwd=tmp_path)
+    md = (tmp_path / "c.md").read_text()
+    assert "D" * 201 not in md and "| driver | 580.1 | " + "D" * 200 + "… (60,000 characters) |" in md, md[-3000:]

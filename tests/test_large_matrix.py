@@ -76,3 +76,60 @@ def test_planning_the_7b_matrix_hashes_each_cell_once_per_expansion(monkeypatch)
     assert len(ids) == 12960 and len(set(ids)) == 12960
     # Loading expands once to check the matrix is not empty, planning once more: two hashes per cell (was 10).
     assert len(calls) <= 2 * len(ids)
+
+
+def _cpu_seconds(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess, float]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    p = subprocess.run([sys.executable, "-m", "bench", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return p, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+
+def test_divisors_are_found_by_trial_division_to_the_square_root():
+    for n in range(1, 400):
+        assert spec.divisors(n) == [k for k in range(1, n + 1) if n % k == 0]
+    got = spec.divisors(10**12)  # a loop over every number to 10^12 ran for hours
+    assert len(got) == 169 and got[:4] == [1, 2, 4, 5] and got[-2:] == [5 * 10**11, 10**12]
+
+
+BATCHED = "name: m\nmodel: llama-tiny\nseq_len: 32\nsteps: {warmup: 1, measured: 2}\naxes: {zero_stage: [0, 1]}\n"
+
+
+@pytest.mark.parametrize("verb", [["cells"], ["run", "--answer", "--dry-run"]], ids=["cells", "answer-dry-run"])
+def test_a_huge_batch_size_is_refused_at_once_and_the_largest_allowed_plans_quickly(tmp_path, verb):
+    def call(size: int) -> tuple[subprocess.CompletedProcess, float]:
+        path = tmp_path / f"m{size}.yaml"
+        path.write_text(BATCHED + f"batch: {{micro: auto, size: {size}}}\n")
+        results = ["--results", str(tmp_path / "r.jsonl")] if verb[0] == "run" else []
+        return _cpu_seconds(verb[0], str(path), *verb[1:], *results, cwd=ROOT)
+
+    p, cpu = call(10**12)  # its divisors, found by a loop to 10^12, kept both verbs busy for hours
+    assert p.returncode == 2 and cpu < 10, (p.returncode, cpu, p.stdout[-1000:], p.stderr[-1000:])
+    assert "batch.size: 1000000000000 is out of range" in p.stderr and "use 1048576 or less" in p.stderr
+    p, cpu = call(720720)  # the most divisors below the bound (240): each a micro-batch answer mode may plan
+    assert p.returncode == 0 and cpu < 30, (p.returncode, cpu, p.stdout[-1000:], p.stderr[-1000:])
+
+
+def test_an_odd_micro_batch_is_told_a_few_divisors_of_the_batch_size():
+    with pytest.raises(spec.MatrixError) as e:
+        spec.loads(BATCHED + "batch: {micro: 7, size: 1048575}\n")
+    assert "use micro-batches among 1, 3, 5, 11, 15, 25, 31, 33, 41, 55, 75, ... (36 more), 1048575" in str(e.value)
+
+
+def test_estimate_expands_the_matrix_once_and_says_how_far_it_got(tmp_path, monkeypatch, capsys):
+    """The matrix is expanded once (not again to check it is not empty, nor for the run's plan), and past
+    PROGRESS_FROM cells each tenth of the way is said on stderr: a large matrix takes minutes."""
+    from bench.cli import estimate, main
+
+    path = tmp_path / "m.yaml"
+    path.write_text("name: m\nmodel: llama-tiny\naxes: {zero_stage: [0, 1, 2, 3], micro_batch: [1, 2, 4, 8, 16]}\n")
+    expanded = []
+    real = spec.expand
+    monkeypatch.setattr(spec, "expand", lambda m: expanded.append(1) or real(m))
+    monkeypatch.setattr(estimate, "PROGRESS_FROM", 10)
+    assert main(["estimate", str(path), "--gpu-mem", "80GiB", "--host-mem", "512GiB"]) == 0
+    out, err = capsys.readouterr()
+    assert len(expanded) == 1
+    assert "zerobench estimate: 20 cells; --filter narrows them" in err
+    assert "zerobench estimate: predicted 2 of 20 cells" in err and "predicted 20 of 20 cells" in err
+    assert "20 cells against GPU 80.0 GiB" in out

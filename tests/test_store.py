@@ -10,7 +10,7 @@ import pytest
 
 from bench.matrix.cells import Cell
 from bench.records.record import Record
-from bench.records.store import InputError, ResultsInUse, Store, read
+from bench.records.store import InputError, ResultsInUse, Store, StoreWriteError, read
 
 AT = "2026-01-01T00:00:00.000+00:00"
 
@@ -122,3 +122,56 @@ def test_a_gzipped_results_file_reads_as_its_lines(tmp_path):
     cut.write_bytes(gz.read_bytes()[:100])
     with pytest.raises(InputError, match="gzip"):
         list(read_records(cut))
+
+
+def test_a_results_file_deleted_mid_run_lets_no_two_runs_write_one_file(tmp_path):
+    """The run writes through the descriptor it locked: once its file is deleted (and a second run takes the
+    name), its next record is refused with why, never appended to the second run's file beside that run's."""
+    path = tmp_path / "r.jsonl"
+    first = Store(path)
+    with first.hold("first"):
+        first.append(started(0, "first"))
+        path.unlink()
+        second = Store(path)
+        with second.hold("second"):
+            second.append(started(1, "second"))
+            with pytest.raises(StoreWriteError, match=r"r.jsonl no longer names the file this run holds"):
+                first.append(started(2, "first"))
+            second.append(started(3, "second"))
+    assert [r["run_id"] for r in read(path)] == ["second", "second"]
+
+
+def test_a_held_results_file_is_written_through_one_descriptor(tmp_path):
+    """While held, appends reuse the locked descriptor (no open per record); the file still reads whole."""
+    s = Store(tmp_path / "r.jsonl")
+    with s.hold("run"):
+        for n in range(3):
+            s.append(started(n))
+        with open(tmp_path / "r.jsonl", "a") as f:
+            f.write('{"torn')  # a line cut short: sealed before the next record
+        s.append(started(3))
+    assert len(read(tmp_path / "r.jsonl", warn=False)) == 4
+
+
+def test_a_record_repeated_byte_for_byte_is_one_attempt_and_named(tmp_path, capsys):
+    """A file appended to itself many times: each repeat of a line is the same attempt, skipped with one warning;
+    the file is read a line at a time (reading it whole held it three times over: bytes, text, lines)."""
+    import tracemalloc
+
+    lines = (Path(__file__).parent / "data" / "smoke_cpu.jsonl").read_text().splitlines(keepends=True)
+    path = tmp_path / "r.jsonl"
+    with path.open("w") as f:
+        f.writelines(lines)
+        for _ in range(1500):
+            f.writelines(lines[:4])  # some 6,000 repeated lines, 10 MB
+    assert path.stat().st_size > 8 * 2**20
+    tracemalloc.start()
+    try:
+        got = read(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(got) == len(lines)
+    err = capsys.readouterr().err
+    assert f"skipping 6,000 lines that repeat an earlier record byte for byte (lines {len(lines) + 1}, " in err, err
+    assert peak < 4 * 2**20, peak

@@ -62,7 +62,7 @@ def cmd_estimate(args) -> int:
         return 2
     if args.check:
         return _estimate_check(args)
-    from ..estimate.table import as_json, estimate_cells, text
+    from ..estimate.table import as_json, estimates, text
     from ..execute.plan import select
     from ..host import env
     from ..matrix import spec
@@ -74,32 +74,61 @@ def cmd_estimate(args) -> int:
     m = spec.load(resolve(args.matrix), ds_configs=args.ds_config)
     cells = select(spec.expand(m), args.filter)
     hw = Hardware(gpu_memory_bytes=gpu_mem, host_memory_bytes=host_mem)
-    rows = estimate_cells(cells, hw, gpus=args.gpus)
-    print(as_json(rows, hw, args.margin) if args.json else text(rows, hw, args.margin))
-    if not args.json:
-        _print_run_time(args, m, cells, rows, hw)
+    if len(cells) >= PROGRESS_FROM:
+        print(f"zerobench estimate: {len(cells):,} cells; --filter narrows them", file=sys.stderr, flush=True)
+    rows = estimates(_progress(cells, "predicted"), hw, gpus=args.gpus)
+    if args.json:
+        print(as_json(list(rows), hw, args.margin))
+        return 0
+    peaks: list[tuple] = []  # each cell as estimated and its predicted GPU peak: all the run time needs
+
+    def kept(rows):
+        for cell, e, why in rows:
+            peaks.append((cell, e.gpu_bytes if e is not None else None))
+            yield cell, e, why
+
+    print(text(kept(rows), hw, args.margin))
+    _print_run_time(args, m, cells, peaks, hw)
     return 0
+
+
+PROGRESS_FROM = 20_000
+"""Cells from which estimate says how far it got (on stderr): some 2 ms a cell on one core, a matrix of a million
+cells takes many minutes."""
+
+
+def _progress(items, what: str):
+    """The items, saying on stderr each tenth of the way (of a large matrix only)."""
+    n = len(items)
+    if n < PROGRESS_FROM:
+        yield from items
+        return
+    step = -(-n // 10)
+    for i, x in enumerate(items, 1):
+        yield x
+        if i % step == 0 or i == n:
+            print(f"zerobench estimate: {what} {i:,} of {n:,} cells", file=sys.stderr, flush=True)
 
 
 def _print_run_time(args, m, cells, rows, hw) -> None:
     """The predicted GPU time of the cells a run would run (not skipped by a rule, not pruned by the memory
     model), on one GPU and on this host's GPUs side by side, and their predicted memory/speed frontier. m: the
-    matrix loaded."""
+    matrix loaded; rows: per cell of `cells`, the cell as estimated and its predicted GPU peak (None: unknown)."""
     from ..estimate import Verdict, verdict
     from ..estimate.frontier import frontier_lines
     from ..estimate.steptime import run_time_line
     from ..execute.plan import decide, host_platform
 
     platform = host_platform(None)
-    runnable = {it.cell.hash: it.ds_config for it in decide(m, resolve(args.matrix), args.filter, platform).runnable}
+    planned = decide(m, resolve(args.matrix), args.filter, platform, cells=cells)  # the cells expanded once
+    runnable = {it.cell.hash: it.ds_config for it in planned.runnable}
     kept = [
-        (c, est)
-        for orig, (c, est, _) in zip(cells, rows)
-        if orig.hash in runnable
-        and (est is None or verdict(est.gpu_bytes, hw.gpu_memory_bytes, args.margin) != Verdict.PRUNE)
+        (c, peak)
+        for orig, (c, peak) in zip(cells, rows)
+        if orig.hash in runnable and (peak is None or verdict(peak, hw.gpu_memory_bytes, args.margin) != Verdict.PRUNE)
     ]
     print(run_time_line([c for c, _ in kept], hw, max(len(platform.gpus), 1)))
-    for line in frontier_lines([(c, runnable.get(c.hash), est and est.gpu_bytes) for c, est in kept], hw):
+    for line in frontier_lines([(c, runnable.get(c.hash), peak) for c, peak in kept], hw):
         print(line)
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..matrix.cells import Cell
+from ..matrix.spec import divisors
 from .fitted import FITTED, Constants
 from .model import Hardware, predict
 
@@ -83,7 +84,7 @@ class SearchResult:
 
 def ladder(size: int) -> tuple[int, ...]:
     """The micro-batches that divide a batch of `size` sequences, smallest first."""
-    return tuple(k for k in range(1, size + 1) if size % k == 0)
+    return tuple(divisors(size))
 
 
 def next_probe(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from ..matrix import dsconfig
 from ..matrix.axes import AUTO
@@ -15,7 +15,7 @@ from .model import Estimate, Hardware, predict
 from .steptime import predict_step
 from .verdict import DEFAULT_MARGIN, verdict
 
-__all__ = ["GROUPS", "parse_size", "estimate_cells", "text", "as_json"]
+__all__ = ["GROUPS", "parse_size", "estimate_cells", "estimates", "text", "as_json"]
 
 GiB = 2**30
 
@@ -50,7 +50,13 @@ def estimate_cells(
     cells: Iterable[Cell], hw: Hardware, *, gpus: int | None = None, k: Constants = FITTED
 ) -> list[tuple[Cell, Estimate | None, str]]:
     """(cell, estimate, "") per cell, or (cell, None, why) when its shape or config is unknown."""
-    out = []
+    return list(estimates(cells, hw, gpus=gpus, k=k))
+
+
+def estimates(
+    cells: Iterable[Cell], hw: Hardware, *, gpus: int | None = None, k: Constants = FITTED
+) -> Iterator[tuple[Cell, Estimate | None, str]]:
+    """estimate_cells(), one cell at a time (a table of a million cells need not hold every estimate's terms)."""
     configs: dict = {}
     for cell in cells:
         if gpus:
@@ -66,10 +72,11 @@ def estimate_cells(
             cfg = configs.get(key)
             if cfg is None:
                 cfg = configs[key] = dsconfig.build(cell)
-            out.append((cell, predict(cell, cfg, hw, k), ""))
-        except Exception as e:  # noqa: BLE001 - one cell the model cannot read does not stop the table
-            out.append((cell, None, f"{type(e).__name__}: {e}"))
-    return out
+            e = predict(cell, cfg, hw, k)
+        except Exception as x:  # noqa: BLE001 - one cell the model cannot read does not stop the table
+            yield cell, None, f"{type(x).__name__}: {x}"
+            continue
+        yield cell, e, ""
 
 
 def grouped(e: Estimate) -> dict[str, float]:
@@ -87,34 +94,38 @@ def _seconds(s: float | None) -> str:
     return "-" if s is None else f"{s:.4g}"
 
 
-def text(rows: Sequence[tuple[Cell, Estimate | None, str]], hw: Hardware, margin: float = DEFAULT_MARGIN) -> str:
-    head = [*GROUPS, "GPU GiB", "host GiB", "s/step", "phase", "GPU", "host", "cell"]
+def text(rows: Iterable[tuple[Cell, Estimate | None, str]], hw: Hardware, margin: float = DEFAULT_MARGIN) -> str:
+    """The table, a line per cell, and what it shows. rows: read once, each estimate laid out and let go (a
+    generator of them, bench.estimate.table.estimates, keeps a table of a million cells from holding them all)."""
+    head = (*GROUPS, "GPU GiB", "host GiB", "s/step", "phase", "GPU", "host", "cell")
     lines = [head]
+    n_fit = 0
     for cell, e, why in rows:
         if e is None:
-            lines.append(["-"] * (len(head) - 1) + [f"{cell.id}  ({why})"])
+            lines.append(("-",) * (len(head) - 1) + (f"{cell.id}  ({why})",))
             continue
         g = grouped(e)
+        gpu = verdict(e.gpu_bytes, hw.gpu_memory_bytes, margin)
+        n_fit += gpu == "fits"
         lines.append(
-            [
+            (
                 *(_gib(g[name]) for name in GROUPS),
                 _gib(e.gpu_bytes),
                 _gib(e.host_bytes),
                 _seconds(predict_step(cell, hw)),
                 e.phase,
-                verdict(e.gpu_bytes, hw.gpu_memory_bytes, margin),
+                gpu,
                 verdict(e.host_bytes, hw.host_memory_bytes, margin),
                 cell.id,
-            ]
+            )
         )
     widths = [max(len(r[i]) for r in lines) for i in range(len(head) - 1)]
     out = ["  ".join(c.rjust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in lines]
     cap = (f"GPU {hw.gpu_memory_bytes / GiB:.1f} GiB" if hw.gpu_memory_bytes else "no GPU memory given (--gpu-mem)") + (
         f", host {hw.host_memory_bytes / GiB:.1f} GiB" if hw.host_memory_bytes else ""
     )
-    n_fit = sum(1 for _, e, _ in rows if e and verdict(e.gpu_bytes, hw.gpu_memory_bytes, margin) == "fits")
     out.append(
-        f"{len(rows)} cells against {cap}, margin {margin:.0%}: {n_fit} fit on the GPU. Per GPU, the "
+        f"{len(out) - 1} cells against {cap}, margin {margin:.0%}: {n_fit} fit on the GPU. Per GPU, the "
         "NVML process peak: the terms at the allocator's peak moment (phase), then fragmentation and the "
         "CUDA context (runtime). Paged optimizer state (managed memory) is outside it. s/step: the step-time "
         "model's seconds per optimizer step (bench.estimate.steptime)."

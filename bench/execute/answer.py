@@ -43,7 +43,7 @@ import numpy as np
 from ..estimate import Hardware, predict
 from ..estimate.online import SHARE, Online
 from ..estimate.steptime import STEP_BAND, predict_wall, step_and_share
-from ..judge import blocks, effects, results
+from ..judge import blocks, compare, effects, results
 from ..judge.blocks import Obs
 from ..matrix.axes import AXIS
 from ..matrix.cells import Cell
@@ -1012,7 +1012,8 @@ def _where(rec: Record) -> str:
     if m is None:
         return "an unknown machine"
     gpus = ", ".join(u[:12] for u in m.gpus)
-    return f"{gpus} (host {m.host})" if gpus else f"host {m.host} ({m.cpu_count} CPUs)"
+    host = compare.clip(m.host, 60)
+    return f"{gpus} (host {host})" if gpus else f"host {host} ({m.cpu_count} CPUs)"
 
 
 def _first(t: tuple):

@@ -87,12 +87,14 @@ def decide(
     filters: list[str] | None = None,
     platform: env.Platform | None = None,
     shard: Shard | None = None,
+    cells: list[Cell] | None = None,
 ) -> Plan:
     """plan() of a matrix already loaded from source: each of its cells (those filters and shard keep) run or
-    skipped, as the rules judge it on platform (default: this host)."""
+    skipped, as the rules judge it on platform (default: this host). cells: the matrix's cells, already expanded
+    and filtered (a matrix of a million cells is expanded once)."""
     platform = platform or env.probe()
     items = []
-    for cell in select(spec.expand(m), filters):
+    for cell in select(spec.expand(m), filters) if cells is None else cells:
         if shard is not None and not shard.holds(cell):
             continue
         skip = rules.check(cell, platform)

@@ -8,10 +8,11 @@ What each figure is held to (thresholds: bench.matrix.spec.CompareSettings, per 
   1 - 2 alpha (90%: one-sided 95% either way) whose variance is the larger of what the measurements' noise
   allows (bench.records.quality, measured on the committed runs; one repeat a side is judged by that noise) and what
   the repeats' spread shows; changed only when the whole interval lies beyond the minimum effect;
-- machines (bench.records.record.Machine): the sides ran on one machine (or a record does not say): compared directly.
-  On different machines a machine is faster or slower as a whole: the difference is estimated from the cells
-  measured ok on both sides (anchors; their median log ratio, at least MIN_ANCHORS of them), taken out of
-  each cell's ratio and added to its uncertainty with each cell's own deviation from it (bench.records.quality.CROSS).
+- machines (bench.records.record.Machine): the sides ran on one machine (or no record of either side says which):
+  compared directly. On different machines, or where some records say and some do not (unknown is not the same),
+  a machine is faster or slower as a whole: the difference is estimated from the cells measured ok on both sides
+  (anchors; their median log ratio, at least MIN_ANCHORS of them), taken out of each cell's ratio and added to
+  its uncertainty with each cell's own deviation from it (bench.records.quality.CROSS).
   A change common to every cell cannot be told from the machines' difference, and the Markdown says so;
 - figures that repeat exactly or nearly (allocator peaks and the memory between steps, NVML peaks,
   host RSS, first and final loss): bench.stats.judge_bound, a tight bound widened to the spread the
@@ -33,7 +34,9 @@ Exit code for CI: 0 no regression, 1 regression, 2 bad input (bench.cli), 3 comp
 from __future__ import annotations
 
 import dataclasses
+import html
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +63,8 @@ __all__ = [
     "compare",
     "settings",
     "markdown",
+    "escape",
+    "clip",
     "REGRESSION",
     "NOT_COMPARABLE",
 ]
@@ -207,23 +212,26 @@ def samples(df, one_schedule: bool = False) -> dict[str, CellSamples]:
     """A results frame (bench.judge.results.load) -> per cell key, its repeats' figures, in first-seen order.
 
     A repeat's last record stands for it (a re-run after an interruption replaces the attempt); records
-    without a repeat index are repeat 1, so an old results file gives one sample per cell. one_schedule: of a
-    cell answer mode measured on both its schedules, the matrix's only (what compare judges; answer mode itself
-    counts both as measurements of its tokens/s)."""
+    without a repeat index are repeat 1, so an old results file gives one sample per cell. Repeats are counted
+    per results file (the frame's `results_file`, from bench.judge.results.load): each file's are its own.
+    one_schedule: of a cell answer mode measured on both its schedules, the matrix's only (what compare judges;
+    answer mode itself counts both as measurements of its tokens/s)."""
 
     if df is None or df.empty:
         return {}
     need = ["cell_hash", "variant", "repeat", "status", "reason", "cell_name", "warmup_steps", "step_times_s", "losses"]
-    need += ["noise_sd", "machine", "block", "steps_schedule", "answer_rung", "replay_source"]
+    need += ["noise_sd", "machine", "block", "steps_schedule", "answer_rung", "replay_source", "results_file"]
     need += [f.column for f in FIGURES] + [col for col, _ in ENVIRONMENT]
     cols = [c for c in need if c in df]
     # Column lists zipped, not to_dict("records") over the frame: a 10k-row report stays fast.
     rows = [dict(zip(cols, vals)) for vals in zip(*(df[c].tolist() for c in cols))]
-    per_cell: dict[str, dict[int, dict]] = {}
+    per_cell: dict[str, dict[tuple[int, int], dict]] = {}
+    files: dict[str, int] = {}  # the order the results files came in
     for r in rows:
         rep = r.get("repeat")
-        rep = int(rep) if _present(rep) else 1
-        per_cell.setdefault(cell_key(r), {})[rep] = r
+        # Repeats are numbered per results file: two files' repeat 1 are two samples (two runs), not one replaced.
+        src = files.setdefault(str(r.get("results_file") or ""), len(files))
+        per_cell.setdefault(cell_key(r), {})[(src, int(rep) if _present(rep) else 1)] = r
     out = {}
     for key, reps in per_cell.items():
         recs = [reps[i] for i in sorted(reps)]
@@ -275,7 +283,7 @@ class Machines:
     blocks: tuple[int, int] = (0, 0)
     """How many blocks (run parts on one machine) each side's attempts come from."""
     same: bool = True
-    """One machine on both sides, or one side does not say: compared directly."""
+    """One machine on both sides, or no record of either side says: compared directly."""
     anchors: int = 0
     """Across machines: the cells measured ok on both sides, whose median log ratio is the machines' difference."""
     offset: float | None = None
@@ -371,7 +379,7 @@ def _env_diff(b: CellSamples, c: CellSamples) -> list[tuple[str, str, str]]:
     for col, label in ENVIRONMENT:
         vb, vc = b.environment.get(col, ()), c.environment.get(col, ())
         if vb and vc and vb != vc:  # a side that did not say (a CPU run has no driver) is no difference
-            out.append((label, ", ".join(vb) or "none", ", ".join(vc) or "none"))
+            out.append((label, ", ".join(map(clip, vb)) or "none", ", ".join(map(clip, vc)) or "none"))
     return out
 
 
@@ -380,8 +388,10 @@ def machines(b: dict[str, CellSamples], c: dict[str, CellSamples]) -> Machines:
     mb = tuple(dict.fromkeys(m for x in b.values() for m in x.machines))
     mc = tuple(dict.fromkeys(m for x in c.values() for m in x.machines))
     n = (len({k for x in b.values() for k in x.blocks}), len({k for x in c.values() for k in x.blocks}))
-    known_b, known_c = {m for m in mb if m}, {m for m in mc if m}
-    if None in mb + mc or not known_b or not known_c or (known_b == known_c and len(known_b) == 1):
+    known = {m for m in mb + mc if m}
+    # Unknown is not the same machine: only records that name none on either side (before machine ids) compare
+    # directly; any that do, and one that does not, leave the sides' machines to the anchors.
+    if not known or (len(known) == 1 and None not in mb + mc):
         return Machines(baseline=mb, current=mc, blocks=n)
     gpu = any(x.environment.get("gpu_name") for x in [*b.values(), *c.values()])
     cross = quality.CROSS["gpu" if gpu else "cpu"]
@@ -593,8 +603,22 @@ def settings(matrix_files: list[str], thresholds: str | None) -> tuple[CompareSe
 # -- Markdown, for a pull-request comment ------------------------------------------------------------
 
 
-def _esc(s) -> str:
-    return str(s).replace("|", "\\|").replace("\n", " ")
+CLIP = 200
+"""The most characters of one recorded string (a host, CPU, driver or OS name) that a report or the console shows."""
+
+
+def clip(s, most: int = CLIP) -> str:
+    """A recorded string for output: whole when short, else its start and how long it was (a record may hold a
+    field of 64 KiB, bench.records.store.MAX_TEXT_CHARS, which no line of a report should print whole)."""
+    s = "" if s is None else str(s)
+    return s if len(s) <= most else f"{s[:most]}… ({len(s):,} characters)"
+
+
+def escape(s) -> str:
+    """Text for Markdown (a table cell, a line): HTML-escaped, then Markdown's syntax neutralised, on one line. A
+    cell name, a driver string or a reason is data: rendered as text, never as markup (the reports' escape too)."""
+    s = html.escape("" if s is None else str(s), quote=False)
+    return re.sub(r"([\\`*_\[\]|#!~])", r"\\\1", s).replace("\r", " ").replace("\n", " ")
 
 
 def _fmt(v: float | None, unit: str) -> str:
@@ -636,7 +660,7 @@ def _schedules(cmp: Comparison) -> list[str]:
         "",
         "| baseline steps | current steps | cells |",
         "|---|---|---:|",
-        *[f"| {_esc(b)} | {_esc(c)} | {n} |" for (b, c), n in pairs.items()],
+        *[f"| {escape(b)} | {escape(c)} | {n} |" for (b, c), n in pairs.items()],
         "",
     ]
 
@@ -693,13 +717,13 @@ def _heading(cmp: Comparison) -> list[str]:
         else "**No regression**"
     )
     return [
-        f"## zerobench compare: `{_esc(cmp.current)}` against `{_esc(cmp.baseline)}`",
+        f"## zerobench compare: {escape(cmp.current)} against {escape(cmp.baseline)}",
         "",
-        *[f"> **Replay**: {_esc(x)}." for x in cmp.replay_lines()],
+        *[f"> **Replay**: {escape(x)}." for x in cmp.replay_lines()],
         *([""] if cmp.replayed else []),
         f"{head} in {len(cmp.cells)} cells ("
         + ", ".join(f"{n} {v}" for v, n in counts.items())
-        + f"); {_esc(cmp.coverage_line())}. Exit code {cmp.exit_code}.",
+        + f"); {cmp.coverage_line()}. Exit code {cmp.exit_code}.",  # its own words, no input's
         "",
     ]
 
@@ -708,7 +732,7 @@ def _rules_text(cmp: Comparison) -> list[str]:
     """The rules the verdicts follow, with the thresholds in force and where they came from."""
     s = cmp.settings
     return [
-        f"Rules (thresholds from {_esc(cmp.settings_source)}): tokens/s and step time change when the whole "
+        f"Rules (thresholds from {escape(cmp.settings_source)}): tokens/s and step time change when the whole "
         f"{1 - 2 * s.alpha:.0%} interval of their ratio (over process-level repeats, never narrower than the measured "
         f"noise allows) lies beyond ±{s.min_effect:.0%} (one that excludes no change but reaches inside it is *not "
         "settled*: shown, not a regression); "
@@ -742,7 +766,7 @@ def _environments_text(cmp: Comparison) -> list[str]:
         return []
     lines = ["Environments differ, so those cells are not comparable (not regressions):", ""]
     lines += ["| | baseline | current |", "|---|---|---|"]
-    lines += [f"| {_esc(a)} | {_esc(b)} | {_esc(c)} |" for a, b, c in sorted(envs)]
+    lines += [f"| {escape(a)} | {escape(b)} | {escape(c)} |" for a, b, c in sorted(envs)]
     return [*lines, ""]
 
 
@@ -753,7 +777,7 @@ def _flagged_table(cmp: Comparison) -> list[str]:
         return []
     lines = ["| | cell | verdict | why |", "|---|---|---|---|"]
     for c in flagged[:MAX_ROWS]:
-        lines.append(f"| {_MARK[c.verdict]} | {_esc(c.cell_name)} | {c.verdict} | {_esc('; '.join(c.reasons))} |")
+        lines.append(f"| {_MARK[c.verdict]} | {escape(c.cell_name)} | {c.verdict} | {escape('; '.join(c.reasons))} |")
     return [*lines, ""]
 
 
@@ -786,5 +810,7 @@ def _cell_row(c: CellComparison, show: list[Figure]) -> str:
         else:
             cells.append(f"{_fmt(j.cur, f.unit)} ({_change(j, f)})")
     return (
-        f"| {_esc(c.cell_name)} | {_esc(st)} | {reps} | " + " | ".join(cells) + f" | {_MARK[c.verdict]} {c.verdict} |"
+        f"| {escape(c.cell_name)} | {escape(st)} | {reps} | "
+        + " | ".join(cells)
+        + f" | {_MARK[c.verdict]} {c.verdict} |"
     )

@@ -448,7 +448,8 @@ def _settings_of_unknown_cells(df):
 
 
 def load(*paths: str | os.PathLike, include_all_attempts: bool = True):
-    """Load one or more results files (or folders of *.jsonl) into one DataFrame."""
+    """Load one or more results files (or folders of *.jsonl) into one DataFrame; from more than one file, its
+    `results_file` column names each row's (each file a run of its own, whose repeats are its own)."""
     files = []
     for p in paths:
         p = os.fspath(p)
@@ -460,7 +461,17 @@ def load(*paths: str | os.PathLike, include_all_attempts: bool = True):
     # parent) or to the results folder.
     files = _distinct(files)
     near = list(dict.fromkeys(d for f in files for d in (Path(f).parent.parent, Path(f).parent)))
-    df = records_to_frame(itertools.chain.from_iterable(map(read_records, files)), near=near)
+    sources: list[str] = []  # each row's file, in the frame's order (started records have no row)
+
+    def tagged(f: str) -> Iterator[Record]:
+        for rec in read_records(f):
+            if rec.status is not Status.STARTED:
+                sources.append(f)
+            yield rec
+
+    df = records_to_frame(itertools.chain.from_iterable(map(tagged, files)), near=near)
+    if len(files) > 1 and len(sources) == len(df):
+        df["results_file"] = sources
     return df if include_all_attempts else latest(df)
 
 

@@ -13,6 +13,7 @@ import itertools
 import math
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -60,15 +61,20 @@ def _setting_field(axis: str):
     return Field(a.default, description=a.doc)
 
 
+# Sequences per optimizer step on each rank: far beyond any training batch; each divisor of the size is a
+# micro-batch answer mode may plan, and finding them takes the size's square root in steps.
+MAX_BATCH_SIZE = 2**20
+
+
 class Batch(_Strict):
     micro: Annotated[int, Field(ge=AXIS["micro_batch"].minimum)] | Literal["auto"] = _setting_field("micro_batch")
     grad_accum: Annotated[int, Field(ge=AXIS["grad_accum"].minimum)] = _setting_field("grad_accum")
-    size: Annotated[int, Field(ge=1)] | None = None
+    size: Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)] | None = None
     """Sequences per optimizer step on each rank (micro-batch x gradient accumulation), held where the micro-batch
     varies: each cell's accumulation is size / its micro-batch, so cells of different micro-batches train on the
     same batch. With `micro: auto` the micro-batch is searched among the divisors of size: a full run measures
     the largest that runs, answer mode (`--answer`) the largest the memory model fits and the neighbours that
-    could be faster. Leave grad_accum unset beside it."""
+    could be faster. Leave grad_accum unset beside it. At most 1,048,576 (2^20)."""
 
 
 _A = {f.name: f.default for f in dataclasses.fields(Adaptive)}  # the adaptive rules' defaults, written once
@@ -888,7 +894,7 @@ def _semantic_problems(m: Matrix, file: str, lines: dict) -> list[Problem]:
                     lines.get(("exclude", i)),
                 )
             )
-    if not out and not expand(m):
+    if not out and next(_cells(m), None) is None:  # the first cell says it is not empty: no whole expansion
         out.append(Problem(file, "exclude", "every cell is excluded", "loosen exclude"))
     return out
 
@@ -934,14 +940,23 @@ def _batch_problems(m: Matrix, file: str, lines: dict) -> list[Problem]:
     if odd:
         what = f"micro-batch {', '.join(map(str, odd))} does not divide batch.size {size}"
         out.append(Problem(file, "batch.size", what,
-                           f"use micro-batches among {', '.join(map(str, divisors(size)))}, or another size",
+                           f"use micro-batches among {_listed(divisors(size))}, or another size",
                            lines.get(("batch", "size"))))  # fmt: skip
     return out
 
 
+def _listed(xs: list[int], most: int = 12) -> str:
+    """Numbers for a message: the first few, then how many more and the largest."""
+    if len(xs) <= most:
+        return ", ".join(map(str, xs))
+    return f"{', '.join(map(str, xs[: most - 1]))}, ... ({len(xs) - most} more), {xs[-1]}"
+
+
 def divisors(size: int) -> list[int]:
-    """The micro-batches that divide a batch of `size` sequences, smallest first."""
-    return [k for k in range(1, size + 1) if size % k == 0]
+    """The micro-batches that divide a batch of `size` sequences, smallest first (trial division up to its
+    square root: each divisor below it pairs with one above)."""
+    small = [k for k in range(1, math.isqrt(size) + 1) if size % k == 0]
+    return small + [size // k for k in reversed(small) if k * k != size]
 
 
 def _steps_problems(m: Matrix, file: str, lines: dict) -> list[Problem]:
@@ -1085,6 +1100,11 @@ def _blocks(m: Matrix, combo: dict) -> dict:
 
 def expand(m: Matrix) -> list[Cell]:
     """The cells of a matrix: axes crossed, plus include, minus exclude; duplicates removed, order kept."""
+    return list(_cells(m))
+
+
+def _cells(m: Matrix) -> Iterator[Cell]:
+    """expand(), one cell at a time."""
     fixed = dict(
         model=m.model,
         data=m.data,
@@ -1100,7 +1120,7 @@ def expand(m: Matrix) -> list[Cell]:
         matrix=m.name or "",
         nvme_path=m.nvme_path,
     )
-    cells, seen = [], set()
+    seen = set()
     for combo in _cross(m):
         if any(_matches(combo, pick) for pick in m.exclude):
             continue
@@ -1111,5 +1131,4 @@ def expand(m: Matrix) -> list[Cell]:
         cell = Cell(**{**fixed, **combo}, **_blocks(m, combo))
         if cell.hash not in seen:
             seen.add(cell.hash)
-            cells.append(cell)
-    return cells
+            yield cell

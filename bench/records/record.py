@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Protocol
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from ..host import env
 from . import adaptive
@@ -93,6 +93,18 @@ ByGpu = Annotated[
 ]
 
 
+def _not_negative(v: float) -> float:
+    if v < 0:  # NaN passes: a non-finite figure is written as null, with a warning (bench.records.store)
+        raise ValueError(f"{v:g} is negative: a memory figure, a time or a rate is 0 or more")
+    return v
+
+
+# Memory in bytes, times, rates and utilisations: never below 0 (a negative peak would break answer mode's logarithm
+# and show as a negative size). A record with one is no measurement: readers skip it and name the field.
+Bytes = Annotated[int, AfterValidator(_not_negative), Field(json_schema_extra={"minimum": 0})]
+Rate = Annotated[float, AfterValidator(_not_negative), Field(json_schema_extra={"minimum": 0})]
+
+
 class RecordVersionError(ValueError):
     """A record from a newer zerobench than this one (or with no usable version)."""
 
@@ -106,30 +118,30 @@ class Metrics(BaseModel):
 
     model_config = _OPEN
     # In the order the worker writes them, so DataFrame columns keep their order.
-    step_time_median_s: float | None = None
+    step_time_median_s: Rate | None = None
     """Median wall time of a measured step (one optimizer step, its micro-batches included)."""
-    step_time_p90_s: float | None = None
+    step_time_p90_s: Rate | None = None
     """The 90th percentile of the measured steps' times."""
-    step_time_mean_s: float | None = None
+    step_time_mean_s: Rate | None = None
     """The mean of the measured steps' times."""
-    tokens_per_s: float | None = None
+    tokens_per_s: Rate | None = None
     """Tokens trained per second, all GPUs together: tokens per step over the median step time."""
-    samples_per_s: float | None = None
+    samples_per_s: Rate | None = None
     """Sequences trained per second, all GPUs together."""
-    tflops_per_gpu: float | None = None
+    tflops_per_gpu: Rate | None = None
     """Model FLOPs per second per GPU, in TFLOP/s."""
-    hw_tflops_per_gpu: float | None = None
+    hw_tflops_per_gpu: Rate | None = None
     """Hardware FLOPs (with gradient checkpointing's recompute) per second per GPU."""
-    mfu: float | None = None
+    mfu: Rate | None = None
     """Model FLOPs utilisation against the GPU's dense peak for the precision; None without a known peak."""
-    hfu: float | None = None
+    hfu: Rate | None = None
     """Hardware FLOPs utilisation: hw_tflops_per_gpu over the same peak."""
-    model_flops_per_token: float | None = None
+    model_flops_per_token: Rate | None = None
     """Training FLOPs per token: 6 per trained dense weight, 4 per frozen one (LoRA and QLoRA bases), plus
     causal attention (bench.worker.metrics)."""
-    hw_flops_per_token: float | None = None
+    hw_flops_per_token: Rate | None = None
     """The same with gradient checkpointing's recomputed forward."""
-    peak_tflops: float | None = None
+    peak_tflops: Rate | None = None
     """The GPU's dense peak for the precision (bench.worker.metrics' table), TFLOP/s."""
     loss_first: float | None = None
     """The first step's loss (warmup included): before any update."""
@@ -137,21 +149,21 @@ class Metrics(BaseModel):
     """The last step's loss."""
     loss_measured_first: float | None = None
     """The first measured step's loss."""
-    energy_j_per_token: float | None = None
+    energy_j_per_token: Rate | None = None
     """From NVML's energy counter over the measured phase (the orchestrator adds it)."""
-    gpu_util_mean_pct: float | None = None
+    gpu_util_mean_pct: Rate | None = None
     """NVML's GPU utilisation over the measured phase, mean over samples and GPUs."""
-    power_mean_w: float | None = None
+    power_mean_w: Rate | None = None
     """NVML's power draw over the measured phase, all the cell's GPUs summed, mean over samples."""
-    sm_clock_mean_mhz: float | None = None
+    sm_clock_mean_mhz: Rate | None = None
     """NVML's SM clock over the measured phase, mean of the samples (the orchestrator adds this and below)."""
-    sm_clock_min_mhz: float | None = None
+    sm_clock_min_mhz: Rate | None = None
     """The lowest SM clock sampled over the measured phase."""
-    mem_clock_mean_mhz: float | None = None
+    mem_clock_mean_mhz: Rate | None = None
     """NVML's memory clock over the measured phase, mean of the samples."""
     temperature_max_c: float | None = None
     """The hottest GPU temperature sampled over the measured phase."""
-    power_max_w: float | None = None
+    power_max_w: Rate | None = None
     """The highest power draw sampled over the measured phase (all the cell's GPUs summed)."""
     throttle_reasons: list[str] | None = None
     """NVML's clock-throttle reasons seen in any sample of the measured phase ([] when none; idle excluded)."""
@@ -161,17 +173,17 @@ class AllocatorPeaks(BaseModel):
     """One rank's CUDA allocator figures over a phase (setup or measured)."""
 
     model_config = _OPEN
-    torch_max_allocated_bytes: int | None = None
+    torch_max_allocated_bytes: Bytes | None = None
     """torch.cuda.max_memory_allocated over the phase: tensors alive at once."""
-    torch_max_reserved_bytes: int | None = None
+    torch_max_reserved_bytes: Bytes | None = None
     """torch.cuda.max_memory_reserved over the phase: what the allocator held from the driver."""
-    torch_allocated_between_steps_bytes: int | None = None
+    torch_allocated_between_steps_bytes: Bytes | None = None
     """Allocated at the start of a measured step: model states and what persists between steps."""
-    torch_max_allocated_forward_bytes: int | None = None
+    torch_max_allocated_forward_bytes: Bytes | None = None
     """The allocator's peak within the forward passes of the measured steps."""
-    torch_max_allocated_backward_bytes: int | None = None
+    torch_max_allocated_backward_bytes: Bytes | None = None
     """Within the backward passes, ZeRO's gradient reduction included."""
-    torch_max_allocated_step_bytes: int | None = None
+    torch_max_allocated_step_bytes: Bytes | None = None
     """Within the optimizer steps."""
 
 
@@ -181,46 +193,46 @@ class Memory(BaseModel):
     nodes: host RSS is the largest node's, each node sampled where it ran; per-GPU lists in node order."""
 
     model_config = _OPEN
-    host_rss_peak_bytes: int | None = None
+    host_rss_peak_bytes: Bytes | None = None
     """Peak resident memory of the worker's process tree (all ranks and their children), sampled by the
     orchestrator."""
-    host_rss_peak_setup_bytes: int | None = None
+    host_rss_peak_setup_bytes: Bytes | None = None
     """The same over setup (imports, model build, engine init)."""
-    host_rss_peak_measured_bytes: int | None = None
+    host_rss_peak_measured_bytes: Bytes | None = None
     """The same over the measured steps."""
-    nvml_used_peak_setup_bytes: int | None = None
+    nvml_used_peak_setup_bytes: Bytes | None = None
     """nvml_used_peak_bytes over setup."""
-    nvml_proc_peak_setup_bytes: int | None = None
+    nvml_proc_peak_setup_bytes: Bytes | None = None
     """nvml_proc_peak_bytes over setup."""
-    nvml_used_peak_measured_bytes: int | None = None
+    nvml_used_peak_measured_bytes: Bytes | None = None
     """nvml_used_peak_bytes over the measured steps."""
-    nvml_proc_peak_measured_bytes: int | None = None
+    nvml_proc_peak_measured_bytes: Bytes | None = None
     """nvml_proc_peak_bytes over the measured steps."""
-    nvml_used_peak_bytes: int | None = None
+    nvml_used_peak_bytes: Bytes | None = None
     """The whole device's used memory (other processes included)."""
-    nvml_proc_peak_bytes: int | None = None
+    nvml_proc_peak_bytes: Bytes | None = None
     """The worker's processes' memory as NVML sees it: with the CUDA context and NCCL buffers."""
-    nvml_proc_peak_per_gpu: list[int | None] | None = None
+    nvml_proc_peak_per_gpu: list[Bytes | None] | None = None
     """nvml_proc_peak_bytes of each of the cell's GPUs (the figure above is their largest)."""
-    torch_max_allocated_bytes: int | None = None
+    torch_max_allocated_bytes: Bytes | None = None
     """The allocator's peak over the attempt, the largest rank's."""
-    torch_max_reserved_bytes: int | None = None
+    torch_max_reserved_bytes: Bytes | None = None
     """The allocator's peak reservation over the attempt, the largest rank's."""
-    torch_max_allocated_per_gpu: list[int | None] | None = None
+    torch_max_allocated_per_gpu: list[Bytes | None] | None = None
     """torch_max_allocated_bytes of each rank."""
-    torch_max_allocated_forward_bytes: int | None = None
+    torch_max_allocated_forward_bytes: Bytes | None = None
     """The allocator's peak within the measured forward passes (largest rank)."""
-    torch_max_allocated_backward_bytes: int | None = None
+    torch_max_allocated_backward_bytes: Bytes | None = None
     """Within the measured backward passes, ZeRO's gradient reduction included."""
-    torch_max_allocated_step_bytes: int | None = None
+    torch_max_allocated_step_bytes: Bytes | None = None
     """Within the measured optimizer steps."""
-    torch_allocated_between_steps_bytes: int | None = None
+    torch_allocated_between_steps_bytes: Bytes | None = None
     """Allocated at the start of a measured step: model states and what persists between steps (largest rank)."""
-    torch_allocated_between_steps_per_gpu: list[int | None] | None = None
+    torch_allocated_between_steps_per_gpu: list[Bytes | None] | None = None
     """torch_allocated_between_steps_bytes of each rank."""
-    torch_max_allocated_setup_bytes: int | None = None
+    torch_max_allocated_setup_bytes: Bytes | None = None
     """The allocator's peak over setup (model build, engine init)."""
-    torch_max_reserved_setup_bytes: int | None = None
+    torch_max_reserved_setup_bytes: Bytes | None = None
     """The allocator's peak reservation over setup."""
 
 
@@ -328,7 +340,7 @@ class WorkerDoc(WorkerFacts):
     """The phase the rank was in when it wrote the document (import, setup, warmup, measured, teardown)."""
     traceback: str | None = None
     losses: list[float | None] | None = None
-    step_times_s: list[float] | None = None
+    step_times_s: list[Rate] | None = None
     metrics: Metrics | None = None
     memory_setup: AllocatorPeaks | None = None
     memory_measured: AllocatorPeaks | None = None
@@ -816,7 +828,7 @@ class Record(BaseModel):
     """Peaks of the attempt: host RSS, NVML and the allocator, whole and per phase."""
     losses: list[float | None] | None = None
     """Every step's loss, warmup included."""
-    step_times_s: list[float] | None = None
+    step_times_s: list[Rate] | None = None
     """Every measured step's wall time."""
     steps: StepsTaken | None = None
     """Steps taken and why measuring ended (adaptive or fixed; absent from older records)."""

@@ -5,7 +5,9 @@ e.g. on a full disk, is continued) and, when the file system refuses, cuts the f
 and raises `StoreWriteError`. One run at a time writes a results file: `Store.hold()` takes an flock on
 the results file itself for the run (the kernel drops it when the holder dies, so a killed run leaves no
 lock that blocks the next; and it is the file that is locked, not its name, so a second run through a
-symlink or a hard link is refused too), and a second run on the file gets `ResultsInUse`. No figure is
+symlink or a hard link is refused too), and a second run on the file gets `ResultsInUse`. The run appends through
+the descriptor it locked, so a file deleted mid-run cannot let a second run's records in beside its own: its next
+append is refused instead. No figure is
 written as NaN or Infinity (JSON has neither): such a value is written as null, with a warning.
 
 Readers skip a torn last line (a run killed mid-write) and name it; the writer seals such a line first so
@@ -13,7 +15,8 @@ the next record starts clean. Lines that are JSON but not records of zerobench (
 edit, a field of the wrong type or out of range, a record that contradicts itself: tokens/s that its step
 times and tokens per step do not give, a measurement on a cell that never ran, a name of megabytes) are
 skipped and named with their line numbers in one warning, never read as a cell; lines that are not JSON
-are counted in one warning. A path that is not a regular file (a device, a FIFO) is refused before a byte
+are counted in one warning, and so are lines that repeat an earlier record byte for byte (one attempt, read once).
+The file is read a line at a time. A path that is not a regular file (a device, a FIFO) is refused before a byte
 is read. Reading
 upgrades every record to the current schema version (bench.records.record); writing writes that version.
 Resume reads the same file.
@@ -21,12 +24,14 @@ Resume reads the same file.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import dataclasses
 import datetime as dt
 import errno
 import fcntl
 import gzip
+import hashlib
 import json
 import math
 import os
@@ -139,8 +144,11 @@ def _size_problem(rec: dict) -> str | None:
 
 def _metrics_problem(rec: Record) -> str | None:
     """Figures that contradict each other or the status: tokens/s that the recorded step times and the cell's
-    tokens per step do not give (either way), or a measurement on a cell whose worker never trained."""
+    tokens per step do not give (either way), none on a cell measured ok, or a measurement on a cell whose worker
+    never trained."""
     m = rec.metrics
+    if m is not None and m.tokens_per_s == 0 and rec.status is Status.OK:
+        return "metrics.tokens_per_s: 0 on an ok record: a cell measured ok trained at a positive rate"
     if m is None or not m.tokens_per_s:
         return None
     if rec.status.value in _NEVER_RAN:
@@ -212,41 +220,50 @@ def read_records(path: str | os.PathLike, *, warn=True) -> Iterator[Record]:
 
 
 def numbered_records(path: str | os.PathLike, *, warn=True) -> Iterator[tuple[int, Record]]:
-    """As read_records(), each record with its line number in the file (for messages that point at it)."""
-    data = _read_results_bytes(path)
-    if data is None:
+    """As read_records(), each record with its line number in the file (for messages that point at it). The file
+    is read a line at a time (a file of a GB is not held whole); a line that repeats an earlier record byte for
+    byte is the same attempt written again (a file appended to itself, a copy pasted twice): skipped, counted
+    in one warning, never a second attempt."""
+    f = _open_results(path)
+    if f is None:
         return
-    # utf-8-sig: a byte-order mark an editor added must not make the first record unreadable.
-    lines = data.decode("utf-8-sig", errors="replace").split("\n")
-    last = max((i for i, x in enumerate(lines) if x.strip("\0 \t\r")), default=-1)
     foreign: list[str] = []
     not_json: list[int] = []
-    torn = None
-    for i, line in enumerate(lines):
-        if not line.strip("\0 \t\r"):  # a crash can leave a zero-filled tail
-            continue
-        if len(line) > MAX_LINE_CHARS:  # not parsed: a record is a few KB
-            foreign.append(
-                f"line {i + 1} ({len(line) / 2**20:.1f} MiB; a record is at most {MAX_LINE_CHARS >> 20} MiB)"
-            )
-            continue
-        try:
-            rec = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):
-            if i < last:
-                not_json.append(i + 1)
-            else:  # the last line, cut short by a run killed while writing it
-                torn = i + 1
-            continue
-        parsed = _parse_line(rec, path, i + 1, foreign, checked=len(line) <= MAX_NAME_CHARS)
-        if parsed is not None:
-            yield i + 1, parsed
+    repeated: list[int] = []
+    seen: set[bytes] = set()
+    pending = None  # a line that is not JSON: the torn end of a killed run's write if no line follows it
+    with f:
+        for i, raw in enumerate(_lines(f, path), 1):
+            if i == 1 and raw.startswith(codecs.BOM_UTF8):  # an editor's byte-order mark: the first record stands
+                raw = raw[len(codecs.BOM_UTF8) :]
+            if not raw.strip(b"\0 \t\r\n"):  # a crash can leave a zero-filled tail
+                continue
+            if pending is not None:
+                not_json.append(pending)
+                pending = None
+            if len(raw) > MAX_LINE_CHARS:  # not parsed: a record is a few KB
+                foreign.append(f"line {i} ({len(raw) / 2**20:.1f} MiB; a record is at most {MAX_LINE_CHARS >> 20} MiB)")
+                continue
+            digest = hashlib.blake2b(raw.rstrip(b"\r\n"), digest_size=16).digest()
+            if digest in seen:
+                repeated.append(i)
+                continue
+            line = raw.decode("utf-8", errors="replace")
+            try:
+                rec = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
+                pending = i
+                continue
+            parsed = _parse_line(rec, path, i, foreign, checked=len(line) <= MAX_NAME_CHARS)
+            if parsed is not None:
+                seen.add(digest)
+                yield i, parsed
     if warn:
-        _warn_skipped(path, not_json, foreign, torn)
+        _warn_skipped(path, not_json, foreign, pending, repeated)
 
 
-def _read_results_bytes(path: str | os.PathLike) -> bytes | None:
-    """The bytes of a results file; None when it does not exist."""
+def _open_results(path: str | os.PathLike) -> typing.BinaryIO | None:
+    """A results file open to read; None when it does not exist."""
     try:
         fd = open_regular(path)
     except FileNotFoundError:
@@ -257,13 +274,19 @@ def _read_results_bytes(path: str | os.PathLike) -> bytes | None:
         raise InputError(
             f"cannot read the results file {path}: {e.strerror}; give a readable results .jsonl file"
         ) from None
-    with os.fdopen(fd, "rb") as f:
-        data = f.read()
-    if data[:2] != b"\x1f\x8b":
-        return data
-    try:  # a gzipped results file (records carried between machines are kept so): read as its lines
-        return gzip.decompress(data)
-    except (OSError, EOFError) as e:
+    f = os.fdopen(fd, "rb")
+    if f.peek(2)[:2] != b"\x1f\x8b":
+        return f
+    gz = gzip.GzipFile(fileobj=f)  # a gzipped results file (records carried between machines are kept so)
+    gz.myfileobj = f  # closed with it
+    return gz
+
+
+def _lines(f: typing.BinaryIO, path) -> Iterator[bytes]:
+    """The file's lines; a gzipped file cut short is an InputError naming it."""
+    try:
+        yield from f
+    except (EOFError, gzip.BadGzipFile) as e:
         raise InputError(f"results file {path} is gzip but cannot be read ({e}); give a whole .jsonl.gz") from None
 
 
@@ -296,8 +319,18 @@ def _parse_line(rec, path, line: int, foreign: list[str], checked: bool = False)
     return parsed
 
 
-def _warn_skipped(path, not_json: list[int], foreign: list[str], torn: int | None = None) -> None:
+def _warn_skipped(
+    path, not_json: list[int], foreign: list[str], torn: int | None = None, repeated: list[int] | None = None
+) -> None:
     """One warning per kind of skipped line, with a count and the first few line numbers."""
+    if repeated:
+        n, first = len(repeated), ", ".join(map(str, repeated[:5]))
+        print(
+            f"zerobench: {path}: skipping {n:,} line{'s' if n != 1 else ''} that repeat{'' if n != 1 else 's'} an "
+            f"earlier record byte for byte (line{'s' if n != 1 else ''} {first}{', ...' if n > 5 else ''}): the same "
+            "attempt written again, counted once; remove the repeats (the file may have been appended to itself)",
+            file=sys.stderr,
+        )
     if torn is not None:
         print(
             f"zerobench: {path}: skipping its last line ({torn}): it is cut short, not a whole record (a run killed "
@@ -396,6 +429,8 @@ class Store:
         # Cells packed side by side (bench.execute.local) append from their threads: one append at a time, or a
         # failed one's cut back to "its" previous end would cut off a neighbour's record.
         self._lock = threading.Lock()
+        self._held: int | None = None
+        """While held (hold()), the locked descriptor every append writes through."""
 
     def append(self, record: Record | dict) -> dict:
         """Append one record (a bench.records.record.Record; a plain dict is written as it is); return what was written.
@@ -411,14 +446,10 @@ class Store:
             return self._append(record, data)
 
     def _append(self, record: dict, data: bytes) -> dict:
+        fd = self._held if self._held is not None else self._open()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        except OSError as e:
-            raise StoreWriteError(
-                e.errno, f"cannot open {self.path} to append a record: {e.strerror}", str(self.path)
-            ) from None
-        try:
+            if self._held is not None:
+                self._check_held()
             size = os.fstat(fd).st_size
             try:
                 if size:
@@ -442,14 +473,44 @@ class Store:
                     str(self.path),
                 ) from None
         finally:
-            os.close(fd)
+            if fd != self._held:
+                os.close(fd)
         return record
+
+    def _open(self) -> int:
+        """A descriptor to append one record (the file is not held)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as e:
+            raise StoreWriteError(
+                e.errno, f"cannot open {self.path} to append a record: {e.strerror}", str(self.path)
+            ) from None
+
+    def _check_held(self) -> None:
+        """The results path still names the file this run holds: deleted or replaced, the name may be another
+        run's file now, and writing there would interleave two runs in one file."""
+        held = os.fstat(self._held)
+        try:
+            now = os.stat(self.path)
+        except OSError:
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+            gone = "it was deleted" if now is None else "it was deleted or replaced"
+            raise StoreWriteError(
+                errno.ENOENT,
+                f"{self.path} no longer names the file this run holds ({gone} while the run wrote it); this run "
+                "stops rather than write beside another run; rerun with --results naming a file no run holds",
+                str(self.path),
+            )
 
     @contextlib.contextmanager
     def hold(self, what: str = "zerobench run"):
         """Hold the results file for one run; raise ResultsInUse when another process holds it. The lock is
         an flock on the results file itself, so a second run through a symlink or a hard link to the same
-        file is refused too. <results>.lock says who holds it, for that message; it is removed at the end."""
+        file is refused too. <results>.lock says who holds it, for that message; it is removed at the end.
+        While held, every append writes through the locked descriptor; one made after the path stopped naming
+        that file (deleted or replaced: a second run may hold the name now) raises StoreWriteError."""
         fd = self._open_for_lock()
         try:
             try:
@@ -482,9 +543,11 @@ class Store:
                 _write_all(info_fd, (info + "\n").encode())
             finally:
                 os.close(info_fd)
+            self._held = fd
             try:
                 yield self
             finally:
+                self._held = None
                 with contextlib.suppress(OSError):
                     os.unlink(lock)  # while still holding the lock, so no one reads a stale holder
         finally:

@@ -905,7 +905,7 @@ def _masked(reason: str) -> str:
 def _distinct(cells: pd.DataFrame, col: str) -> str:
     if col not in cells:
         return ""
-    return ", ".join(sorted({str(v) for v in cells[col].dropna().unique()} - {""}))
+    return ", ".join(sorted({compare.clip(v) for v in cells[col].dropna().unique()} - {""}))
 
 
 def _environment(cells: pd.DataFrame, df: pd.DataFrame) -> list[tuple[str, str]]:

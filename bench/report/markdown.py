@@ -7,10 +7,9 @@ and why. Long lists are capped (a PR comment has a size limit); the HTML report 
 
 from __future__ import annotations
 
-import html
-import re
 from urllib.parse import quote
 
+from ..judge.compare import escape
 from ..judge.effects import NOT_SETTLED, Effect, effects_note
 from ..matrix.axes import AXIS
 from ..records.status import Status
@@ -36,12 +35,6 @@ __all__ = ["render", "render_analysis", "escape"]
 
 MAX_ROWS = 15  # per list table
 MAX_ALL_CELLS = 200  # in the collapsed all-cells table
-
-
-def escape(s) -> str:
-    """Escape text for a Markdown table cell: HTML-escape, then neutralise Markdown syntax."""
-    s = html.escape("" if s is None else str(s), quote=False)
-    return re.sub(r"([\\`*_\[\]|#!~])", r"\\\1", s).replace("\r", " ").replace("\n", " ")
 
 
 def _table(header: list[str], align: str, rows: list[list[str]]) -> list[str]:
