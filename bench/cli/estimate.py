@@ -158,8 +158,8 @@ def _estimate_check(args) -> int:
         print(check.summary_line(check.summarize(cv), "held out (leave one results file out)"))
     if unfit_rows:
         print(check.unfitted_line(unfit_rows))
-    if cs and len({c.file for c in cs}) == 1:
-        print(ONE_FILE.format(file=cs[0].file))
+    if len({c.file for c in every}) == 1:
+        print(ONE_FILE.format(file=every[0].file))
     _memory_groups(_heldout_memory(cs, unfit, args.margin))
     from ..estimate import timecheck
 
