@@ -160,7 +160,8 @@ def _estimate_check(args) -> int:
         print(check.unfitted_line(unfit_rows))
     if len({c.file for c in every}) == 1:
         print(ONE_FILE.format(file=every[0].file))
-    _memory_groups(_heldout_memory(cs, unfit, args.margin))
+    groups = _heldout_memory(cs, unfit, args.margin)
+    _memory_groups(groups)
     from ..estimate import timecheck
 
     steps: dict[str, list[float]] = {}
@@ -175,7 +176,10 @@ def _estimate_check(args) -> int:
         from ..estimate.fitted import FITTED
 
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        text = check.markdown(args.check, files, rows, cv, FITTED, args.margin, held, unfit_rows)
+        from ..estimate import heldout
+
+        tables = [(name, heldout.memory_table(groups[by])) for by, name in heldout.BY.items()]
+        text = check.markdown(args.check, files, rows, cv, FITTED, args.margin, held, unfit_rows, tables)
         Path(args.markdown).write_text(text)
         print(f"report: {args.markdown}")
     return 0

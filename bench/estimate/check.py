@@ -603,9 +603,11 @@ def markdown(
     margin: float,
     held: Sequence[tuple[str, HeldOut]] = (),
     unfitted: Sequence[Row] = (),
+    groups: Sequence[tuple[str, list[list[str]]]] = (),
 ) -> str:
     """The check as Markdown: `paths` as given on the command line, `files` the results files read, `held` the
-    predictions files (as given, scored), `unfitted` the rows of the runs no constant was fitted on."""
+    predictions files (as given, scored), `unfitted` the rows of the runs no constant was fitted on, `groups`
+    the held-out tables by GPU model and machine (title, table: bench.estimate.heldout.memory_table)."""
     s_in, s_cv = summarize(rows), summarize(cv)
     only = sorted({r.case.file for r in unfitted} - {r.case.file for r in rows})  # held-out files
     fitted_files = [os.path.basename(p) for p in files if os.path.basename(p) not in only]
@@ -613,9 +615,10 @@ def markdown(
     held_only = ", ".join(f"`{f}`" for f in only)
     held_arg = f" --held-out {' '.join(p for p, _ in held)}" if held else ""
     held_part = ["## Held-out checks", "", _HELD_OUT_TEXT, "", md_table(held_out_table([h for _, h in held])), ""]
+    gpus = ", ".join(sorted({r.case.gpu for r in (*rows, *unfitted)})) or "none"
     return "\n".join(
         [
-            "# The memory model against the committed H200 measurements",
+            "# The memory model against the committed measurements",
             "",
             "Made by `zerobench estimate --check` (the command below); every figure is a pure function of the "
             "results files and the model (`bench/estimate/`). Each cell is predicted from the cell and the GPU's "
@@ -636,11 +639,12 @@ def markdown(
             "",
             "## Summary",
             "",
-            f"- {summary_line(s_in, 'in-sample (the constants in bench/estimate/fitted.py)')}",
+            f"- {summary_line(s_in, 'in-sample (the constants of bench/estimate/fit.json)')}",
             f"- {summary_line(s_cv, 'held out (leave one results file out)')}",
             *([f"- {unfitted_line(unfitted)}"] if unfitted else []),
             "",
             *(held_part if held else []),
+            *(part for title, t in groups for part in (f"## Held out by {title}", "", md_table(t), "")),
             "## Errors per category",
             "",
             md_table(category_table(rows, cv)),
@@ -662,7 +666,8 @@ def markdown(
             md_table(table(rows, cv)),
             "",
             f"Results files ({len(fitted_files)}): {listed}. Records counted: status ok with NVML's "
-            "figures, and cuda_oom/host_oom, run on an H200; the others (skipped, interrupted, errors, selfcheck "
+            f"figures, and cuda_oom/host_oom, run on any GPU (here: {gpus}); the others (skipped, interrupted, "
+            "errors, selfcheck "
             "variants without telemetry) predict nothing to compare."
             + (
                 f" Read only for the held-out checks (no constant was fitted on them): {held_only}."

@@ -109,7 +109,7 @@ def _fitted_col(g: Group, complete: bool = True) -> str:
     """How many of its records the constants were fitted on; `complete`: counted over every record they were
     fitted on (else over the records given only, and a group with none may still have been seen)."""
     if g.fitted:
-        return f"{g.fitted} records"
+        return f"{g.fitted} record{'s' if g.fitted > 1 else ''}"
     return "none: never seen" if complete else "none of these"
 
 
