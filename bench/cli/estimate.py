@@ -271,6 +271,12 @@ def _check_held_out(args, files: list[str], held_files: list[str], predictions: 
         which = ", ".join(files if not train else held_files) or "(no results files left to fit on)"
         print(f"zerobench estimate: no ok or out-of-memory {_gpu(args)}records in {which}", file=sys.stderr)
         return 2
+    if args.markdown:
+        print(
+            "zerobench estimate: --markdown writes the check of --check files; not written with --held-out "
+            "results files",
+            file=sys.stderr,
+        )
     k = check.fit(train, NEUTRAL)
     names = ", ".join(sorted({c.file for c in test}))
     seen = heldout.seen_in(train)
