@@ -5,16 +5,24 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import gzip
+import inspect
+import json
+import shutil
 import time
+from collections import Counter
+from pathlib import Path
 
 import pytest
 
-from bench.estimate import FITTED, Hardware, model_states, predict, zero_ratio
+from bench.cli import main
+from bench.estimate import FITTED, Hardware, fitdata, fitted, heldout, model_states, predict, zero_ratio
 from bench.estimate import check as mcheck
 from bench.estimate.model import CUBLAS_WORKSPACE
 from bench.estimate.table import estimate_cells, parse_size
 from bench.matrix import dsconfig, spec
 from bench.matrix.cells import Cell, Lora, Qlora
+from bench.matrix.problems import InputError
 from bench.matrix.shapes import shape_of
 from bench.records.store import Store
 
@@ -316,10 +324,26 @@ def test_cross_validated_bounds(cases):
     assert cv["false_fits"] == 0
 
 
-def test_fitted_constants_are_the_fit_of_the_committed_records(cases):
-    k = mcheck.fit(cases)
+def test_fitted_constants_are_the_fit_of_the_records_fit_json_names():
+    """fit.json's "memory" section is the fit of the records it names: its files hold exactly its runs, per GPU
+    model and machine as it counts them, and fitting their records from nothing gives its constants."""
+    fit = fitted.load()
+    cs = mcheck.cases([f"results/{f}" for f in fit.files], unfitted=True)
+    assert fit.files and {c.run for c in cs} == set(fit.runs)
+    assert fit.gpus == dict(Counter(c.gpu for c in cs)) and fit.machines == dict(Counter(c.machine for c in cs))
+    k = mcheck.fit(cs, fitted.NEUTRAL)
     for f in dataclasses.fields(k):
-        assert getattr(k, f.name) == pytest.approx(getattr(FITTED, f.name), rel=0.01, abs=0.001), f.name
+        assert getattr(k, f.name) == pytest.approx(getattr(FITTED, f.name), rel=1e-4), f.name
+    assert fit.command.startswith("zerobench estimate --check ") and fit.command.endswith("--refit")
+
+
+def test_no_fitted_value_in_the_memory_model_source():
+    # The constants' values are fit.json's: fitted.py names them and says what each is, nothing more.
+    src = inspect.getsource(fitted)
+    assert FITTED.cuda_context > 2**30 and f"{FITTED.cuda_context / GiB:.3f}" not in src
+    assert not any(f"{getattr(FITTED, n):.3f}" in src for n in ("frag_shared", "frag_buckets", "frag_loss"))
+    with pytest.raises(InputError, match="no nccl under 'constants'.*--refit"):
+        fitted.load({"constants": {n: 1.0 for n in fitted.FIT_NAMES if n != "nccl"}})
 
 
 def test_prediction_reads_no_measurement(cases):
@@ -411,3 +435,88 @@ def test_the_runs_not_fitted_on_are_the_held_out_checks_and_read_only_for_them(c
     assert not any(c.file in unfitted for c in cases)
     held = {f for p in PREDICTIONS for f in mcheck.held_out(p, every).results}
     assert unfitted <= held
+
+
+# -- checks on any GPU -------------------------------------------------------------------------------------------
+H100 = "tests/data/h100-7b-answer.jsonl.gz"  # ten ok records of the 7B answer run on one H100 (tests/data/README.md)
+H100_NAME = "NVIDIA H100 80GB HBM3"
+
+
+def _row(out: str, first: str) -> list[str]:
+    """The cells of the first table line of `out` that starts with `first`."""
+    line = next(line for line in out.splitlines() if line.startswith(first))
+    return [c.strip() for c in line.split("  ") if c.strip()]
+
+
+def test_check_reads_a_gzipped_file_of_another_gpu_and_reports_it_by_gpu_model(capsys):
+    assert main(["estimate", "--check", H100]) == 0
+    out = capsys.readouterr().out
+    memory = out.split("Memory model, held out by GPU model", 1)[1]
+    # The H100 is a GPU model the constants never saw, and its ten records are held out.
+    assert _row(memory, H100_NAME)[:4] == [H100_NAME, "none: never seen", "10", "10"]
+    assert "held out by machine" in out and "GPU-478c807f-0d0e-26fd-2db0-70d1e09d884e" in out
+    assert "the strongest check" in out
+    # The step-time model's side, by GPU model, with the band it ships around each prediction.
+    step = out.split("Step-time model, held out by GPU model", 1)[1]
+    assert "inside the band" in step and f"{H100_NAME}  none of these  10" in step
+
+
+def test_check_of_records_of_several_gpu_models_counts_each(tmp_path, capsys):
+    # The same H100 records as if on an A100 (its name, and another machine): two GPU models, each held out.
+    text = gzip.open(H100, "rt").read()
+    other = text.replace(H100_NAME, "NVIDIA A100-SXM4-80GB").replace("GPU-478c807f", "GPU-00000000")
+    (tmp_path / "a100.jsonl").write_text(other)
+    assert main(["estimate", "--check", H100, str(tmp_path / "a100.jsonl")]) == 0
+    out = capsys.readouterr().out.split("Memory model, held out by GPU model", 1)[1].split("held out by machine")[0]
+    assert [line.split("  ")[0] for line in out.splitlines() if line.startswith("NVIDIA")] == [
+        "NVIDIA A100-SXM4-80GB",
+        H100_NAME,
+    ]
+
+
+def test_held_out_results_are_predicted_by_constants_fitted_on_the_check_files_alone(tmp_path, capsys):
+    # A folder given to --check with the held-out file in it: the file is left out of the fit.
+    for f in ("results/1b.jsonl", "results/memcheck-h200-c-7b.jsonl", H100):
+        shutil.copy(f, tmp_path)
+    held = str(tmp_path / Path(H100).name)
+    assert main(["estimate", "--check", str(tmp_path), "--held-out", held]) == 0
+    out = capsys.readouterr().out
+    train = mcheck.cases(["results/1b.jsonl", "results/memcheck-h200-c-7b.jsonl"], unfitted=True)
+    assert f"the --check files alone: {len(train)} records of" in out and "in 2 files; GPU models: NVIDIA H200" in out
+    want = mcheck.summarize(mcheck.evaluate(mcheck.cases([H100], unfitted=True), mcheck.fit(train, fitted.NEUTRAL)))
+    line = next(x for x in out.splitlines() if x.startswith("memory, held out (h100-7b-answer.jsonl.gz)"))
+    assert f"median |error| {want['median_abs_error']:.1%}, p95 {want['p95_abs_error']:.1%}" in line
+    assert want["n"] == 10 and f"{H100_NAME}  none: never seen" in out
+    assert "step time, held out (h100-7b-answer.jsonl.gz): 10 records" in out
+
+
+def test_refit_writes_the_memory_section_of_the_data_file(tmp_path, monkeypatch, capsys):
+    data = tmp_path / "fit.json"
+    shutil.copy(fitdata._path(), data)
+    monkeypatch.setattr(fitdata, "_path", lambda: data)
+    before = json.loads(data.read_text())
+    files = ["results/memcheck-h200-c.jsonl", "results/1b-2gpu.jsonl"]
+    assert main(["estimate", "--check", *files, H100, "--held-out", H100, "--refit"]) == 0
+    assert "section 'memory': written" in capsys.readouterr().out
+    after = json.loads(data.read_text())
+    assert {k: v for k, v in after.items() if k != "memory"} == {k: v for k, v in before.items() if k != "memory"}
+    fit = fitted.load(after["memory"])
+    cs = mcheck.cases(files, unfitted=True)  # the H100 file held out of the fit
+    assert fit.files == tuple(sorted(Path(f).name for f in files)) and set(fit.runs) == {c.run for c in cs}
+    assert fit.gpus == {"NVIDIA H200": len(cs)}
+    k = mcheck.fit(cs, fitted.NEUTRAL)
+    for f in dataclasses.fields(k):
+        assert getattr(fit.constants, f.name) == pytest.approx(getattr(k, f.name), rel=1e-5), f.name
+    assert fit.command == f"zerobench estimate --check {' '.join(files)} {H100} --held-out {H100} --refit"
+
+
+def test_leaving_a_machine_out_fits_on_the_others_only(cases):
+    machine = Counter(c.machine for c in cases).most_common(1)[0][0]
+    rows = [r for r in mcheck.leave_out(cases, "machine") if r.case.machine == machine]
+    k = mcheck.fit([c for c in cases if c.machine != machine])
+    assert [r.estimate for r in rows] == [
+        e.estimate for e in mcheck.evaluate([c for c in cases if c.machine == machine], k)
+    ]
+    assert mcheck.leave_out(cases, "gpu") == []  # one GPU model: no other to fit on
+    groups = heldout.memory_groups(cases, [], heldout.seen_in(cases))
+    assert [g.key for g in groups["gpu"]] == ["NVIDIA H200"] and groups["gpu"][0].rows == []

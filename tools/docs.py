@@ -38,8 +38,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bench.estimate import check, timecheck
-from bench.estimate.fitted import FITTED
+from bench.estimate import check, heldout, timecheck
+from bench.estimate.fitted import FIT, FITTED
 from bench.estimate.steptime import REF_OPS_S, STEP_BAND, STEP_BAND_HOST
 from bench.estimate.verdict import DEFAULT_MARGIN
 from bench.matrix import axes, cells, rules, spec
@@ -360,14 +360,23 @@ def _model_check() -> dict[str, Any]:
         "rows": check.evaluate(cs),
         "cv": check.cross_validate(cs),
         "unfit": check.evaluate([c for c in every if not check.fitted_on(c.run)]),
+        "groups": heldout.memory_groups(cs, [c for c in every if not check.fitted_on(c.run)], _shipped()),
         "held": [(str(Path(p).relative_to(ROOT)), check.held_out(p, every, steps)) for p in predictions],
         "time": timecheck.time_check(files),
     }
 
 
+def _shipped() -> dict[str, dict[str, int]]:
+    """The records the shipped constants were fitted on, per GPU model and machine (fit.json)."""
+    return {"gpu": FIT.gpus or {}, "machine": FIT.machines or {}}
+
+
 def memory_report(m: dict[str, Any]) -> str:
     """reports/memory-model.md, as `zerobench estimate --check results --held-out ... --markdown` writes it."""
-    return check.markdown(["results"], m["files"], m["rows"], m["cv"], FITTED, DEFAULT_MARGIN, m["held"], m["unfit"])
+    tables = [(name, heldout.memory_table(m["groups"][by])) for by, name in heldout.BY.items()]
+    return check.markdown(
+        ["results"], m["files"], m["rows"], m["cv"], FITTED, DEFAULT_MARGIN, m["held"], m["unfit"], tables
+    )
 
 
 def memory_blocks(m: dict[str, Any]) -> dict[str, str]:
@@ -375,7 +384,7 @@ def memory_blocks(m: dict[str, Any]) -> dict[str, str]:
     return {
         "memory-summary": "\n".join(
             [
-                f"- {check.summary_line(s_in, 'in-sample (the constants of bench/estimate/fitted.py)')}",
+                f"- {check.summary_line(s_in, 'in-sample (the constants of bench/estimate/fit.json)')}",
                 f"- {check.summary_line(s_cv, 'held out (leave one results file out)')}",
                 *([f"- {check.unfitted_line(m['unfit'])}"] if m["unfit"] else []),
             ]
@@ -385,6 +394,7 @@ def memory_blocks(m: dict[str, Any]) -> dict[str, str]:
             check.held_out_table([dataclasses.replace(h, step_errors=()) for _, h in m["held"]])
         ),
         "memory-categories": check.md_table(check.category_table(m["rows"], m["cv"])),
+        "memory-by-gpu": check.md_table(heldout.memory_table(m["groups"]["gpu"])),
     }
 
 

@@ -32,23 +32,29 @@ def add_parser(sub) -> None:
         "--check",
         nargs="+",
         metavar="RESULTS",
-        help="predict each recorded cell from its cell and GPU alone, beside what was measured",
+        help="predict each recorded cell (of any GPU; .jsonl or .jsonl.gz, a folder for its results files) from its "
+        "cell and GPU alone, beside what was measured; held out by results file, machine and GPU model",
     )
     es.add_argument(
         "--held-out",
         nargs="+",
-        metavar="PREDICTIONS",
-        help="with --check: also score these `zerobench estimate MATRIX` outputs, committed before their cells ran, "
-        "against the records of those cells",
+        metavar="FILE",
+        help="with --check: results files (.jsonl, .jsonl.gz) to predict with constants fitted on the --check files "
+        "alone (left out of them; with --refit, left out of the fit); `zerobench estimate MATRIX` outputs, "
+        "committed before their cells ran, to score against the records of those cells",
     )
     es.add_argument("--markdown", metavar="PATH", help="with --check: also write the check as Markdown")
     es.add_argument(
         "--refit",
         action="store_true",
-        help="with --check: print the constants fitted on these results (the memory model's; the step-time model's "
-        "and its error band as bench/estimate/steptime.py holds them)",
+        help="with --check: fit the memory model's constants on these results (less --held-out files) and write them "
+        "to bench/estimate/fit.json; print the step-time model's fitted on them",
     )
-    es.add_argument("--gpu-name", default="H200", help="with --check: the GPU whose records count (default H200)")
+    es.add_argument(
+        "--gpu-name",
+        metavar="TEXT",
+        help="with --check: only the records of GPUs whose name contains TEXT (default: any)",
+    )
     es.set_defaults(func=cmd_estimate)
 
 
@@ -132,67 +138,207 @@ def _print_run_time(args, m, cells, rows, hw) -> None:
         print(line)
 
 
-def _estimate_check(args) -> int:
-    import dataclasses
+def _is_results(path: str) -> bool:
+    return Path(path).is_dir() or path.endswith((".jsonl", ".jsonl.gz"))
 
+
+def _results_files(paths: list[str]) -> list[str]:
+    """The results files given: a folder stands for its *.jsonl and *.jsonl.gz files."""
+    out = []
+    for p in paths:
+        if Path(p).is_dir():
+            out += sorted(str(f) for pat in ("*.jsonl", "*.jsonl.gz") for f in Path(p).glob(pat))
+        else:
+            out.append(p)
+    return out
+
+
+def _estimate_check(args) -> int:
     from ..estimate import check
 
     missing = [p for p in (*args.check, *(args.held_out or ())) if not Path(p).exists()]
     if missing:
         print(f"zerobench estimate: no such file: {', '.join(missing)}", file=sys.stderr)
         return 2
-    # A folder stands for its *.jsonl files.
-    files = [str(f) for p in args.check for f in (sorted(Path(p).glob("*.jsonl")) if Path(p).is_dir() else [p])]
+    held_files = _results_files([p for p in args.held_out or () if _is_results(p)])
+    predictions = [p for p in args.held_out or () if not _is_results(p)]
+    left_out = {Path(f).resolve() for f in held_files}
+    files = [f for f in _results_files(args.check) if Path(f).resolve() not in left_out]
+    if args.refit:
+        return _refit(args, files)
+    if held_files:
+        return _check_held_out(args, files, held_files, predictions)
     every = check.cases(files, gpu=args.gpu_name, unfitted=True)
     cs = [c for c in every if check.fitted_on(c.run)]
     if not every:
-        print(f"zerobench estimate: no ok or out-of-memory {args.gpu_name} records in these files", file=sys.stderr)
+        print(f"zerobench estimate: no ok or out-of-memory {_gpu(args)}records in these files", file=sys.stderr)
         return 2
-    if args.refit:  # on every record given: a refit takes in what the constants were not fitted on
-        k = check.fit(every)
-        print("# bench/estimate/fitted.py")
-        for f in dataclasses.fields(k):
-            v = getattr(k, f.name)
-            print(f"{f.name} = {v / 2**30:.3f} GiB" if v > 1e6 else f"{f.name} = {v:.3f}")
-        print(check.runs_literal(every), end="")
-        from ..estimate import timecheck
-
-        tc = timecheck.time_cases(files, gpu=args.gpu_name)
-        if tc:  # the step-time model's literals, as bench/estimate/steptime.py holds them
-            print("# bench/estimate/steptime.py")
-            print(timecheck.literals(tc), end="")
-        return 0
     rows = check.evaluate(cs, margin=args.margin)
     cv = check.cross_validate(cs, margin=args.margin)
+    unfit = [c for c in every if not check.fitted_on(c.run)]
+    unfit_rows = check.evaluate(unfit, margin=args.margin)
+    # Every record's line: held out, its file's leave-one-out prediction; a run not fitted on, its prediction.
+    print(check.text_table(check.table([*rows, *unfit_rows], [*cv, *unfit_rows])))
     if rows:
-        print(check.text_table(check.table(rows, cv)))
         print()
         print(check.text_table(check.category_table(rows, cv)))
         print()
         print(check.summary_line(check.summarize(rows), "in-sample"))
         print(check.summary_line(check.summarize(cv), "held out (leave one results file out)"))
-    unfit_rows = check.evaluate([c for c in every if not check.fitted_on(c.run)], margin=args.margin)
     if unfit_rows:
         print(check.unfitted_line(unfit_rows))
     if len({c.file for c in every}) == 1:
         print(ONE_FILE.format(file=every[0].file))
+    groups = _heldout_memory(cs, unfit, args.margin)
+    _memory_groups(groups)
     from ..estimate import timecheck
 
     steps: dict[str, list[float]] = {}
-    for t in timecheck.time_cases(files, gpu=args.gpu_name) if args.held_out else ():
+    for t in timecheck.time_cases(files, gpu=args.gpu_name or "") if predictions else ():
         steps.setdefault(t.cell.hash, []).append(t.step_s)
-    held = [(p, check.held_out(p, every, steps)) for p in args.held_out or ()]
+    held = [(p, check.held_out(p, every, steps)) for p in predictions]
     if held:
         print()
         print(check.text_table(check.held_out_table([h for _, h in held])))
-    _time_check(files, args.gpu_name)
+    _time_check(files, args.gpu_name or "")
     if args.markdown:
         from ..estimate.fitted import FITTED
 
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        text = check.markdown(args.check, files, rows, cv, FITTED, args.margin, held, unfit_rows)
+        from ..estimate import heldout
+
+        tables = [(name, heldout.memory_table(groups[by])) for by, name in heldout.BY.items()]
+        text = check.markdown(args.check, files, rows, cv, FITTED, args.margin, held, unfit_rows, tables)
         Path(args.markdown).write_text(text)
         print(f"report: {args.markdown}")
+    return 0
+
+
+def _gpu(args) -> str:
+    return f"{args.gpu_name} " if args.gpu_name else ""
+
+
+def _heldout_memory(cs, unfit, margin: float) -> dict:
+    """The memory model held out by GPU model and machine, for the constants it ships (fit.json)."""
+    from ..estimate import heldout
+    from ..estimate.fitted import FIT
+
+    return heldout.memory_groups(cs, unfit, {"gpu": FIT.gpus or {}, "machine": FIT.machines or {}}, margin=margin)
+
+
+def _memory_groups(groups: dict) -> None:
+    from ..estimate import heldout
+    from ..estimate.check import text_table
+
+    for by, name in heldout.BY.items():
+        print(f"\nMemory model, held out by {name} (NVML process peak):\n")
+        print(text_table(heldout.memory_table(groups[by])))
+    print(heldout.STRONGEST)
+
+
+def _time_groups(groups: dict, complete: bool = True) -> None:
+    """`complete`: the groups' fitted counts are over every record the constants were fitted on."""
+    from ..estimate import heldout
+    from ..estimate.check import text_table
+
+    for by, name in heldout.BY.items():
+        if any(g.rows for g in groups[by]):
+            print(
+                f"\nStep-time model, held out by {name} (median step time; the band the model ships, around each "
+                "prediction):\n"
+            )
+            print(text_table(heldout.time_table(groups[by], complete)))
+
+
+def _refit(args, files: list[str]) -> int:
+    """Write the memory model's constants fitted on `files` (fit.json's "memory" section); print the step-time
+    model's fitted on them."""
+    from ..estimate import check, fitdata
+    from ..matrix.problems import InputError
+
+    held = " ".join(p for p in args.held_out or () if _is_results(p))
+    command = " ".join(
+        [
+            "zerobench estimate --check",
+            *args.check,
+            *([f"--held-out {held}"] if held else []),
+            *([f"--gpu-name {args.gpu_name!r}"] if args.gpu_name else []),
+            "--refit",
+        ]
+    )
+    try:
+        data = check.refit(files, command, gpu=args.gpu_name)
+    except InputError as e:
+        print(f"zerobench estimate: {e}", file=sys.stderr)
+        return 2
+    print(f"# bench/estimate/{fitdata.FIT_FILE}, section {check.SECTION!r}: written")
+    for name, v in data["constants"].items():
+        print(f"{name} = {v / 2**30:.3f} GiB" if v > 1e6 else f"{name} = {v:.3f}")
+    gpus = ", ".join(f"{g} ({n})" for g, n in data["gpus"].items())
+    print(
+        f"fitted on {sum(data['gpus'].values())} records of {len(data['runs'])} runs in {len(data['files'])} "
+        f"files; GPU models: {gpus}"
+    )
+    from ..estimate import timecheck
+
+    tc = timecheck.time_cases(files, gpu=args.gpu_name or "")
+    if tc:  # the step-time model's literals, as bench/estimate/steptime.py holds them
+        print("# bench/estimate/steptime.py")
+        print(timecheck.literals(tc), end="")
+    return 0
+
+
+def _check_held_out(args, files: list[str], held_files: list[str], predictions: list[str]) -> int:
+    """The held-out results files predicted with constants fitted on `files` alone (none of them held out),
+    memory and step time, by GPU model and machine; predictions files scored against both's records."""
+    from ..estimate import check, heldout, timecheck
+    from ..estimate.fitted import NEUTRAL
+
+    train = check.cases(files, gpu=args.gpu_name, unfitted=True)
+    test = check.cases(held_files, gpu=args.gpu_name, unfitted=True)
+    if not train or not test:
+        which = ", ".join(files if not train else held_files) or "(no results files left to fit on)"
+        print(f"zerobench estimate: no ok or out-of-memory {_gpu(args)}records in {which}", file=sys.stderr)
+        return 2
+    if args.markdown:
+        print(
+            "zerobench estimate: --markdown writes the check of --check files; not written with --held-out "
+            "results files",
+            file=sys.stderr,
+        )
+    k = check.fit(train, NEUTRAL)
+    names = ", ".join(sorted({c.file for c in test}))
+    seen = heldout.seen_in(train)
+    gpus = ", ".join(f"{g} ({n})" for g, n in sorted(seen["gpu"].items()))
+    print(
+        f"Held out: {names}, predicted by constants fitted on the --check files alone: {len(train)} records of "
+        f"{len({c.run for c in train})} runs in {len({c.file for c in train})} files; GPU models: {gpus}"
+    )
+    unshown = check.unshown(train)
+    if unshown:
+        print(f"  no record fitted on shows {', '.join(unshown)}: left at nothing (bench.estimate.fitted.NEUTRAL)")
+    rows = check.evaluate(test, k, args.margin)
+    print()
+    print(check.text_table(check.table(rows, rows)))
+    print()
+    print(check.summary_line(check.summarize(rows), f"memory, held out ({names})"))
+    _memory_groups(heldout.memory_groups([], test, seen, k, args.margin))
+    t_train = timecheck.time_cases(files, gpu=args.gpu_name or "")
+    t_test = timecheck.time_cases(held_files, gpu=args.gpu_name or "")
+    t_rows = heldout.time_fit_rows(t_train, t_test)
+    if t_rows:
+        print()
+        print(heldout.summary_line(f"step time, held out ({names})", t_rows))
+        _time_groups(heldout.grouped(t_test, t_rows, heldout.seen_in(t_train)))
+    elif t_test:
+        print(f"step time: no ok record of {', '.join(files)} to fit the step-time model on")
+    if predictions:
+        steps: dict[str, list[float]] = {}
+        for t in t_test:
+            steps.setdefault(t.cell.hash, []).append(t.step_s)
+        held = [check.held_out(p, [*train, *test], steps) for p in predictions]
+        print()
+        print(check.text_table(check.held_out_table(held)))
     return 0
 
 
@@ -203,9 +349,11 @@ ONE_FILE = (
 
 
 def _time_check(files: list[str], gpu: str) -> None:
-    """The step-time model's check beside the memory model's (ok records on one or two GPUs)."""
-    from ..estimate import timecheck
+    """The step-time model's check beside the memory model's (ok records on one or two GPUs), held out by
+    results file, machine and GPU model."""
+    from ..estimate import heldout, timecheck
 
     check = timecheck.time_check(files, gpu=gpu)
     if check.held_out or check.rows:
         print(timecheck.time_text(check))
+        _time_groups(heldout.time_groups(check), complete=False)

@@ -2,7 +2,10 @@
 alone (the GPU's memory from the record's provenance, never the record's measurements), beside what
 was measured; errors per category; the fitted constants refitted leaving each results file out.
 
-`zerobench estimate --check RESULTS...` prints this; reports/memory-model.md is its Markdown.
+`zerobench estimate --check RESULTS...` prints this; reports/memory-model.md is its Markdown. Records of any GPU
+count: the constants carry to a GPU model they were never fitted on as well as the model's terms do, and
+bench.estimate.heldout says how well, by machine and by GPU model. `refit` writes the constants
+(fit.json's "memory" section).
 """
 
 from __future__ import annotations
@@ -11,14 +14,17 @@ import dataclasses
 import math
 import os
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..matrix import dsconfig
 from ..matrix.axes import OPTIMIZERS
 from ..matrix.cells import Cell
+from ..matrix.problems import InputError
 from ..records.store import read_records
-from .fitted import FITTED, FITTED_RUNS, Constants
+from .fitdata import write_section
+from .fitted import FITTED, FITTED_RUNS, NEUTRAL, SECTION, Constants
 from .model import Estimate, Hardware, predict
 from .verdict import DEFAULT_MARGIN, Verdict, verdict
 
@@ -28,13 +34,16 @@ __all__ = [
     "fit",
     "evaluate",
     "cross_validate",
+    "leave_out",
     "summarize",
     "markdown",
     "CATEGORIES",
     "HeldOut",
     "held_out",
     "held_out_table",
-    "runs_literal",
+    "machine_of",
+    "refit",
+    "unshown",
     "unfitted_line",
 ]
 
@@ -59,6 +68,19 @@ class Case:
     """The allocator's peak reservation: NVML's figure minus it is the CUDA context (and NCCL)."""
     run: str = ""
     """The run that made it (its run id)."""
+    machine: str = ""
+    """The machine it ran on (machine_of)."""
+
+    @property
+    def gpu(self) -> str:
+        """Its GPU model (the GPU's name as the driver gives it)."""
+        return self.hw.gpu_name or "unknown GPU"
+
+
+def machine_of(prov, run: str) -> str:
+    """A machine as the checks tell machines apart: its first GPU's UUID (lent machines share one host name),
+    else the run's id."""
+    return (prov.gpus[0].uuid if prov and prov.gpus else None) or run or "unknown"
 
 
 def _onebit(cell: Cell) -> bool:
@@ -85,10 +107,10 @@ def fitted_on(run: str) -> bool:
     return run in FITTED_RUNS
 
 
-def cases(paths: Iterable[str | os.PathLike], gpu: str = "H200", *, unfitted: bool = False) -> list[Case]:
-    """Every ok, cuda_oom and host_oom record run on a GPU whose name contains `gpu`, with NVML's figures
-    (ok) or an out-of-memory end (the rest); of runs the constants were not fitted on (FITTED_RUNS) only with
-    `unfitted` (held out: to score them, and the predictions made before they ran)."""
+def cases(paths: Iterable[str | os.PathLike], gpu: str | None = None, *, unfitted: bool = False) -> list[Case]:
+    """Every ok, cuda_oom and host_oom record (run on a GPU whose name contains `gpu`, where given), with
+    NVML's figures (ok) or an out-of-memory end (the rest); of runs the constants were not fitted on
+    (FITTED_RUNS) only with `unfitted` (held out: to score them, and the predictions made before they ran)."""
     out = []
     for path in paths:
         for rec in read_records(path, warn=False):
@@ -98,7 +120,7 @@ def cases(paths: Iterable[str | os.PathLike], gpu: str = "H200", *, unfitted: bo
                 continue
             prov = rec.provenance
             name = (rec.worker.gpu_name if rec.worker else None) or (prov.gpu_name if prov else None) or ""
-            if gpu not in name:
+            if gpu and gpu not in name:
                 continue
             mem = rec.memory
             nvml = mem.nvml_proc_peak_bytes if mem else None
@@ -126,6 +148,7 @@ def cases(paths: Iterable[str | os.PathLike], gpu: str = "H200", *, unfitted: bo
                     if mem and mem.torch_max_reserved_bytes and rec.status.value == "ok"
                     else None,
                     run=rec.run_id or "",
+                    machine=machine_of(prov, rec.run_id or ""),
                 )
             )
     return out
@@ -211,6 +234,33 @@ def fit(cs: Sequence[Case], base: Constants = FITTED) -> Constants:
     return k
 
 
+def unshown(cs: Sequence[Case]) -> list[str]:
+    """The constants none of these cases shows (no multi-GPU record for NCCL, no host RSS for the host's
+    terms, ...): fit() keeps its base's value for them."""
+    a, b = fit(cs, NEUTRAL), fit(cs, FITTED)
+    return [f.name for f in dataclasses.fields(Constants) if getattr(a, f.name) != getattr(b, f.name)]
+
+
+def refit(paths: Sequence[str | os.PathLike], command: str, gpu: str | None = None) -> dict:
+    """fit.json's "memory" section, written: the constants fitted from NEUTRAL (nothing of the last fit carried
+    over) on every ok and out-of-memory record of these results files, with the runs, the files, and the
+    records per GPU model and per machine they came from. Returns the section."""
+    cs = cases(paths, gpu, unfitted=True)
+    if not cs:
+        raise InputError("no ok or out-of-memory records to fit on in " + ", ".join(map(os.fspath, paths)))
+    k = fit(cs, NEUTRAL)
+    data = {
+        "command": command,
+        "constants": {f.name: float(f"{getattr(k, f.name):.6g}") for f in dataclasses.fields(Constants)},
+        "files": sorted({c.file for c in cs}),
+        "gpus": dict(sorted(Counter(c.gpu for c in cs).items())),
+        "machines": dict(sorted(Counter(c.machine for c in cs).items())),
+        "runs": sorted({c.run for c in cs}),
+    }
+    write_section(SECTION, data)
+    return data
+
+
 # -- evaluation ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Row:
@@ -267,6 +317,17 @@ def cross_validate(cs: Sequence[Case], margin: float = DEFAULT_MARGIN) -> list[R
     return out
 
 
+def leave_out(cs: Sequence[Case], by: str, margin: float = DEFAULT_MARGIN) -> list[Row]:
+    """Each group's cases (`by`: "file", "machine" or "gpu", the GPU model) predicted with constants fitted
+    on the other groups' only; none for a group that has no others (nothing to fit on)."""
+    out: list[Row] = []
+    for key in sorted({getattr(c, by) for c in cs}):
+        train = [c for c in cs if getattr(c, by) != key]
+        if train:
+            out += evaluate([c for c in cs if getattr(c, by) == key], fit(train), margin)
+    return out
+
+
 def _pct(xs: list[float], q: float) -> float:
     """The q-quantile (linear interpolation, as numpy's default)."""
     if not xs:
@@ -315,12 +376,6 @@ def summary_line(s: dict, label: str) -> str:
         f"p95 {s['p95_abs_error']:.1%}, max {s['max_abs_error']:.1%}; "
         f"{s['false_fits']} false fits of {s['oom_records']} out-of-memory records, {s['false_prunes']} false prunes"
     )
-
-
-def runs_literal(cs: Sequence[Case]) -> str:
-    """FITTED_RUNS (bench/estimate/fitted.py) for constants fitted on `cs`, as Python."""
-    runs = "".join(f'    "{r}",\n' for r in sorted({c.run for c in cs}))
-    return f"FITTED_RUNS: tuple[str, ...] = (\n{runs})\n"
 
 
 def unfitted_line(rows: Sequence[Row]) -> str:
@@ -548,9 +603,11 @@ def markdown(
     margin: float,
     held: Sequence[tuple[str, HeldOut]] = (),
     unfitted: Sequence[Row] = (),
+    groups: Sequence[tuple[str, list[list[str]]]] = (),
 ) -> str:
     """The check as Markdown: `paths` as given on the command line, `files` the results files read, `held` the
-    predictions files (as given, scored), `unfitted` the rows of the runs no constant was fitted on."""
+    predictions files (as given, scored), `unfitted` the rows of the runs no constant was fitted on, `groups`
+    the held-out tables by GPU model and machine (title, table: bench.estimate.heldout.memory_table)."""
     s_in, s_cv = summarize(rows), summarize(cv)
     only = sorted({r.case.file for r in unfitted} - {r.case.file for r in rows})  # held-out files
     fitted_files = [os.path.basename(p) for p in files if os.path.basename(p) not in only]
@@ -558,9 +615,10 @@ def markdown(
     held_only = ", ".join(f"`{f}`" for f in only)
     held_arg = f" --held-out {' '.join(p for p, _ in held)}" if held else ""
     held_part = ["## Held-out checks", "", _HELD_OUT_TEXT, "", md_table(held_out_table([h for _, h in held])), ""]
+    gpus = ", ".join(sorted({r.case.gpu for r in (*rows, *unfitted)})) or "none"
     return "\n".join(
         [
-            "# The memory model against the committed H200 measurements",
+            "# The memory model against the committed measurements",
             "",
             "Made by `zerobench estimate --check` (the command below); every figure is a pure function of the "
             "results files and the model (`bench/estimate/`). Each cell is predicted from the cell and the GPU's "
@@ -581,11 +639,12 @@ def markdown(
             "",
             "## Summary",
             "",
-            f"- {summary_line(s_in, 'in-sample (the constants in bench/estimate/fitted.py)')}",
+            f"- {summary_line(s_in, 'in-sample (the constants of bench/estimate/fit.json)')}",
             f"- {summary_line(s_cv, 'held out (leave one results file out)')}",
             *([f"- {unfitted_line(unfitted)}"] if unfitted else []),
             "",
             *(held_part if held else []),
+            *(part for title, t in groups for part in (f"## Held out by {title}", "", md_table(t), "")),
             "## Errors per category",
             "",
             md_table(category_table(rows, cv)),
@@ -607,7 +666,8 @@ def markdown(
             md_table(table(rows, cv)),
             "",
             f"Results files ({len(fitted_files)}): {listed}. Records counted: status ok with NVML's "
-            "figures, and cuda_oom/host_oom, run on an H200; the others (skipped, interrupted, errors, selfcheck "
+            f"figures, and cuda_oom/host_oom, run on any GPU (here: {gpus}); the others (skipped, interrupted, "
+            "errors, selfcheck "
             "variants without telemetry) predict nothing to compare."
             + (
                 f" Read only for the held-out checks (no constant was fitted on them): {held_only}."

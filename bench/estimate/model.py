@@ -15,7 +15,7 @@ Each DeepSpeed buffer is counted as DeepSpeed 0.19.6 allocates it (deepspeed/run
 fused_optimizer.py, unfused_optimizer.py, bf16_optimizer.py, zero/stage_1_and_2.py, zero/stage3.py);
 the comments name the place. Activations are counted tensor by tensor from what autograd saves in a
 Llama block (transformers' modules or Liger-Kernel's). The few constants that are not read off code
-are fitted on the committed H200 measurements (bench.estimate.fitted).
+are fitted on recorded measurements: named in bench.estimate.fitted, their values in fit.json.
 """
 
 from __future__ import annotations
