@@ -45,10 +45,15 @@ def add_parser(sub) -> None:
     es.add_argument(
         "--refit",
         action="store_true",
-        help="with --check: print the constants fitted on these results (the memory model's; the step-time model's "
-        "and its error band as bench/estimate/steptime.py holds them)",
+        help="with --check: print the constants fitted on these results (the memory model's) and write the "
+        "step-time model's fit and its error band into bench/estimate/fit.json",
     )
-    es.add_argument("--gpu-name", default="H200", help="with --check: the GPU whose records count (default H200)")
+    es.add_argument(
+        "--gpu-name",
+        default=None,
+        help="with --check: the GPU whose records count (default: H200 for the memory model, every GPU for the "
+        "step-time model, whose rates are each GPU's)",
+    )
     es.set_defaults(func=cmd_estimate)
 
 
@@ -114,10 +119,13 @@ def _estimate_check(args) -> int:
         return 2
     # A folder stands for its *.jsonl files.
     files = [str(f) for p in args.check for f in (sorted(Path(p).glob("*.jsonl")) if Path(p).is_dir() else [p])]
-    every = check.cases(files, gpu=args.gpu_name, unfitted=True)
+    every = check.cases(files, gpu=args.gpu_name or "H200", unfitted=True)
     cs = [c for c in every if check.fitted_on(c.run)]
     if not every:
-        print(f"zerobench estimate: no ok or out-of-memory {args.gpu_name} records in these files", file=sys.stderr)
+        print(
+            f"zerobench estimate: no ok or out-of-memory {args.gpu_name or 'H200'} records in these files",
+            file=sys.stderr,
+        )
         return 2
     if args.refit:  # on every record given: a refit takes in what the constants were not fitted on
         k = check.fit(every)
@@ -128,10 +136,12 @@ def _estimate_check(args) -> int:
         print(check.runs_literal(every), end="")
         from ..estimate import timecheck
 
-        tc = timecheck.time_cases(files, gpu=args.gpu_name)
-        if tc:  # the step-time model's literals, as bench/estimate/steptime.py holds them
-            print("# bench/estimate/steptime.py")
-            print(timecheck.literals(tc), end="")
+        if timecheck.time_cases(files, gpu=args.gpu_name):  # the step-time model's fit, into fit.json
+            fit = timecheck.refit(files, gpu=args.gpu_name)
+            print(
+                f"bench/estimate/fit.json step_time: fitted on {fit['records']} records of {len(fit['runs'])} runs "
+                f"({', '.join(fit['gpus'])}; rates: {', '.join(fit['rates'])})"
+            )
         return 0
     rows = check.evaluate(cs, margin=args.margin)
     cv = check.cross_validate(cs, margin=args.margin)
@@ -173,7 +183,7 @@ ONE_FILE = (
 )
 
 
-def _time_check(files: list[str], gpu: str) -> None:
+def _time_check(files: list[str], gpu: str | None) -> None:
     """The step-time model's check beside the memory model's (ok records on one or two GPUs)."""
     from ..estimate import timecheck
 

@@ -2,22 +2,25 @@
 step (the record's `metrics.step_time_median_s`) and the cell's wall time (the record's `wall_s`: the fixed
 cost of start-up and setup, then the warm-up and measured steps).
 
-The step is built from parts (PARTS), each a physical base read off the cell's shape: the matmuls' seconds
-at the GPU's data-sheet peak for the precision; the elementwise kernels' activation traffic; LoRA's adapter
-traffic; QLoRA's dequantization; the optimizer step on the GPU or, under offload, on the host (scaled by the
-host's core count); offload's copies over PCIe and swaps to NVMe (bytes); ZeRO-3's gathers; the host's
-launches per layer and pass, PEFT's wrappers per adapted linear and pass, ZeRO's gradient hooks per
-trainable tensor in each micro-batch, the optimizer's per-tensor launches once per step, and per-layer waits
-(counts). Each part is its base times fitted factors, one per thing that changes it (precision, PEFT mode,
-ZeRO stage, offload, pinning, optimizer, GPU count, engine, compile, kernels). The GPU's work and the host's
-work that feeds it overlap (a smooth maximum of the two, OVERLAP); the other parts add. The factors are
-fitted on the committed H200 records (bench.estimate.timecheck.fit_time), each machine's host speed apart
-(HOST_PARTS): the host's parts take the host's time as measured before any cell ran (host_time_of, the
-op prebuild's), and a prediction for a host not measured is for the typical host. The literals below are
-that fit, and tests/test_steptime.py holds them to it. Setup and the rest of the wall time are log-linear in
-model size and stage. The functions are pure (cell, hardware -> seconds), so a search can rank cells by
-them; the model's error on records it was not fitted on is published beside the fit (bench.estimate.band),
-and host_share says how much of a cell's step a faster or slower host would move.
+The step is a sum of parts (PARTS), each a quantity the cell implies over a rate of the machine (rates_of: its
+probe's figures, else its GPU's data sheet, bench.host.rates), times a dimensionless efficiency: the matmuls'
+FLOPs over the matmul rate for the precision; the elementwise kernels' activation traffic, LoRA's adapter
+traffic, QLoRA's dequantization, ZeRO-3's gathers and the GPU's optimizer step over the memory bandwidth; under
+offload the host's optimizer step over the CPU Adam rate and the copies over PCIe each way; NVMe swaps; a paged
+optimizer's state beyond the GPU's memory, paged over PCIe each way every step; and the host's launches per
+layer and pass, PEFT's wrappers per adapted linear and pass, ZeRO's gradient hooks per trainable tensor in each
+micro-batch, the optimizer's per-tensor launches once per step, and per-layer waits (counts, times the host's
+time). Each efficiency is the exponential of fitted log factors, one per thing that changes it (precision, PEFT
+mode, ZeRO stage, offload, pinning, optimizer, GPU count, engine, compile, kernels), shared by every GPU. The
+GPU's work and the host's work that feeds it overlap (a smooth maximum of the two, OVERLAP); the other parts add.
+The factors are fitted on the committed records, each at its GPU's rates (bench.estimate.timecheck.fit_section),
+each machine's host speed apart (HOST_PARTS): the host's parts take the host's time as measured before any cell
+ran (host_time_of, the op prebuild's), and a prediction for a host not measured is for the typical host. The fit
+lives in fit.json's "step_time" section (FIT), and tests/test_steptime.py holds it to a refit. Setup and the
+rest of the wall time are log-linear in model size and stage. The functions are pure (cell, hardware ->
+seconds), so a search can rank cells by them; the model's error on records it was not fitted on is published
+beside the fit (bench.estimate.band), and host_share says how much of a cell's step a faster or slower host
+would move.
 """
 
 from __future__ import annotations
@@ -28,12 +31,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
+from ..host.rates import Rates, datasheet
 from ..matrix import dsconfig
 from ..matrix.axes import AUTO, optimizer_offloaded, params_offloaded
 from ..matrix.shapes import Shape, adapted, shape_of, trainable_params
 from ..records.adaptive import Schedule
 from ..records.record import FixedCosts
-from ..host.rates import Rates, datasheet
 from . import fitdata
 from .model import Hardware
 

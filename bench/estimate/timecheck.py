@@ -1,5 +1,5 @@
-"""The step-time model against measurement: each ok H200 record's step time and fixed cost predicted from
-its cell, its GPU and its host's time where the run measured it (bench.estimate.steptime.host_time_of), the
+"""The step-time model against measurement: each ok record's step time and fixed cost predicted from
+its cell, its GPU's rates and its host's time where the run measured it (bench.estimate.steptime.host_time_of), the
 constants fitted on the records (`fit_time`), and refitted leaving each results file (or machine) out to
 show how well they carry (`cross_validate_time`); that held-out error published as the band a search reads
 (`error_band`, checked on files it was not derived from by `band_coverage`). A record with an injected fault
@@ -55,7 +55,9 @@ __all__ = [
     "band_coverage",
     "cross_validate_time",
     "error_band",
+    "band_width",
     "file_rows",
+    "gpu_rows",
     "fit_time",
     "host_exponent",
     "fit_section",
@@ -108,9 +110,9 @@ EXCLUDED = "a fault injected (ZEROBENCH_FAULT): a deliberately slowed or burdene
 def time_cases(
     paths: Iterable[str | os.PathLike], gpu: str | None = None, excluded: list[tuple[str, str]] | None = None
 ) -> list[TimeCase]:
-    """Every ok record run on one or two GPUs (whose name contains `gpu`, where given) with a median step time, of a known model shape,
-    less those EXCLUDED says (appended to `excluded` as (file, cell id) where a list is given). Whether the
-    constants were fitted on a record is its run's (fitted, FITTED_RUNS)."""
+    """Every ok record run on one or two GPUs (whose name contains `gpu`, where given) with a median step time,
+    of a known model shape, less those EXCLUDED says (appended to `excluded` as (file, cell id) where a list is
+    given). Whether the constants were fitted on a record is its run's (fitted, FITTED_RUNS)."""
     out = []
     for path in paths:
         for rec in read_records(path, warn=False):
@@ -575,15 +577,15 @@ def band_coverage(cs: Sequence[TimeCase], cv: Sequence[TimeRow]) -> dict[str, tu
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
-def fit_section(cs: Sequence[TimeCase]) -> dict:
+def fit_section(cs: Sequence[TimeCase], cv: Sequence[TimeRow] | None = None) -> dict:
     """The step-time model's fit on `cs`, as fit.json's "step_time" section holds it (the one generator of it:
     `zerobench estimate --check --refit` writes what this returns): the constants, the typical host's op
     prebuild (REF_OPS_S), the error band for the typical host and at the host's time (leave one results file
     out), the files each trait appears in, and the runs, files and GPUs it was fitted on, with where each
-    record's rates came from."""
+    record's rates came from. cv: cross_validate_time(cs), where the caller has it."""
     ref = ops_reference(cs)
     k = fit_time(measured_on(cs, ref))
-    typical, host, files = error_band(cs, cross_validate_time(cs))
+    typical, host, files = error_band(cs, cross_validate_time(cs) if cv is None else cv)
     return {
         "constants": {f.name: getattr(k, f.name) for f in fields(k)},
         "ref_ops_s": ref or REF_OPS_S,  # no run timed its host: the reference stays
@@ -647,8 +649,9 @@ def time_check(
     records of the runs the constants were fitted on, in-sample and cross-validated; the others, and every
     record of the `held_out` files (another GPU's, say), predicted by the constants `k`."""
     excluded: list[tuple[str, str]] = []
+    paths = [os.fspath(p) for p in paths]
     cs, others = fitted(time_cases(paths, gpu, excluded))
-    others += time_cases(held_out, gpu, excluded)
+    others += time_cases([p for p in map(os.fspath, held_out) if p not in paths], gpu, excluded)
     return TimeCheck(
         cs,
         evaluate_time(cs, k),
@@ -756,11 +759,46 @@ def _edges(b: dict[str, float]) -> str:
     )
 
 
+def _shipped_band(r: TimeRow) -> dict[str, float]:
+    """The band the module ships for a record's cell on its hardware (STEP_BAND, or STEP_BAND_HOST where its
+    host's time was measured)."""
+    return bands_for(r.case.hw)[band_group(r.case.cell, r.case.ds_config, hw=r.case.hw)]
+
+
 def _in_band(r: TimeRow) -> bool:
-    """A record of a run no constant was fitted on inside the band the module ships for its host (STEP_BAND,
-    or STEP_BAND_HOST where its host's time was measured)."""
-    b = bands_for(r.case.hw)[band_group(r.case.cell, r.case.ds_config, hw=r.case.hw)]
+    """A record of a run no constant was fitted on inside the band the module ships for it (_shipped_band)."""
+    b = _shipped_band(r)
     return b["low"] <= math.log(r.case.step_s / r.step) <= b["high"]
+
+
+def band_width(r: TimeRow) -> float:
+    """The shipped band's width for a record's prediction: high over low (x1.35: the high edge 35% above the
+    low one)."""
+    b = _shipped_band(r)
+    return math.exp(b["high"] - b["low"])
+
+
+def gpu_rows(rows: Sequence[TimeRow]) -> list[list[str]]:
+    """Per GPU model, records of runs no constant was fitted on (held out): their step-time errors, how many fall
+    inside the shipped band, its median width, and where their rates came from."""
+    out = [["GPU", "records", "median |error|", "p95 |error|", "max", "inside the band", "band width median", "rates"]]
+    for gpu in sorted({r.case.hw.gpu_name or "" for r in rows}):
+        mine = [r for r in rows if (r.case.hw.gpu_name or "") == gpu]
+        s, hits = time_summary(mine), [_in_band(r) for r in mine]
+        width = statistics.median(band_width(r) for r in mine)
+        source = ", ".join(sorted({_rates_source(r.case.hw) for r in mine}))
+        pct = [f"{s[q]:.1%}" for q in ("median", "p95", "max")]
+        out.append(
+            [
+                gpu,
+                str(s["n"]),
+                *pct,
+                f"{sum(hits)} of {len(hits)} ({sum(hits) / len(hits):.0%})",
+                f"x{width:.3f}",
+                source,
+            ]
+        )
+    return out
 
 
 LABELS = {
@@ -790,4 +828,11 @@ def time_text(check: TimeCheck) -> str:
             lines += _band_lines(check)
         if which == "step" and check.held_out:
             lines += ["", "Per results file, median step time:", "", text_table(file_rows(check))]
+        if which == "step" and check.unfitted:
+            lines += [
+                "",
+                "Per GPU model, records of runs no constant was fitted on:",
+                "",
+                text_table(gpu_rows(check.unfitted)),
+            ]
     return "\n".join(lines)
