@@ -174,11 +174,12 @@ def test_the_steps_terms_move_with_the_machines_rates():
 def test_cross_validated_step_time_error_is_pinned(cv):
     s = time_summary(cv)
     # Every committed file held out in turn, the 7b answer's among them, each run's host at the time its op
-    # prebuild measured (where it compiled the ops). Achieved: median 5.3% (the target: 12%), p95 27.0% (the
-    # target: 35%; with every host taken as typical, 35.3% before the host's time was measured).
+    # prebuild measured (where it compiled the ops), each at its GPU's data-sheet rates. Achieved: median 5.2%
+    # (the target: 6%), p95 23.6% (the target: 20%, not reached: the misses are host-bound 1B cells at ZeRO-3,
+    # parameter offload and NVMe, each a file or two).
     assert s["n"] == FIT["records"]
-    assert s["median"] <= 0.053 + 0.005
-    assert s["p95"] <= 0.270 + 0.01
+    assert s["median"] <= 0.052 + 0.005
+    assert s["p95"] <= 0.236 + 0.01
     # The same constants, every host taken as typical (what a prediction does where nothing timed the host):
     # median 6.5%, p95 37.2%, over 35%.
     typical = time_summary([dataclasses.replace(r, step=r.typical) for r in cv])
@@ -201,11 +202,11 @@ def test_cross_validated_step_time_error_is_pinned(cv):
 
 def test_leave_one_machine_out_step_time_error_is_pinned(cases):
     # Each machine's records predicted by constants fitted on the other machines' (its host new to them, its
-    # results files too), its host's time against theirs. Achieved: median 5.8%, p95 25.0%.
+    # results files too), its host's time against theirs. Achieved: median 5.3%, p95 23.3%.
     s = time_summary(cross_validate_time(cases, by="machine"))
     assert s["n"] == FIT["records"] and len({c.machine for c in cases}) >= 20
-    assert s["median"] <= 0.058 + 0.005
-    assert s["p95"] <= 0.250 + 0.01
+    assert s["median"] <= 0.053 + 0.005
+    assert s["p95"] <= 0.233 + 0.01
 
 
 def test_cross_validated_setup_and_start_errors_are_pinned(cv):
@@ -245,13 +246,12 @@ def test_the_band_covers_held_out_records_of_files_it_was_neither_derived_nor_ca
     inside, n = cover["all"]
     # Each file's held-out errors against the band derived from the other files' held-out errors, at the
     # levels calibrated on those files alone (STEP_BAND_HOST's where the record's run measured its host's
-    # time, STEP_BAND's elsewhere): 306 of 325 (94.2%); 296 of 325 before the host's time was measured.
-    assert n == 325 and inside >= 306
-    # Those measured: 71 of 79, the misses the 7b answer's QLoRA cells at ZeRO-1 on its fast machine, a
-    # region no other file ran.
+    # time, STEP_BAND's elsewhere): 312 of 325 (96.0%).
+    assert n == FIT["records"] and inside >= 0.955 * n
+    # Those measured: 77 of 79.
     inside, n = cover["all, host measured"]
-    assert n == 79 and inside >= 71
-    assert cover["all, host not measured"][1] == 325 - 79
+    assert inside >= 0.95 * n
+    assert cover["all, host not measured"][1] == FIT["records"] - n
     assert cover["gpu-bound"][0] / cover["gpu-bound"][1] >= 0.91
     assert BAND_COVERAGE == 0.95
 

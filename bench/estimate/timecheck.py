@@ -36,6 +36,7 @@ from .steptime import (
     combine,
     host_share,
     host_time_of,
+    paged_excess,
     predict_setup,
     predict_start,
     predict_step,
@@ -780,24 +781,20 @@ def band_width(r: TimeRow) -> float:
 
 def gpu_rows(rows: Sequence[TimeRow]) -> list[list[str]]:
     """Per GPU model, records of runs no constant was fitted on (held out): their step-time errors, how many fall
-    inside the shipped band, its median width, and where their rates came from."""
-    out = [["GPU", "records", "median |error|", "p95 |error|", "max", "inside the band", "band width median", "rates"]]
+    inside the shipped band, its median width, the errors of those whose paged optimizer state did not fit beside
+    the peak (steptime.paged_excess), and where their rates came from."""
+    head = ["GPU", "records", "median |error|", "p95 |error|", "max", "inside the band", "band width median"]
+    out = [[*head, "paged beyond the GPU: records, max |error|", "rates"]]
     for gpu in sorted({r.case.hw.gpu_name or "" for r in rows}):
         mine = [r for r in rows if (r.case.hw.gpu_name or "") == gpu]
         s, hits = time_summary(mine), [_in_band(r) for r in mine]
         width = statistics.median(band_width(r) for r in mine)
+        paged = time_summary([r for r in mine if paged_excess(r.case.cell, r.case.hw, r.case.ds_config)])
         source = ", ".join(sorted({_rates_source(r.case.hw) for r in mine}))
         pct = [f"{s[q]:.1%}" for q in ("median", "p95", "max")]
-        out.append(
-            [
-                gpu,
-                str(s["n"]),
-                *pct,
-                f"{sum(hits)} of {len(hits)} ({sum(hits) / len(hits):.0%})",
-                f"x{width:.3f}",
-                source,
-            ]
-        )
+        inside = f"{sum(hits)} of {len(hits)} ({sum(hits) / len(hits):.0%})"
+        page = f"{paged['n']}, {paged['max']:.1%}" if paged["n"] else "-"
+        out.append([gpu, str(s["n"]), *pct, inside, f"x{width:.3f}", page, source])
     return out
 
 
