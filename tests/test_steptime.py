@@ -112,6 +112,7 @@ def test_the_data_file_holds_the_fit_on_the_committed_records(section):
     assert section["gpus"] == FIT["gpus"] == ["NVIDIA H200"]
     assert section["rates"] == FIT["rates"] == ["datasheet (H200)"]  # no committed record carries a probe's
     assert section["ref_ops_s"] == REF_OPS_S == FIT["ref_ops_s"]
+    assert section["ref_host_overhead_s"] is FIT["ref_host_overhead_s"] is None  # no fitting machine was probed
     assert section["trait_files"] == TRAIT_FILES
     # The constants are the fit rounded to 3 places; a BLAS that rounds differently may move the last one.
     for name, value in section["constants"].items():
@@ -150,7 +151,9 @@ def _with(**rates) -> Hardware:
     return dataclasses.replace(ON_H100, rates=dataclasses.replace(H100, **rates))
 
 
-def test_the_steps_terms_move_with_the_machines_rates():
+def test_the_steps_terms_move_with_the_machines_rates(monkeypatch):
+    from bench.estimate import steptime
+
     half_pcie = _with(h2d_pinned=H100.h2d_pinned / 2, d2h_pinned=H100.d2h_pinned / 2)
     # ZeRO-3 offloading the optimizer and the parameters: its copies cross PCIe.
     offload = Cell(model="llama-7b", seq_len=2048, micro_batch=4, zero_stage=3, offload="optimizer+params")
@@ -166,6 +169,11 @@ def test_the_steps_terms_move_with_the_machines_rates():
     dense = Cell(model="llama-1b", seq_len=2048, micro_batch=16)
     fast = _with(matmul_bf16=2 * H100.matmul_bf16)
     assert predict_step(dense, fast) < 0.75 * predict_step(dense, ON_H100)
+    # A probed host overhead twice the fitting hosts' doubles the host's parts (where no op prebuild timed it).
+    monkeypatch.setattr(steptime, "REF_HOST_OVERHEAD_S", 20e-6)
+    probed = dataclasses.replace(ON_H100, rates=dataclasses.replace(H100, source="probe", host_overhead_s=40e-6))
+    for part in HOST_PARTS:
+        assert step_parts(dense, probed)[part][0] == pytest.approx(2 * step_parts(dense, ON_H100)[part][0])
     # A probe's rates take the data sheet's place: a GPU whose name no data sheet knows predicts at them.
     unknown = Hardware(gpu_name="Some Future GPU", rates=H100)
     assert predict_step(dense, unknown) == pytest.approx(predict_step(dense, ON_H100))

@@ -263,6 +263,9 @@ HOST_OPS = ("FusedAdamBuilder", "CPUAdamBuilder", "FusedLambBuilder")
 """The ops whose prebuild times the host (an AsyncIO or shared-memory op alone compiles far less)."""
 REF_OPS_S: float = FIT.get("ref_ops_s", 60.0)
 """The median op prebuild of the fitted runs that compiled HOST_OPS (seconds): the typical host's."""
+REF_HOST_OVERHEAD_S: float | None = FIT.get("ref_host_overhead_s")
+"""The median per-step host overhead (Rates.host_overhead_s) the probe measured on the fitted runs' machines: the
+typical host's; None where no fitting record carries a probe's figures (host_scale then reads host_time alone)."""
 
 
 def host_time_of(fixed_costs: FixedCosts | Mapping[str, Any] | None, ref: float | None = None) -> float | None:
@@ -428,8 +431,13 @@ def _bases(cell: Any, s: Shape, hw: Hardware | None, ds_config: dict | None = No
 
 def host_scale(hw: Hardware | None) -> float:
     """The host's time for its parts (HOST_PARTS) over the typical fitting host's: Hardware.host_time where the
-    run measured it (host_time_of), else 1 (a prediction for the typical host)."""
-    return (hw.host_time if hw else None) or 1.0
+    run measured it (host_time_of); else the probe's per-step host overhead (Rates.host_overhead_s) over the
+    fitting records' (REF_HOST_OVERHEAD_S, where they carried probes); else 1 (a prediction for the typical host)."""
+    if hw is not None and hw.host_time:
+        return hw.host_time
+    rates = hw.rates if hw is not None else None
+    probed = rates.host_overhead_s if rates is not None and rates.source == "probe" else None
+    return probed / REF_HOST_OVERHEAD_S if probed and REF_HOST_OVERHEAD_S else 1.0
 
 
 def _cpu_adam(hw: Hardware | None, r: Rates) -> float:

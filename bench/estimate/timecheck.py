@@ -590,6 +590,7 @@ def fit_section(cs: Sequence[TimeCase], cv: Sequence[TimeRow] | None = None) -> 
     return {
         "constants": {f.name: getattr(k, f.name) for f in fields(k)},
         "ref_ops_s": ref or REF_OPS_S,  # no run timed its host: the reference stays
+        "ref_host_overhead_s": _probed_overhead(cs),
         "band": typical,
         "band_host": host,
         "trait_files": files,
@@ -599,6 +600,17 @@ def fit_section(cs: Sequence[TimeCase], cv: Sequence[TimeRow] | None = None) -> 
         "records": len(cs),
         "rates": sorted({_rates_source(c.hw) for c in cs}),
     }
+
+
+def _probed_overhead(cs: Sequence[TimeCase]) -> float | None:
+    """The median per-step host overhead the probe measured on the machines of `cs` (one figure per machine);
+    None where none was probed."""
+    by_machine = {
+        c.machine: c.hw.rates.host_overhead_s
+        for c in cs
+        if c.hw.rates is not None and c.hw.rates.source == "probe" and c.hw.rates.host_overhead_s
+    }
+    return statistics.median(by_machine.values()) if by_machine else None
 
 
 def _rates_source(hw: Hardware) -> str:
