@@ -155,3 +155,15 @@ def test_an_attempt_interrupted_after_an_error_it_shares_was_learnt_is_expected_
     assert c.state == "open"  # in flight: not judged while it runs
     s.observe(_ended(c, "interrupted"), 0)
     assert c.state == "expected" and not s.measurable(c)
+
+
+def test_before_anything_is_measured_a_predicted_cells_range_is_its_familys_band():
+    from bench.estimate.band import step_time_band
+
+    fresh = _search_7b()
+    assert not any(c.obs for c in fresh.candidates)
+    c = next(c for c in fresh.candidates if c.base_tps is not None and c.cell.ds_config is None)
+    lo, _, hi = step_time_band(c.cell, fresh.hw)
+    tokens = c.cell.tokens_per_step
+    # A slower step than predicted is fewer tokens/s: the band's high edge is the range's low one.
+    assert f"[{answer._k(tokens / hi)}, {answer._k(tokens / lo)}] at 95%" in answer._tps(fresh, c)

@@ -47,8 +47,8 @@ def add_parser(sub) -> None:
     es.add_argument(
         "--refit",
         action="store_true",
-        help="with --check: fit the memory model's constants on these results (less --held-out files) and write them "
-        "to bench/estimate/fit.json; print the step-time model's fitted on them",
+        help="with --check: fit the memory model's and the step-time model's constants on these results (less "
+        "--held-out files) and write them to bench/estimate/fit.json",
     )
     es.add_argument(
         "--gpu-name",
@@ -281,10 +281,12 @@ def _refit(args, files: list[str]) -> int:
     )
     from ..estimate import timecheck
 
-    tc = timecheck.time_cases(files, gpu=args.gpu_name or "")
-    if tc:  # the step-time model's literals, as bench/estimate/steptime.py holds them
-        print("# bench/estimate/steptime.py")
-        print(timecheck.literals(tc), end="")
+    if timecheck.time_cases(files, gpu=args.gpu_name or ""):
+        fit = timecheck.refit(files, command, gpu=args.gpu_name or "")
+        print(
+            f"# bench/estimate/{fitdata.FIT_FILE}, section 'step_time': written, fitted on {fit['records']} records "
+            f"of {len(fit['runs'])} runs ({', '.join(fit['gpus'])}; rates: {', '.join(fit['rates'])})"
+        )
     return 0
 
 
@@ -348,7 +350,7 @@ ONE_FILE = (
 )
 
 
-def _time_check(files: list[str], gpu: str) -> None:
+def _time_check(files: list[str], gpu: str | None) -> None:
     """The step-time model's check beside the memory model's (ok records on one or two GPUs), held out by
     results file, machine and GPU model."""
     from ..estimate import heldout, timecheck

@@ -1,5 +1,5 @@
 """How far a predicted step time may be from the measurement: the step-time model's held-out error
-(leave one results file out, on the committed H200 records) published as a band, so that a search can
+(leave one results file out, on the committed records) published as a band, so that a search can
 tell when a cell it has not measured cannot beat one it has.
 
 `step_time_band(cell, hw)` gives (low, predicted, high) seconds per step. The band is calibrated on held-out
@@ -14,8 +14,9 @@ STEP_BAND also holds "familiar", the two familiar groups together (answer mode's
 for a host whose time was measured before its cells (Hardware.host_time) takes STEP_BAND_HOST, the error of
 predictions that took it; one for a host not measured, STEP_BAND, the error of predictions for the typical
 host, wider where the host's work is: it holds the machines whose hosts were far from typical
-(bands_for). The constants sit beside the fitted ones (steptime.STEP_BAND, STEP_BAND_HOST, TRAIT_FILES) and
-are regenerated with them (bench.estimate.timecheck.error_band)."""
+(bands_for). The bands are data beside the fitted constants (fit.json's "step_time" section, read as
+steptime.STEP_BAND, STEP_BAND_HOST, TRAIT_FILES) and are regenerated with them
+(bench.estimate.timecheck.error_band)."""
 
 from __future__ import annotations
 

@@ -2,22 +2,25 @@
 step (the record's `metrics.step_time_median_s`) and the cell's wall time (the record's `wall_s`: the fixed
 cost of start-up and setup, then the warm-up and measured steps).
 
-The step is built from parts (PARTS), each a physical base read off the cell's shape: the matmuls' seconds
-at the GPU's data-sheet peak for the precision; the elementwise kernels' activation traffic; LoRA's adapter
-traffic; QLoRA's dequantization; the optimizer step on the GPU or, under offload, on the host (scaled by the
-host's core count); offload's copies over PCIe and swaps to NVMe (bytes); ZeRO-3's gathers; the host's
-launches per layer and pass, PEFT's wrappers per adapted linear and pass, ZeRO's gradient hooks per
-trainable tensor in each micro-batch, the optimizer's per-tensor launches once per step, and per-layer waits
-(counts). Each part is its base times fitted factors, one per thing that changes it (precision, PEFT mode,
-ZeRO stage, offload, pinning, optimizer, GPU count, engine, compile, kernels). The GPU's work and the host's
-work that feeds it overlap (a smooth maximum of the two, OVERLAP); the other parts add. The factors are
-fitted on the committed H200 records (bench.estimate.timecheck.fit_time), each machine's host speed apart
-(HOST_PARTS): the host's parts take the host's time as measured before any cell ran (host_time_of, the
-op prebuild's), and a prediction for a host not measured is for the typical host. The literals below are
-that fit, and tests/test_steptime.py holds them to it. Setup and the rest of the wall time are log-linear in
-model size and stage. The functions are pure (cell, hardware -> seconds), so a search can rank cells by
-them; the model's error on records it was not fitted on is published beside the fit (bench.estimate.band),
-and host_share says how much of a cell's step a faster or slower host would move.
+The step is a sum of parts (PARTS), each a quantity the cell implies over a rate of the machine (rates_of: its
+probe's figures, else its GPU's data sheet, bench.host.rates), times a dimensionless efficiency: the matmuls'
+FLOPs over the matmul rate for the precision; the elementwise kernels' activation traffic, LoRA's adapter
+traffic, QLoRA's dequantization, ZeRO-3's gathers and the GPU's optimizer step over the memory bandwidth; under
+offload the host's optimizer step over the CPU Adam rate and the copies over PCIe each way; NVMe swaps; a paged
+optimizer's state beyond the GPU's memory, paged over PCIe each way every step; and the host's launches per
+layer and pass, PEFT's wrappers per adapted linear and pass, ZeRO's gradient hooks per trainable tensor in each
+micro-batch, the optimizer's per-tensor launches once per step, and per-layer waits (counts, times the host's
+time). Each efficiency is the exponential of fitted log factors, one per thing that changes it (precision, PEFT
+mode, ZeRO stage, offload, pinning, optimizer, GPU count, engine, compile, kernels), shared by every GPU. The
+GPU's work and the host's work that feeds it overlap (a smooth maximum of the two, OVERLAP); the other parts add.
+The factors are fitted on the committed records, each at its GPU's rates (bench.estimate.timecheck.fit_section),
+each machine's host speed apart (HOST_PARTS): the host's parts take the host's time as measured before any cell
+ran (host_time_of, the op prebuild's), and a prediction for a host not measured is for the typical host. The fit
+lives in fit.json's "step_time" section (FIT), and tests/test_steptime.py holds it to a refit. Setup and the
+rest of the wall time are log-linear in model size and stage. The functions are pure (cell, hardware ->
+seconds), so a search can rank cells by them; the model's error on records it was not fitted on is published
+beside the fit (bench.estimate.band), and host_share says how much of a cell's step a faster or slower host
+would move.
 """
 
 from __future__ import annotations
@@ -28,11 +31,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
+from ..host.rates import Rates, datasheet
 from ..matrix import dsconfig
 from ..matrix.axes import AUTO, optimizer_offloaded, params_offloaded
 from ..matrix.shapes import Shape, adapted, shape_of, trainable_params
 from ..records.adaptive import Schedule
 from ..records.record import FixedCosts
+from . import fitdata
 from .model import Hardware
 
 __all__ = [
@@ -51,7 +56,9 @@ __all__ = [
     "flops_per_token",
     "host_share",
     "host_time_of",
-    "peak_flops",
+    "matmul_rate",
+    "paged_excess",
+    "rates_of",
     "pinned",
     "predict_setup",
     "predict_start",
@@ -67,26 +74,41 @@ __all__ = [
     "start_features",
 ]
 
-# Dense tensor-core peaks (FLOP/s) by GPU name, 16-bit and fp32 (PyTorch's default matmul precision is full
-# fp32, not TF32, so an fp32 cell runs on the FP32 cores): the vendors' data sheets. The efficiencies are
-# fitted against these.
-PEAKS = (
-    ("H200", 989.4e12, 66.9e12),
-    ("H100", 989.4e12, 66.9e12),
-    ("A100", 312e12, 19.5e12),
-    ("L40S", 362e12, 91.6e12),
-    ("A10", 125e12, 31.2e12),
-)
-DEFAULT_PEAK = (989.4e12, 66.9e12)
-# Host cores the fitting records' CPU optimizer mostly ran on: a hardware with no core count is taken to
-# have these.
+# The rates a prediction divides by (bench.host.rates): the machine's probed figures, else its GPU's data sheet,
+# else the H200's (the GPU the fit saw most). Host figures no data sheet gives are taken relative to the typical
+# fitting host (REF_CORES, host_time), or at these reference rates, which the fitted efficiencies are relative to.
+REFERENCE_GPU = "H200"
 REF_CORES = 16
+"""Host cores the fitting records' CPU optimizer mostly ran on: a hardware with no core count is taken to have
+these."""
+REF_CPU_ADAM = 1e9
+"""A reference CPU Adam rate (parameters per second at REF_CORES cores) for a host not probed: the host part's
+efficiency is fitted against it, and a probed rate (Rates.cpu_adam) takes its place."""
+REF_NVME = 2e9
+"""A reference NVMe rate (bytes per second each way; no probe measures it): the nvme part's efficiency is fitted
+against it."""
+DEQUANT_BYTES = 2.5
+"""Bytes QLoRA's dequantize moves per parameter where no probe measured its rate: half a byte of NF4 read, two
+bytes of bf16 written."""
+UPDATE_BYTES = 32
+"""Bytes a fused Adam step moves per trainable parameter on the GPU: fp32 master, momentum and variance read and
+written (24), the fp32 gradient read (4), the 16-bit parameter written (2) and its gradient read (2)."""
 
 
-# The step's parts. Each is a base (seconds at a peak, bytes moved, or a count read off the cell's shape)
-# times the exponential of a sum of fitted log factors, one per feature the cell has ("one" always). A
-# factor is named part_feature, or by the feature alone where one factor is shared by several parts (the
-# same implementation running on the GPU or the host).
+def rates_of(hw: Hardware | None) -> Rates:
+    """The rates a prediction on `hw` divides by: its probed rates (Hardware.rates), filled from its GPU's data
+    sheet, then from REFERENCE_GPU's."""
+    own = hw.rates if hw is not None else None
+    sheet = datasheet(hw.gpu_name if hw else None)
+    ref = datasheet(REFERENCE_GPU)
+    return (own or sheet or ref).filled(sheet).filled(ref)
+
+
+# The step's parts. Each is a base, a quantity the cell implies over a rate of the machine (rates_of): seconds
+# at the rate, or for the host's parts a count times the host's time; times the exponential of a sum of fitted log
+# factors, one per feature the cell has ("one" always): log 1/efficiency. A factor is named part_feature, or by the
+# feature alone where one factor is shared by several parts. No factor names a GPU: what differs between GPUs is
+# their rates.
 PARTS = {
     "compute": (
         "compute_one",
@@ -121,6 +143,7 @@ PARTS = {
         "hooks_multi_gpu",
         "hooks_offload",
     ),
+    "paged": ("paged_one",),
     "tensors": ("tensors_one", "tensors_bit8", "tensors_paged", "tensors_torch_adam", "tensors_zero12"),
     "launch": (
         "launch_one",
@@ -134,38 +157,43 @@ PARTS = {
     "layers": ("layers_one", "layers_zero3", "layers_offload"),
 }
 PART_DOCS = {
-    "compute": "the matmuls: compute seconds at the GPU's peak for the precision over the efficiency (log "
-    "1/efficiency for a full bf16 fine-tune with hf kernels, eager, one GPU, plus a log factor per feature)",
+    "compute": "the matmuls: FLOPs over the matmul rate for the precision (Rates.matmul_bf16, _fp16, _fp32)",
     "activations": "the elementwise kernels (norms, rotary, residual adds, SwiGLU's activation) reading and "
     "writing each block's activations: tokens x layers x (hidden + intermediate) x bytes per element x "
-    "(passes + 1, backward reading and writing twice), seconds per TB, log",
+    "(passes + 1, backward reading and writing twice) over the memory bandwidth (Rates.hbm)",
     "adapter": "LoRA's adapters beside the frozen weights: their inputs and outputs read and written per "
-    "token (tokens x the adapted linears' in + out features x passes, per 1e12), log",
+    "token (tokens x the adapted linears' in + out features x 2 bytes x passes) over the memory bandwidth",
     "dequant": "QLoRA's 4-bit weights dequantized before each use (frozen linear parameters x micro-batches x "
-    "passes, per 1e9), log",
-    "params": "the per-parameter work of a step on the GPU (the optimizer step, gradient copies, reduction "
-    "and, in fp16, the overflow check): seconds per billion trainable parameters, log",
-    "host": "the optimizer step on the host under offload: seconds per billion trainable parameters at "
-    f"{REF_CORES} host cores (scaled by the host's core count), log",
-    "pcie": "offload's copies between host and GPU: gradients out, parameters back, and with parameter "
-    "offload every parameter in for each pass: seconds per GB, log (unpinned: pageable host memory)",
+    "passes) over the probed dequantize rate (Rates.dequant_4bit), else DEQUANT_BYTES each over the memory "
+    "bandwidth",
+    "params": "the optimizer step on the GPU (with the gradient copies, reduction and, in fp16, the overflow "
+    "check): UPDATE_BYTES per trainable parameter over the memory bandwidth",
+    "host": "the optimizer step on the host under offload: trainable parameters over the CPU Adam rate "
+    "(Rates.cpu_adam where probed, else REF_CPU_ADAM scaled by the host's cores over REF_CORES)",
+    "pcie": "offload's copies between host and GPU: 16-bit gradients out (Rates.d2h_pinned), updated 16-bit "
+    "parameters back and, with parameter offload, every parameter in for each pass (Rates.h2d_pinned); "
+    "pageable rates where the buffers are not pinned and the probe measured them",
     "nvme": "ZeRO-Infinity's NVMe swaps: optimizer state read and written each step, parameters read for "
-    "each pass: seconds per GB, log",
+    "each pass, over REF_NVME",
+    "paged": "bitsandbytes' paged optimizer state that does not fit beside the GPU's peak (the memory model's "
+    "paged_bytes beyond the GPU's memory): paged in and out once a step, each way over PCIe (Rates.h2d_pinned, "
+    "d2h_pinned)",
     "hooks": "DeepSpeed's ZeRO gradient hooks on the host, per trainable tensor in each micro-batch's backward "
     "(ZeRO-1 and -2 copy each gradient toward its partition, ZeRO-3 also releases it), overlapping the GPU's "
-    "work: seconds per 100 trainable tensors per micro-batch, log (ZeRO-0 has none)",
+    "work: per 100 trainable tensors per micro-batch, times the host's time (ZeRO-0 has none)",
     "tensors": "per trainable tensor costs on the host once per optimizer step (the optimizer's and the "
-    "gradient norm's per-tensor launches; not under optimizer offload, whose step is the host part): seconds "
-    "per 100 trainable tensors, log",
+    "gradient norm's per-tensor launches; not under optimizer offload, whose step is the host part): per 100 "
+    "trainable tensors, times the host's time",
     "launch": "the host launching each block's kernels (and ZeRO-3's fetch and release hooks, QLoRA's "
-    "bitsandbytes calls) while the GPU runs those queued before: seconds per 100 layers per forward (a "
-    "backward counts HOST_BACKWARD of one), log",
+    "bitsandbytes calls) while the GPU runs those queued before: per 100 layers per forward (a backward counts "
+    "HOST_BACKWARD of one), times the host's time",
     "wrappers": "PEFT's wrapper of each adapted linear on the host (its dropout, the two small matmuls, the "
-    "scale and add): seconds per 1000 adapted linears per forward (a backward counts HOST_BACKWARD of one), log",
-    "gather": "ZeRO-3's parameter gathers in forward, backward (and recompute): seconds per billion "
-    "parameters per pass, log",
+    "scale and add): per 1000 adapted linears per forward (a backward counts HOST_BACKWARD of one), times the "
+    "host's time",
+    "gather": "ZeRO-3's parameter gathers in forward, backward (and recompute): 16-bit parameters per pass "
+    "over the memory bandwidth",
     "layers": "fixed costs per layer per micro-batch that the GPU waits on (ZeRO-3's fetch and release, "
-    "offload's synchronisations): seconds per 100 layers, log",
+    "offload's synchronisations): per 100 layers, times the host's time",
 }
 
 
@@ -199,181 +227,25 @@ TimeConstants.__doc__ = (
 
 TIME_NAMES = tuple(f.name for f in fields(TimeConstants))
 SETUP_NAMES = SETUP_FEATURES + START_FEATURES
-# The values fitted on the committed H200 records (tests/test_steptime.py holds them to the fit).
-_FIT: dict[str, float] = {
-    "compute_one": 0.557,
-    "compute_fp16": 0.042,
-    "compute_hf_trainer": -0.004,
-    "compute_compiled": -0.204,
-    "compute_liger": -0.502,
-    "compute_grad_ckpt": -0.054,
-    "compute_zero3": -0.047,
-    "compute_multi_gpu": -0.235,
-    "activations_one": 1.57,
-    "adapter_one": 0.502,
-    "adapter_qlora": -0.205,
-    "dequant_one": -6.336,
-    "dequant_double_quant": -0.437,
-    "params_one": -3.741,
-    "params_fp16": -0.101,
-    "params_multi_gpu": 0.433,
-    "params_zero12": -0.179,
-    "params_torch_adam": 0.214,
-    "params_paged": 0.102,
-    "params_bit8": 0.324,
-    "host_one": -0.911,
-    "host_torch_adam": 1.334,
-    "host_fp16": 0.85,
-    "pcie_one": -3.986,
-    "pcie_unpinned": 1.433,
-    "nvme_one": -0.438,
-    "hooks_one": -4.46,
-    "hooks_zero2": 0.698,
-    "hooks_zero3": 1.487,
-    "hooks_fp16": -0.048,
-    "hooks_multi_gpu": -0.451,
-    "hooks_offload": 0.299,
-    "tensors_one": -4.424,
-    "tensors_bit8": 0.394,
-    "tensors_paged": 0.491,
-    "tensors_torch_adam": 0.238,
-    "tensors_zero12": -0.387,
-    "launch_one": -1.533,
-    "launch_qlora": 0.42,
-    "launch_hf_trainer": 0.088,
-    "launch_zero3": 1.19,
-    "launch_multi_gpu": 0.162,
-    "wrappers_one": -1.6,
-    "wrappers_qlora": 0.519,
-    "wrappers_zero3": 1.902,
-    "gather_one": -4.356,
-    "gather_offload_params": -0.066,
-    "gather_multi_gpu": 0.012,
-    "gather_qlora": 0.0,
-    "gather_fp16": -0.079,
-    "layers_one": -3.56,
-    "layers_zero3": 0.062,
-    "layers_offload": 0.045,
-    "setup_log": 0.187,
-    "setup_size": 0.206,
-    "setup_zero3": 1.082,
-    "setup_offload": 1.381,
-    "setup_qlora": 0.705,
-    "setup_multi_gpu": 0.118,
-    "start_log": 0.25,
-    "start_spawn": 2.621,
-    "start_compile": 2.921,
-    "start_zero3": 0.687,
-    "start_offload": 0.5,
-}
-
-FITTED_TIME = TimeConstants(**_FIT)
+# The fit (bench.estimate.timecheck.fit_section, written by `zerobench estimate --check --refit` into fit.json's
+# "step_time" section): the constants, the error band, the traits' files and the runs it was fitted on.
+FIT = fitdata.section("step_time")
+FITTED_TIME = TimeConstants(**{n: v for n, v in FIT.get("constants", {}).items() if n in TIME_NAMES})
 
 # The step-time model's error on records it was not fitted on (leave one results file out), published for a
 # search (bench.estimate.band): per group of cells, the records, the median and 95th percentile of
 # |log(predicted / measured)|, the edges of log(measured / predicted) at the calibrated central level, and that
 # level. "familiar": every trait of the cell (traits()) was in at least FAMILIAR_FILES results files the fit
 # saw; "unfamiliar": some trait was in fewer. STEP_BAND is the error of predictions for the typical host (a
-# host whose time was not measured: every record predicted as if its host were unmeasured, so the 7b answer's
-# fast machine is in it); STEP_BAND_HOST that of predictions that took the host's time where its record
-# measured it (the others' as in STEP_BAND). Regenerated with the fit (bench.estimate.timecheck.error_band);
-# tests/test_steptime.py holds them to it.
-STEP_BAND: dict[str, dict[str, float]] = {
-    "familiar": {"n": 313, "median": 0.0647, "p95": 0.3124, "low": -0.7322, "high": 0.2955, "level": 0.99},
-    "gpu-bound": {"n": 174, "median": 0.0424, "p95": 0.1715, "low": -0.2134, "high": 0.1282, "level": 0.965},
-    "host-bound": {"n": 139, "median": 0.1423, "p95": 0.5337, "low": -0.7541, "high": 0.3153, "level": 1.0},
-    "unfamiliar": {"n": 12, "median": 0.1347, "p95": 0.5944, "low": -0.8348, "high": 0.3977, "level": 1.0},
-}
-STEP_BAND_HOST: dict[str, dict[str, float]] = {
-    "familiar": {"n": 313, "median": 0.052, "p95": 0.2712, "low": -0.2791, "high": 0.2465, "level": 0.965},
-    "gpu-bound": {"n": 189, "median": 0.0408, "p95": 0.2426, "low": -0.2955, "high": 0.1812, "level": 0.98},
-    "host-bound": {"n": 124, "median": 0.0986, "p95": 0.2732, "low": -0.2676, "high": 0.2844, "level": 0.965},
-    "unfamiliar": {"n": 12, "median": 0.1347, "p95": 0.5944, "low": -0.8348, "high": 0.3977, "level": 1.0},
-}
-# Results files each trait appears in, among those the constants were fitted on.
-TRAIT_FILES: dict[str, int] = {
-    "adapted": 16,
-    "adapter": 16,
-    "bf16": 37,
-    "bit8": 10,
-    "compiled": 2,
-    "dequant": 15,
-    "double_quant": 15,
-    "fp16": 9,
-    "fp32": 1,
-    "gather": 26,
-    "grad_ckpt": 31,
-    "hf_trainer": 4,
-    "hooks": 32,
-    "host": 14,
-    "liger": 1,
-    "lora": 12,
-    "multi_gpu": 5,
-    "nvme": 2,
-    "offload": 14,
-    "offload_params": 8,
-    "paged": 11,
-    "params": 35,
-    "pcie": 14,
-    "qlora": 15,
-    "tensors": 35,
-    "torch_adam": 6,
-    "unpinned": 2,
-    "wrappers": 16,
-    "zero12": 25,
-    "zero2": 23,
-    "zero3": 26,
-}
-# The runs (record run ids) whose records the constants were fitted on: `zerobench estimate --check` counts
-# a record of any other run as held out.
-FITTED_RUNS: tuple[str, ...] = (
-    "20261130T043402Z-2a5ab9",
-    "20261130T043915Z-6c3d1f",
-    "20261130T044209Z-17b00c",
-    "20261130T045048Z-f02045",
-    "20261130T064152Z-a12d58",
-    "20261130T064516Z-8e7f63",
-    "20261130T064658Z-67e056",
-    "20261130T065350Z-9e3378",
-    "20261130T065531Z-ce3855",
-    "20261130T070043Z-b4856a",
-    "20261130T070420Z-cb7069",
-    "20261130T085424Z-a77a0a",
-    "20261130T085906Z-7472a0",
-    "20261130T090658Z-a6e535",
-    "20261130T091532Z-ab057d",
-    "20261130T092111Z-27f91c",
-    "20261130T101846Z-040317",
-    "20261130T102755Z-07d352",
-    "20261130T103325Z-f611de",
-    "20261130T105327Z-f4cc44",
-    "20261130T235245Z-59afd6",
-    "20261201T010318Z-c43491",
-    "20261201T024706Z-dcd128",
-    "20261201T024957Z-88f38b",
-    "20261201T025144Z-e994c1",
-    "20261201T025344Z-20f63d",
-    "20261201T030815Z-d5014b",
-    "20261201T031012Z-77674f",
-    "20261201T085240Z-3b1fbc",
-    "20261201T085836Z-69b3dd",
-    "20261201T085938Z-135011",
-    "20261201T090151Z-9568e7",
-    "20261201T090220Z-576c30",
-    "20261201T090327Z-1a7ed0",
-    "20261201T090702Z-32d436",
-    "20261201T091033Z-c43994",
-    "20261201T222237Z-8af68e",
-    "20261201T222711Z-085537",
-    "20261201T224041Z-8f5cfa",
-    "20261202T072952Z-4b5a27",
-    "20261202T074233Z-aed415",
-    "20261202T194345Z-bc1e7c",
-    "20261202T194636Z-d8d874",
-    "20261203T074333Z-58b02d",
-    "20261203T075555Z-156cb4",
-    "20261203T080543Z-06dc80",
-)
+# host whose time was not measured); STEP_BAND_HOST that of predictions that took the host's time where its
+# record measured it.
+STEP_BAND: dict[str, dict[str, float]] = FIT.get("band", {})
+STEP_BAND_HOST: dict[str, dict[str, float]] = FIT.get("band_host", {})
+TRAIT_FILES: dict[str, int] = FIT.get("trait_files", {})
+"""Results files each trait appears in, among those the constants were fitted on."""
+FITTED_RUNS: tuple[str, ...] = tuple(FIT.get("runs", ()))
+"""The runs (record run ids) whose records the constants were fitted on: `zerobench estimate --check` counts a
+record of any other run as held out."""
 
 
 # The host's speed, measured on the machine before any cell runs. H200 machines differ in their hosts, not
@@ -389,8 +261,11 @@ FITTED_RUNS: tuple[str, ...] = (
 # bench.estimate.timecheck.host_exponent).
 HOST_OPS = ("FusedAdamBuilder", "CPUAdamBuilder", "FusedLambBuilder")
 """The ops whose prebuild times the host (an AsyncIO or shared-memory op alone compiles far less)."""
-REF_OPS_S = 65.95
+REF_OPS_S: float = FIT.get("ref_ops_s", 60.0)
 """The median op prebuild of the fitted runs that compiled HOST_OPS (seconds): the typical host's."""
+REF_HOST_OVERHEAD_S: float | None = FIT.get("ref_host_overhead_s")
+"""The median per-step host overhead (Rates.host_overhead_s) the probe measured on the fitted runs' machines: the
+typical host's; None where no fitting record carries a probe's figures (host_scale then reads host_time alone)."""
 
 
 def host_time_of(fixed_costs: FixedCosts | Mapping[str, Any] | None, ref: float | None = None) -> float | None:
@@ -405,10 +280,11 @@ def host_time_of(fixed_costs: FixedCosts | Mapping[str, Any] | None, ref: float 
     return seconds / (ref or REF_OPS_S) if compiled and seconds else None
 
 
-def peak_flops(hw: Hardware | None, precision: str = "bf16") -> float:
-    name = (hw.gpu_name if hw else None) or ""
-    peaks = next((p[1:] for p in PEAKS if p[0] in name), DEFAULT_PEAK)
-    return peaks[1] if precision == "fp32" else peaks[0]
+def matmul_rate(hw: Hardware | None, precision: str = "bf16") -> float:
+    """The dense matmul rate (FLOP/s) a cell of this precision runs at (rates_of): PyTorch's default fp32 matmul
+    is full fp32, not TF32, so an fp32 cell runs at the fp32 rate."""
+    r = rates_of(hw)
+    return {"fp32": r.matmul_fp32, "fp16": r.matmul_fp16}.get(precision, r.matmul_bf16)
 
 
 def flops_per_token(cell: Any, s: Shape) -> float:
@@ -428,11 +304,11 @@ def tokens_per_step(cell: Any) -> int:
 
 
 def compute_seconds(cell: Any, hw: Hardware | None = None) -> float | None:
-    """Seconds of one step's matmuls at the GPU's peak; None for a model whose shape is unknown."""
+    """Seconds of one step's matmuls at the matmul rate; None for a model whose shape is unknown."""
     s = shape_of(cell.model)
     if s is None:
         return None
-    return tokens_per_step(cell) * flops_per_token(cell, s) / peak_flops(hw, cell.precision)
+    return tokens_per_step(cell) * flops_per_token(cell, s) / matmul_rate(hw, cell.precision)
 
 
 def _compiled(cell: Any) -> bool:
@@ -491,7 +367,7 @@ def traits(cell: Any, ds_config: dict | None = None) -> frozenset[str]:
     on = {n for n, v in _flags(cell, ds_config).items() if v and n != "one"}
     s = shape_of(cell.model)
     if s is not None:
-        on |= {p for p, b in _bases(cell, s, None).items() if b and p not in EVERY_CELL}
+        on |= {p for p, b in _bases(cell, s, None, ds_config).items() if b and p not in EVERY_CELL}
     return frozenset(on | {cell.precision})
 
 
@@ -511,8 +387,10 @@ def trainable_tensors(cell: Any, s: Shape) -> int:
     return 9 * s.layers + 2 + (0 if s.tied else 1)
 
 
-def _bases(cell: Any, s: Shape, hw: Hardware | None) -> dict[str, float]:
-    """Each part's base (PART_DOCS says in what unit)."""
+def _bases(cell: Any, s: Shape, hw: Hardware | None, ds_config: dict | None = None) -> dict[str, float]:
+    """Each part's base (PART_DOCS says what over which rate): seconds at the machine's rates (rates_of), the
+    host's parts a count times the host's time."""
+    r = rates_of(hw)
     mbs = cell.grad_accum
     passes = 2 + bool(cell.grad_ckpt)  # forward, backward, and the recompute of checkpointing
     host_passes = passes - 1 + HOST_BACKWARD  # the forwards, and the backward at its share of the host's work
@@ -520,34 +398,75 @@ def _bases(cell: Any, s: Shape, hw: Hardware | None) -> dict[str, float]:
     off, off_par = optimizer_offloaded(cell.offload), params_offloaded(cell.offload)
     # 16-bit parameters streamed in from the host (or NVMe) for every pass of every micro-batch.
     par_bytes = passes * 2 * s.params * mbs if off_par else 0.0
-    cores = (hw.host_cores if hw else None) or REF_CORES
     # LoRA's A reads each adapted linear's input and B writes its output, in forward, both backward
     # matmuls and the recompute.
     adapter = tokens_per_step(cell) * s.layers * _adapted_width(cell, s) * (passes + 1) if adapted(cell) else 0
     adapted_linears = s.layers * s.lora_targets(tuple(cell.lora.targets)) if adapted(cell) else 0
     # Elements each block's elementwise kernels read or write per token (16-bit, fp32 in an fp32 cell).
     elements = s.layers * (s.hidden + s.intermediate) * (4 if cell.precision == "fp32" else 2)
-    # The host's parts in the typical host's seconds, times the host's time where it was measured.
-    host = (hw.host_time if hw else None) or 1.0
+    dequant = (cell.peft == "qlora") * s.linear_params * mbs * passes
+    h2d, d2h = _pcie(cell, r, ds_config)
     bases = {
         "compute": compute_seconds(cell, hw),
-        "activations": tokens_per_step(cell) * elements * (passes + 1) / 1e12,
-        "adapter": adapter / 1e12,
-        "dequant": (cell.peft == "qlora") * s.linear_params * mbs * passes / 1e9,
-        "params": 0.0 if off else train / 1e9,
-        "host": train / 1e9 * REF_CORES / cores if off else 0.0,
+        "activations": tokens_per_step(cell) * elements * (passes + 1) / r.hbm,
+        "adapter": 2 * adapter / r.hbm,
+        "dequant": dequant / r.dequant_4bit if r.dequant_4bit else dequant * DEQUANT_BYTES / r.hbm,
+        "params": 0.0 if off else train * UPDATE_BYTES / r.hbm,
+        "host": train / _cpu_adam(hw, r) if off else 0.0,
         # Gradients out and updated 16-bit parameters back each step, 2 bytes each.
-        "pcie": (4 * train + par_bytes) / 1e9 if off else 0.0,
+        "pcie": 2 * train / d2h + (2 * train + par_bytes) / h2d if off else 0.0,
         # fp32 master, momentum and variance read and written each step, and the parameters.
-        "nvme": (24 * train + par_bytes + 2 * s.params) / 1e9 if cell.offload == "nvme" else 0.0,
+        "nvme": (24 * train + par_bytes + 2 * s.params) / REF_NVME if cell.offload == "nvme" else 0.0,
+        "paged": paged_excess(cell, hw, ds_config) * (1 / r.h2d_pinned + 1 / r.d2h_pinned),
         "hooks": trainable_tensors(cell, s) * mbs / 100 if cell.zero_stage else 0.0,
         "tensors": 0.0 if off else trainable_tensors(cell, s) / 100,
         "launch": s.layers * host_passes * mbs / 100,
         "wrappers": adapted_linears * host_passes * mbs / 1000,
-        "gather": (cell.zero_stage == 3) * s.params / 1e9 * mbs * passes,
+        "gather": (cell.zero_stage == 3) * 2 * s.params * mbs * passes / r.hbm,
         "layers": s.layers / 100 * mbs,
     }
+    host = host_scale(hw)
     return {part: base * host if part in HOST_PARTS else base for part, base in bases.items()}
+
+
+def host_scale(hw: Hardware | None) -> float:
+    """The host's time for its parts (HOST_PARTS) over the typical fitting host's: Hardware.host_time where the
+    run measured it (host_time_of); else the probe's per-step host overhead (Rates.host_overhead_s) over the
+    fitting records' (REF_HOST_OVERHEAD_S, where they carried probes); else 1 (a prediction for the typical host)."""
+    if hw is not None and hw.host_time:
+        return hw.host_time
+    rates = hw.rates if hw is not None else None
+    probed = rates.host_overhead_s if rates is not None and rates.source == "probe" else None
+    return probed / REF_HOST_OVERHEAD_S if probed and REF_HOST_OVERHEAD_S else 1.0
+
+
+def _cpu_adam(hw: Hardware | None, r: Rates) -> float:
+    """The host's CPU Adam rate (parameters/s): probed, else REF_CPU_ADAM at the host's cores."""
+    if r.cpu_adam:
+        return r.cpu_adam
+    cores = (hw.host_cores if hw else None) or REF_CORES
+    return REF_CPU_ADAM * cores / REF_CORES
+
+
+def _pcie(cell: Any, r: Rates, ds_config: dict | None) -> tuple[float, float]:
+    """(host to device, device to host) bytes/s for offload's buffers: pinned, or pageable where they are not
+    pinned and the probe measured pageable rates (else the pinned rates, and the pcie_unpinned factor)."""
+    if not pinned(cell, ds_config) and r.h2d_pageable and r.d2h_pageable:
+        return r.h2d_pageable, r.d2h_pageable
+    return r.h2d_pinned, r.d2h_pinned
+
+
+def paged_excess(cell: Any, hw: Hardware | None, ds_config: dict | None = None) -> float:
+    """Bytes of a paged optimizer's state (bench.estimate.model.Estimate.paged_bytes, in CUDA managed memory) that
+    do not fit in the GPU's memory beside the predicted peak: the driver pages them to the host and back each
+    step. 0 for an optimizer that does not page, and where the GPU's memory is not known."""
+    cap = hw.gpu_memory_bytes if hw else None
+    if not cap or "paged" not in cell.optimizer:
+        return 0.0
+    from .model import predict
+
+    est = predict(cell, ds_config)
+    return min(est.paged_bytes, max(0.0, est.gpu_bytes + est.paged_bytes - cap))
 
 
 def _ranks(cell: Any) -> int:
@@ -564,7 +483,7 @@ def step_parts(
     if s is None or getattr(cell, "nodes", 1) > 1:
         return None
     flags = _flags(cell, ds_config)
-    bases = _bases(cell, s, hw)
+    bases = _bases(cell, s, hw, ds_config)
     return {
         part: (bases[part], tuple(float(flags[feature_of(part, n)]) for n in names)) for part, names in PARTS.items()
     }

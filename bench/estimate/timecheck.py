@@ -1,5 +1,5 @@
-"""The step-time model against measurement: each ok H200 record's step time and fixed cost predicted from
-its cell, its GPU and its host's time where the run measured it (bench.estimate.steptime.host_time_of), the
+"""The step-time model against measurement: each ok record's step time and fixed cost predicted from
+its cell, its GPU's rates and its host's time where the run measured it (bench.estimate.steptime.host_time_of), the
 constants fitted on the records (`fit_time`), and refitted leaving each results file (or machine) out to
 show how well they carry (`cross_validate_time`); that held-out error published as the band a search reads
 (`error_band`, checked on files it was not derived from by `band_coverage`). A record with an injected fault
@@ -13,12 +13,14 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 
+from ..host.rates import Rates
 from ..matrix.shapes import shape_of
 from ..records.record import Record
 from ..records.status import Status
 from ..records.store import read_records
 from .band import BAND_COVERAGE, FAMILIAR_FILES, band_group, bands_for, group_of
 from .check import _cell, _ds_config, _pct
+from .fitdata import write_section
 from .model import Hardware
 from .steptime import (
     FITTED_RUNS,
@@ -34,9 +36,11 @@ from .steptime import (
     combine,
     host_share,
     host_time_of,
+    paged_excess,
     predict_setup,
     predict_start,
     predict_step,
+    rates_of,
     setup_features,
     start_features,
     step_parts,
@@ -52,10 +56,13 @@ __all__ = [
     "band_coverage",
     "cross_validate_time",
     "error_band",
+    "band_width",
     "file_rows",
+    "gpu_rows",
     "fit_time",
     "host_exponent",
-    "literals",
+    "fit_section",
+    "refit",
     "machine_offsets",
     "measured_on",
     "ops_reference",
@@ -102,11 +109,11 @@ EXCLUDED = "a fault injected (ZEROBENCH_FAULT): a deliberately slowed or burdene
 
 
 def time_cases(
-    paths: Iterable[str | os.PathLike], gpu: str = "H200", excluded: list[tuple[str, str]] | None = None
+    paths: Iterable[str | os.PathLike], gpu: str | None = None, excluded: list[tuple[str, str]] | None = None
 ) -> list[TimeCase]:
-    """Every ok record run on one or two GPUs named `gpu` with a median step time, of a known model shape,
-    less those EXCLUDED says (appended to `excluded` as (file, cell id) where a list is given). Whether the
-    constants were fitted on a record is its run's (fitted, FITTED_RUNS)."""
+    """Every ok record run on one or two GPUs (whose name contains `gpu`, where given) with a median step time,
+    of a known model shape, less those EXCLUDED says (appended to `excluded` as (file, cell id) where a list is
+    given). Whether the constants were fitted on a record is its run's (fitted, FITTED_RUNS)."""
     out = []
     for path in paths:
         for rec in read_records(path, warn=False):
@@ -115,7 +122,7 @@ def time_cases(
             prov = rec.provenance
             name = (prov.gpu_name if prov else None) or ""
             step = rec.metrics.step_time_median_s if rec.metrics else None
-            if gpu not in name or not step:
+            if not name or (gpu and gpu not in name) or not step:
                 continue
             cell = _as_ran(_cell(rec.cell), rec)
             if cell.gpus not in (1, 2) or cell.nodes > 1 or shape_of(cell.model) is None:
@@ -143,6 +150,7 @@ def _case(file: str, rec: Record, cell, step: float) -> TimeCase:
             gpu_name=(prov.gpu_name if prov else None) or "",
             host_cores=(prov.cpu_count if prov else None) or None,
             host_time=ops_s / REF_OPS_S if ops_s else None,
+            rates=Rates.from_dict(rec.machine.rates) if rec.machine else None,
         ),
         step_s=step,
         setup_s=float(setup) if setup else None,
@@ -202,19 +210,20 @@ def solve(rows: Sequence[dict[str, float]], y: Sequence[float], names: Sequence[
 STEP_RIDGE = 0.03
 PRIOR_WEIGHT = 0.01
 PRIOR = {
-    "compute": 0.9,  # 40% of the peak
-    "activations": -1.5,  # each element read or written once at the H200's 4.8 TB/s
-    "adapter": 0.0,
-    "dequant": -5.0,
-    "params": -3.7,  # a fused Adam at a fifth of the GPU's memory bandwidth
-    "host": 0.0,  # one second per billion parameters at 16 cores
-    "pcie": -3.9,  # 50 GB/s
-    "nvme": -0.7,  # 2 GB/s
+    "compute": 0.9,  # 40% of the matmul rate
+    "activations": 2.0,  # the elementwise kernels at an eighth of the memory bandwidth
+    "adapter": 1.4,
+    "dequant": 1.0,
+    "params": 1.0,  # a fused Adam at a third of the memory bandwidth
+    "host": 0.0,  # the reference CPU Adam rate
+    "pcie": 0.2,  # 80% of the link's rate
+    "nvme": 0.0,  # the reference NVMe rate
+    "paged": 0.0,  # the link's rate: managed memory migrates in large chunks
     "hooks": -4.6,  # 0.1 ms per tensor
     "tensors": -4.6,  # 0.1 ms per tensor
     "launch": -3.2,  # 0.4 ms per layer and pass: some 40 kernels at 10 us of host time each
     "wrappers": -2.3,  # 0.1 ms per adapted linear and pass: ten kernels and the Python around them
-    "gather": -3.5,
+    "gather": 3.0,
     "layers": -2.3,  # 1 ms per layer
 }
 
@@ -569,27 +578,55 @@ def band_coverage(cs: Sequence[TimeCase], cv: Sequence[TimeRow]) -> dict[str, tu
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
-def literals(cs: Sequence[TimeCase]) -> str:
-    """The step-time model's literals (steptime's REF_OPS_S, _FIT, STEP_BAND, STEP_BAND_HOST, TRAIT_FILES,
-    FITTED_RUNS) fitted on `cs`, as Python."""
+def fit_section(cs: Sequence[TimeCase], cv: Sequence[TimeRow] | None = None) -> dict:
+    """The step-time model's fit on `cs`, as fit.json's "step_time" section holds it (the one generator of it:
+    `zerobench estimate --check --refit` writes what this returns): the constants, the typical host's op
+    prebuild (REF_OPS_S), the error band for the typical host and at the host's time (leave one results file
+    out), the files each trait appears in, and the runs, files and GPUs it was fitted on, with where each
+    record's rates came from. cv: cross_validate_time(cs), where the caller has it."""
     ref = ops_reference(cs)
     k = fit_time(measured_on(cs, ref))
-    typical, host, files = error_band(cs, cross_validate_time(cs))
-    fit = "".join(f'    "{f.name}": {getattr(k, f.name)!r},\n' for f in fields(k))
-    traits_ = "".join(f'    "{t}": {n},\n' for t, n in files.items())
-    runs = "".join(f'    "{r}",\n' for r in sorted({c.run for c in cs}))
-    return (
-        f"REF_OPS_S = {ref or REF_OPS_S!r}\n"  # no run timed its host: the reference stays
-        f"_FIT: dict[str, float] = {{\n{fit}}}\n"
-        f"STEP_BAND: dict[str, dict[str, float]] = {{\n{_band_literal(typical)}}}\n"
-        f"STEP_BAND_HOST: dict[str, dict[str, float]] = {{\n{_band_literal(host)}}}\n"
-        f"TRAIT_FILES: dict[str, int] = {{\n{traits_}}}\n"
-        f"FITTED_RUNS: tuple[str, ...] = (\n{runs})\n"
-    )
+    typical, host, files = error_band(cs, cross_validate_time(cs) if cv is None else cv)
+    return {
+        "constants": {f.name: getattr(k, f.name) for f in fields(k)},
+        "ref_ops_s": ref or REF_OPS_S,  # no run timed its host: the reference stays
+        "ref_host_overhead_s": _probed_overhead(cs),
+        "band": typical,
+        "band_host": host,
+        "trait_files": files,
+        "runs": sorted({c.run for c in cs}),
+        "files": sorted({c.file for c in cs}),
+        "gpus": sorted({c.hw.gpu_name or "" for c in cs}),
+        "records": len(cs),
+        "rates": sorted({_rates_source(c.hw) for c in cs}),
+    }
 
 
-def _band_literal(bands: Bands) -> str:
-    return "".join(f'    "{g}": {b!r},\n'.replace("'", '"') for g, b in bands.items())
+def _probed_overhead(cs: Sequence[TimeCase]) -> float | None:
+    """The median per-step host overhead the probe measured on the machines of `cs` (one figure per machine);
+    None where none was probed."""
+    by_machine = {
+        c.machine: c.hw.rates.host_overhead_s
+        for c in cs
+        if c.hw.rates is not None and c.hw.rates.source == "probe" and c.hw.rates.host_overhead_s
+    }
+    return statistics.median(by_machine.values()) if by_machine else None
+
+
+def _rates_source(hw: Hardware) -> str:
+    """Where a case's rates came from: its machine's probe, else its GPU's data sheet (the H200's where none is
+    known)."""
+    if hw.rates is not None and hw.rates.source == "probe":
+        return "probe"
+    return f"datasheet ({rates_of(hw).device})"
+
+
+def refit(paths: Iterable[str | os.PathLike], command: str, gpu: str | None = None) -> dict:
+    """Fit the step-time model on every usable record of these results files and write fit.json's "step_time"
+    section (with the command that wrote it); the section written."""
+    section = {"command": command, **fit_section(time_cases(paths, gpu))}
+    write_section("step_time", section)
+    return section
 
 
 @dataclass(frozen=True)
@@ -615,10 +652,19 @@ class TimeCheck:
         return self.cv + self.unfitted
 
 
-def time_check(paths: Iterable[str | os.PathLike], gpu: str = "H200", k: TimeConstants = FITTED_TIME) -> TimeCheck:
-    """The step-time model's check over these results files (bench.cli's estimate --check, tools.docs)."""
+def time_check(
+    paths: Iterable[str | os.PathLike],
+    gpu: str | None = None,
+    k: TimeConstants = FITTED_TIME,
+    held_out: Iterable[str | os.PathLike] = (),
+) -> TimeCheck:
+    """The step-time model's check over these results files (bench.cli's estimate --check, tools.docs): the
+    records of the runs the constants were fitted on, in-sample and cross-validated; the others, and every
+    record of the `held_out` files (another GPU's, say), predicted by the constants `k`."""
     excluded: list[tuple[str, str]] = []
+    paths = [os.fspath(p) for p in paths]
     cs, others = fitted(time_cases(paths, gpu, excluded))
+    others += time_cases([p for p in map(os.fspath, held_out) if p not in paths], gpu, excluded)
     return TimeCheck(
         cs,
         evaluate_time(cs, k),
@@ -726,11 +772,42 @@ def _edges(b: dict[str, float]) -> str:
     )
 
 
+def _shipped_band(r: TimeRow) -> dict[str, float]:
+    """The band the module ships for a record's cell on its hardware (STEP_BAND, or STEP_BAND_HOST where its
+    host's time was measured)."""
+    return bands_for(r.case.hw)[band_group(r.case.cell, r.case.ds_config, hw=r.case.hw)]
+
+
 def _in_band(r: TimeRow) -> bool:
-    """A record of a run no constant was fitted on inside the band the module ships for its host (STEP_BAND,
-    or STEP_BAND_HOST where its host's time was measured)."""
-    b = bands_for(r.case.hw)[band_group(r.case.cell, r.case.ds_config, hw=r.case.hw)]
+    """A record of a run no constant was fitted on inside the band the module ships for it (_shipped_band)."""
+    b = _shipped_band(r)
     return b["low"] <= math.log(r.case.step_s / r.step) <= b["high"]
+
+
+def band_width(r: TimeRow) -> float:
+    """The shipped band's width for a record's prediction: high over low (x1.35: the high edge 35% above the
+    low one)."""
+    b = _shipped_band(r)
+    return math.exp(b["high"] - b["low"])
+
+
+def gpu_rows(rows: Sequence[TimeRow]) -> list[list[str]]:
+    """Per GPU model, records of runs no constant was fitted on (held out): their step-time errors, how many fall
+    inside the shipped band, its median width, the errors of those whose paged optimizer state did not fit beside
+    the peak (steptime.paged_excess), and where their rates came from."""
+    head = ["GPU", "records", "median |error|", "p95 |error|", "max", "inside the band", "band width median"]
+    out = [[*head, "paged beyond the GPU: records, max |error|", "rates"]]
+    for gpu in sorted({r.case.hw.gpu_name or "" for r in rows}):
+        mine = [r for r in rows if (r.case.hw.gpu_name or "") == gpu]
+        s, hits = time_summary(mine), [_in_band(r) for r in mine]
+        width = statistics.median(band_width(r) for r in mine)
+        paged = time_summary([r for r in mine if paged_excess(r.case.cell, r.case.hw, r.case.ds_config)])
+        source = ", ".join(sorted({_rates_source(r.case.hw) for r in mine}))
+        pct = [f"{s[q]:.1%}" for q in ("median", "p95", "max")]
+        inside = f"{sum(hits)} of {len(hits)} ({sum(hits) / len(hits):.0%})"
+        page = f"{paged['n']}, {paged['max']:.1%}" if paged["n"] else "-"
+        out.append([gpu, str(s["n"]), *pct, inside, f"x{width:.3f}", page, source])
+    return out
 
 
 LABELS = {
@@ -760,4 +837,11 @@ def time_text(check: TimeCheck) -> str:
             lines += _band_lines(check)
         if which == "step" and check.held_out:
             lines += ["", "Per results file, median step time:", "", text_table(file_rows(check))]
+        if which == "step" and check.unfitted:
+            lines += [
+                "",
+                "Per GPU model, records of runs no constant was fitted on:",
+                "",
+                text_table(gpu_rows(check.unfitted)),
+            ]
     return "\n".join(lines)

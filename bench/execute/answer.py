@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..estimate import Hardware, predict
+from ..estimate.band import band_group, bands_for
 from ..estimate.online import SHARE, Online
 from ..estimate.steptime import STEP_BAND, predict_wall, step_and_share
 from ..judge import blocks, compare, effects, results
@@ -68,11 +69,11 @@ EXTRA_ANCHORS = 2  # anchors a new block measures besides the groups' leaders
 # effect, one pair of axis values' (two knobs whose effects do not multiply), and a cell's own (the misfit's prior
 # guess; the run learns it from its residuals, never below that guess: docs/answer-mode.md, the joint stopping rule).
 # Prior widths set by hand at the size of the step-time model's held-out misses on H200 records; no committed tool
-# derives them yet. Where the step-time model was not fitted (another GPU, a CPU), each is wider by UNFAMILIAR.
+# derives them yet. On a CPU host, which the step-time model does not describe, each is wider by CPU_WIDE.
 MAIN_SD = 0.05
 PAIR_SD = 0.01
 MISFIT_GUESS = 0.02
-UNFAMILIAR = 4.0
+CPU_WIDE = 4.0
 HOST_SD = 0.1
 """How far a machine's host may be from the typical host's (log host seconds), on the step-time model's GPUs: the
 spread (sd 0.098) of the per-machine host offsets its fit finds on the committed H200 files
@@ -108,6 +109,7 @@ class Candidate:
     model: dict = field(default_factory=dict)  # the features that tell it from the other candidates (the models')
     short: float = 0.0  # log of rung 0's predicted wall over the full schedule's
     share: float | None = None  # how much of its step waits on the host (bench.estimate.steptime.host_share)
+    band: tuple[float, float] | None = None  # its prediction's held-out error band, log step time (bench.estimate.band)
     _features: dict | None = None
 
     @property
@@ -185,25 +187,25 @@ class Search:
         self.s, self.hw, self.cuda, self.here = settings, hw, cuda, here
         kind = "gpu" if cuda else "cpu"
         self.noise, self.cross = quality.NOISE[kind], quality.CROSS[kind]
-        known_gpu = cuda and bool(hw.gpu_name) and any(k in (hw.gpu_name or "") for k in ("H200", "H100"))
-        # Where the step-time model was fitted (H200/H100) the machine as a whole is off by up to its held-out band
-        # (p95 of |log error|, STEP_BAND), each knob and pair of knobs by MAIN_SD and PAIR_SD; elsewhere only its
-        # ranking is trusted. A cell's own misfit is learned from the measured cells' residuals; there, never below its
-        # guess (in either model, as tools.answer_sim ran it); elsewhere the guess is UNFAMILIAR-wide, and the residuals
-        # may take it lower.
-        band = STEP_BAND["familiar"]["p95"] / Z if known_gpu else 0.7
-        wide = 1.0 if known_gpu else UNFAMILIAR
+        # On a GPU the step-time model divides by that GPU's rates (its probe's, else its data sheet's), so every
+        # GPU gets one prior: the machine as a whole off by up to the model's held-out band (p95 of |log error|,
+        # STEP_BAND), each knob and pair of knobs by MAIN_SD and PAIR_SD, a cell's own misfit learned from the
+        # measured cells' residuals, never below its guess (in either model, as tools.answer_sim ran it). On a CPU
+        # host, which the model does not describe, only its ranking is trusted: each guess CPU_WIDE-wide, and the
+        # residuals may take it lower.
+        band = STEP_BAND["familiar"]["p95"] / Z if cuda else 0.7
+        wide = 1.0 if cuda else CPU_WIDE
         self.tps = Online(
-            prior_sd=MAIN_SD * wide, offset_sd=band if known_gpu else 3.0, noise_sd=self.noise,
+            prior_sd=MAIN_SD * wide, offset_sd=band if cuda else 3.0, noise_sd=self.noise,
             misfit_sd=MISFIT_GUESS * wide, pair_sd=PAIR_SD * wide, learn_misfit=True,
-            host_sd=HOST_SD if known_gpu else 0.0, misfit_floor=MISFIT_GUESS if known_gpu else 0.0,
+            host_sd=HOST_SD if cuda else 0.0, misfit_floor=MISFIT_GUESS if cuda else 0.0,
         )  # fmt: skip
         m = MEMORY_SD if cuda else MEMORY_SD_CPU
         self.memory = Online(
             prior_sd=m["main"], offset_sd=m["offset"], noise_sd=MEMORY_NOISE, misfit_sd=m["misfit"],
-            pair_sd=m["pair"], learn_misfit=True, misfit_floor=m["misfit"] if known_gpu else 0.0,
+            pair_sd=m["pair"], learn_misfit=True, misfit_floor=m["misfit"] if cuda else 0.0,
         )  # fmt: skip
-        self.cost = Online(prior_sd=0.3, offset_sd=0.5 if known_gpu else 3.0, noise_sd=0.2)
+        self.cost = Online(prior_sd=0.3, offset_sd=0.5 if cuda else 3.0, noise_sd=0.2)
         self.candidates = [self._candidate(p, (predicted or {}).get(id(p))) for p in runnable]
         for c in self.candidates if ends is not None else ():
             c.limit = min(MAX_MEASUREMENTS, len(ends.get(c.cell.hash, ())))
@@ -253,7 +255,14 @@ class Search:
             base_cost=math.log(wall) if wall else None,
             short=math.log(short / wall) if short and wall else 0.0,
             share=share,
+            band=self._band(p) if step and self.cuda else None,
         )
+
+    def _band(self, p: Planned) -> tuple[float, float] | None:
+        """The step-time model's held-out error band for the cell's family on this machine (bench.estimate.band:
+        its group's calibrated edges of log(measured / predicted) step time)."""
+        b = bands_for(self.hw).get(band_group(p.cell, p.ds_config, hw=self.hw))
+        return (b["low"], b["high"]) if b else None
 
     def _memory(self, p: Planned, predicted: dict | None) -> float | None:
         """Predicted peak bytes where the search measures them: the GPU's, or host RSS on a CPU host."""
@@ -1038,6 +1047,10 @@ def _tps(search: Search, c: Candidate) -> str:
         where = ""
     if not math.isfinite(mid):
         return "tokens/s unknown"
+    if not c.obs and c.band and not any(o.obs for o in search.candidates):
+        # Nothing measured yet: the prediction's band is the model's held-out error for its family (a slower step
+        # than predicted is fewer tokens/s).
+        lo, hi = c.base_tps - c.band[1], c.base_tps - c.band[0]
     how = "measured" if c.obs else "predicted"
     return f"{how} {_k(math.exp(mid))} tok/s [{_k(math.exp(lo))}, {_k(math.exp(hi))}] at 95%{where}"
 
