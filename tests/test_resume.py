@@ -1,7 +1,9 @@
-"""A run killed with SIGKILL midway, then rerun with --resume, ends with every cell exactly once."""
+"""--resume: a run killed with SIGKILL midway, then rerun, ends with every cell exactly once; a cell an earlier call
+skipped is judged again under the resumed call's plan (a skip is no attempt)."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import re
@@ -15,11 +17,10 @@ from datetime import datetime
 import psutil
 import pytest
 
+from bench.cli import main as cli
 from bench.records.store import read
 from tests.conftest import ROOT, TINY, write_matrix, zerobench
 from tests.faults.procs import cell_stepping, wait_for
-
-pytestmark = pytest.mark.slow
 
 
 def _tagged(tag: str) -> list[str]:
@@ -34,6 +35,7 @@ def _tagged(tag: str) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume(tmp_path):
     m = write_matrix(
         tmp_path / "resume.yaml",
@@ -96,6 +98,7 @@ def test_sigkill_then_resume(tmp_path):
     assert len(read(res)) == len(recs)
 
 
+@pytest.mark.slow
 def test_answer_mode_killed_mid_attempt_counts_its_time_on_resume(tmp_path):
     """An answer-mode run SIGKILLed while a cell runs: --resume records that attempt interrupted with the time it
     ran (to its log's last write), and counts it against the budget."""
@@ -135,3 +138,55 @@ def test_answer_mode_killed_mid_attempt_counts_its_time_on_resume(tmp_path):
     assert "cut off by a kill" in cut["warnings"][0], cut
     spent = re.search(r"\((\d+) s of cell time spent\)", r.stdout)
     assert spent and int(spent[1]) == round(cut["wall_s"]), r.stdout[:2000]
+
+
+# -- a skip is no attempt: resumed under another plan -----------------------------------------------------
+
+COMPARE = ROOT / "matrices" / "compare-h200.yaml"
+
+
+def _replayed(matrix, out, *more: str) -> int:
+    """zerobench run over the committed H200 grid's recorded ends (no cell is launched)."""
+    recording = str(ROOT / "results" / "compare-h200-a1.jsonl")
+    return cli(["run", str(matrix), "--replay", recording, "--results", str(out), "--no-report", "--no-progress",
+                *more])  # fmt: skip
+
+
+def _ended(out) -> list[dict]:
+    return [r for r in read(out) if r["status"] != "started"]
+
+
+def test_a_cell_pruned_under_another_gpu_mem_runs_on_resume(tmp_path):
+    # Under 30 GiB the memory model prunes the four gc-off cells; resumed with the GPU's own memory they fit, so
+    # they run, each of their 3 repeats (the skip, written as repeat 1, is no outcome of repeat 1).
+    out = tmp_path / "r.jsonl"
+    assert _replayed(COMPARE, out, "--gpu-mem", "30GiB") == 0
+    pruned = {r["cell_hash"] for r in _ended(out) if r["status"] == "skipped"}
+    assert len(pruned) == 4 and all(
+        r["skip"]["rule"] == "predicted-oom" for r in _ended(out) if r["status"] == "skipped"
+    )
+    assert _replayed(COMPARE, out, "--resume") == 0
+    ran = collections.Counter(r["cell_hash"] for r in _ended(out) if r["status"] == "ok")
+    assert {h: ran[h] for h in pruned} == dict.fromkeys(pruned, 3)
+
+
+def test_a_skip_judged_the_same_again_is_not_written_again(tmp_path):
+    # Two cells a rule stops (offload-needs-zero, gc on and off) beside the four pruned under 30 GiB. Resumed under
+    # the same plan: nothing is written. Under 25 GiB: the pruned cells' skips are written anew (what they say
+    # changed), the rule's are not. With the GPU's own memory: the pruned cells run, the rule's skips stand, once each.
+    m = write_matrix(tmp_path / "m.yaml", COMPARE.read_text() + "include: [{zero_stage: 0, offload: optimizer}]\n")
+    out = tmp_path / "r.jsonl"
+    assert _replayed(m, out, "--gpu-mem", "30GiB") == 0
+    first = _ended(out)
+    assert collections.Counter(r["skip"]["rule"] for r in first if r["status"] == "skipped") == {
+        "predicted-oom": 4, "offload-needs-zero": 2}  # fmt: skip
+    assert _replayed(m, out, "--gpu-mem", "30GiB", "--resume") == 0
+    assert _ended(out) == first
+    assert _replayed(m, out, "--gpu-mem", "25GiB", "--resume") == 0
+    anew = _ended(out)[len(first) :]
+    assert len(anew) == 4 and all("of 25.0 GiB" in r["reason"] for r in anew)
+    for _ in range(2):
+        assert _replayed(m, out, "--resume") == 0
+    last = _ended(out)
+    assert sum(r["skip"]["rule"] == "offload-needs-zero" for r in last if r["status"] == "skipped") == 2
+    assert sum(r["status"] == "ok" for r in last) == 8 * 3

@@ -26,6 +26,7 @@ from ..matrix import dsconfig
 from ..matrix.axes import AUTO, AXES
 from ..matrix.cells import Cell
 from ..matrix.problems import InputError
+from ..matrix.rules import Skip
 from ..records import quality
 from ..records.record import AttemptContext, Record, Search, machine_of, parse
 from ..records.status import Status
@@ -91,6 +92,7 @@ class Session:
         self.attempts: dict[str, int] = {}  # cell hash -> the last attempt number used
         self.existing = store.records()
         self.stored: set[tuple[str, int]] = set()  # (cell hash, repeat) with an outcome (--resume)
+        self.said_skips: dict[str, tuple] = {}  # --resume: cell hash -> (rule, reason) of a last record that is a skip
         self.items, self.preds, self.free = arrange(p.items, self.hw, o.s.margin, o.s.prune, o.s.order)
         self.queue: list[tuple[Planned, int]] = []
         self.k = 0  # queue[k:] is what is left
@@ -173,6 +175,12 @@ class Session:
                 self.attempts[rec["cell_hash"]] = max(self.attempts.get(rec["cell_hash"], 0), rec.get("attempt", 1))
         if self.o.s.resume:
             self.stored, stale = self.store.resume_state(self.existing)
+            last = {r["cell_hash"]: r for r in self.existing if r.get("status") != Status.STARTED.value}
+            self.said_skips = {
+                h: ((r.get("skip") or {}).get("rule"), r.get("reason"))
+                for h, r in last.items()
+                if r["status"] == Status.SKIPPED.value
+            }
             for s in stale:
                 why = f"run {s['run_id']} stopped while this cell ran (found by --resume)"
                 with launch.holding_signals():
@@ -248,7 +256,7 @@ class Session:
         units = [(it, r) for r in range(1, n + 1) for it in self.items if id(it) not in self.free or r == 1]
         if self.search is not None:  # answer mode: the search draws the cells that run (source)
             units = [(it, r) for it, r in units if id(it) in self.free]
-        todo = [(it, r) for it, r in units if (it.cell.hash, r) not in self.stored]
+        todo = [(it, r) for it, r in units if (it.cell.hash, r) not in self.stored and not self._skip_said(it)]
         if o.s.resume and o.s.prune:
             # An implied_oom record stands for every repeat of its cell (it is written once, as repeat 1).
             ended = {r["cell_hash"]: r["status"] for r in self.existing if r.get("status") != Status.STARTED.value}
@@ -259,6 +267,19 @@ class Session:
                 f"resume: {len(units) - len(todo)} of {len(units)} {what} already have a result in {self.store.path}"
             )
         return todo
+
+    def _skip_said(self, it: Planned) -> bool:
+        """On --resume, a cell this plan skips whose last record is a skip for the same reason: it stands, not
+        written again. A skip for another reason (another --gpu-mem, rule or memory model) is written anew, and a cell
+        an earlier plan skipped that this one runs, runs: a skip is no attempt."""
+        said, skip = self.said_skips.get(it.cell.hash), self.skip_of(it)
+        return said is not None and skip is not None and said == (skip.rule, skip.reason)
+
+    def skip_of(self, it: Planned) -> Skip | None:
+        """Why this plan records the cell without running it (a rule's skip, or pruned), or None: it runs."""
+        if id(it) not in self.free:
+            return None
+        return it.skip or prune_skip(self.preds[id(it)])
 
     # -- implied outcomes -----------------------------------------------------------------------------
 
@@ -442,7 +463,7 @@ class Session:
         pred = None if it.skip else self.preds[id(it)]  # a pruned cell's: why it did not run
         ident = self.ident(it.cell)
         self.attempts[it.cell.hash] = ident["attempt"]
-        skip = it.skip or prune_skip(pred)
+        skip = self.skip_of(it)
         with launch.holding_signals():
             rec = self.save(Record.skipped(it.cell, skip, at=now(), predicted=pred, **ident))
         self.recorded(unit.index, rec)

@@ -28,8 +28,9 @@ class Status(str, enum.Enum):
 
     @property
     def is_outcome(self) -> bool:
-        """A terminal record: the cell does not need to run again on --resume."""
-        return self not in (Status.STARTED, Status.INTERRUPTED, Status.KILLED, Status.UNMEASURED)
+        """A terminal record: the cell does not need to run again on --resume. A skip is none: it was the plan's
+        judgement, not an attempt, and --resume judges the cell again under its own plan."""
+        return self not in (Status.STARTED, Status.INTERRUPTED, Status.KILLED, Status.UNMEASURED, Status.SKIPPED)
 
     @property
     def ran(self) -> bool:
@@ -43,7 +44,9 @@ class Status(str, enum.Enum):
 MEANINGS = {
     Status.OK: "The cell ran its warmup and measured steps; its metrics and memory are measurements.",
     Status.SKIPPED: "Not run: a rule says this combination cannot run here, or the memory model predicts it "
-    "does not fit (rule predicted-oom); the reason says why, what to change and the source.",
+    "does not fit (rule predicted-oom); the reason says why, what to change and the source. Not an outcome: "
+    "--resume judges the cell again under its own rules and memory model, runs it if they let it run, and writes "
+    "another skip only when its reason changes.",
     Status.CUDA_OOM: "The GPU allocator ran out of memory; the record carries the allocator's state at the failure.",
     Status.HOST_OOM: "The kernel's OOM killer stopped the worker: an OOM kill was counted, or the worker's RSS was "
     "at the memory limit; or Slurm ended its job for memory.",

@@ -598,11 +598,14 @@ class Store:
 
     def resume_state(self, records: list[dict] | None = None) -> tuple[set[tuple[str, int]], list[dict]]:
         """((cell hash, repeat) pairs with an outcome, start records whose attempt never ended), from the file
-        or these records. A record without a repeat index (written before repeats existed) is repeat 1."""
+        or these records. A record without a repeat index (written before repeats existed) is repeat 1. A skip is
+        no attempt: it neither gives its cell an outcome nor takes away one an attempt gave."""
         done, open_starts = set(), {}
         for rec in self.records() if records is None else records:
             key = (rec.get("cell_hash"), rec.get("repeat", 1))
             st = Status(rec.get("status", "error"))
+            if st is Status.SKIPPED:
+                continue
             if st is Status.STARTED:
                 open_starts[key] = rec
             else:
