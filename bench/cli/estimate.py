@@ -46,14 +46,23 @@ def add_parser(sub) -> None:
     es.add_argument("--markdown", metavar="PATH", help="with --check: also write the check as Markdown")
     es.add_argument(
         "--refit",
-        action="store_true",
-        help="with --check: fit the memory model's and the step-time model's constants on these results (less "
-        "--held-out files) and write them to bench/estimate/fit.json",
+        nargs="?",
+        const="all",
+        choices=("all", "memory", "step_time"),
+        help="with --check: fit the memory model's and the step-time model's constants (or one model's) on these "
+        "results (less --held-out files) and write them to their sections of bench/estimate/fit.json, each with the "
+        "command that wrote it",
     )
     es.add_argument(
         "--gpu-name",
         metavar="TEXT",
         help="with --check: only the records of GPUs whose name contains TEXT (default: any)",
+    )
+    es.add_argument(
+        "--rates",
+        metavar="JSON",
+        help="a machine's rates as `zerobench probe --json` printed them: predict for that GPU and host (with "
+        "--check: for the records of that GPU model that carry no rates of their own)",
     )
     es.set_defaults(func=cmd_estimate)
 
@@ -79,7 +88,14 @@ def cmd_estimate(args) -> int:
         host_mem = host_mem or here.host_memory_bytes or None
     m = spec.load(resolve(args.matrix), ds_configs=args.ds_config)
     cells = select(spec.expand(m), args.filter)
-    hw = Hardware(gpu_memory_bytes=gpu_mem, host_memory_bytes=host_mem)
+    rates = _rates(args.rates)
+    hw = Hardware(
+        gpu_memory_bytes=gpu_mem,
+        host_memory_bytes=host_mem,
+        gpu_name=rates.device if rates else None,
+        host_cores=rates.threads if rates else None,
+        rates=rates,
+    )
     if len(cells) >= PROGRESS_FROM:
         print(f"zerobench estimate: {len(cells):,} cells; --filter narrows them", file=sys.stderr, flush=True)
     rows = estimates(_progress(cells, "predicted"), hw, gpus=args.gpus)
@@ -96,6 +112,24 @@ def cmd_estimate(args) -> int:
     print(text(kept(rows), hw, args.margin))
     _print_run_time(args, m, cells, peaks, hw)
     return 0
+
+
+def _rates(path: str | None):
+    """The rates a `zerobench probe --json` file holds; None where no file is given."""
+    if not path:
+        return None
+    import json
+
+    from ..host.rates import Rates
+    from ..matrix.problems import InputError
+
+    try:
+        rates = Rates.from_dict(json.loads(Path(path).read_text()))
+    except (OSError, ValueError, TypeError) as e:
+        raise InputError(f"--rates {path}: not a `zerobench probe --json` file ({e})") from None
+    if rates is None or not rates.device:
+        raise InputError(f"--rates {path}: no rates in it (give what `zerobench probe --json` printed)")
+    return rates
 
 
 PROGRESS_FROM = 20_000
@@ -200,7 +234,7 @@ def _estimate_check(args) -> int:
     if held:
         print()
         print(check.text_table(check.held_out_table([h for _, h in held])))
-    _time_check(files, args.gpu_name or "")
+    _time_check(files, args.gpu_name or "", _rates(args.rates))
     if args.markdown:
         from ..estimate.fitted import FITTED
 
@@ -251,9 +285,8 @@ def _time_groups(groups: dict, complete: bool = True) -> None:
 
 
 def _refit(args, files: list[str]) -> int:
-    """Write the memory model's constants fitted on `files` (fit.json's "memory" section); print the step-time
-    model's fitted on them."""
-    from ..estimate import check, fitdata
+    """Write the constants fitted on `files` into fit.json: the memory model's section, the step-time model's, or
+    both (--refit's choice), each with the command that wrote it."""
     from ..matrix.problems import InputError
 
     held = " ".join(p for p in args.held_out or () if _is_results(p))
@@ -263,14 +296,24 @@ def _refit(args, files: list[str]) -> int:
             *args.check,
             *([f"--held-out {held}"] if held else []),
             *([f"--gpu-name {args.gpu_name!r}"] if args.gpu_name else []),
-            "--refit",
+            "--refit" + ("" if args.refit == "all" else f" {args.refit}"),
         ]
     )
     try:
-        data = check.refit(files, command, gpu=args.gpu_name)
+        if args.refit in ("all", "memory"):
+            _refit_memory(files, command, args.gpu_name)
+        if args.refit in ("all", "step_time"):
+            _refit_time(files, command, args.gpu_name)
     except InputError as e:
         print(f"zerobench estimate: {e}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _refit_memory(files: list[str], command: str, gpu: str | None) -> None:
+    from ..estimate import check, fitdata
+
+    data = check.refit(files, command, gpu=gpu)
     print(f"# bench/estimate/{fitdata.FIT_FILE}, section {check.SECTION!r}: written")
     for name, v in data["constants"].items():
         print(f"{name} = {v / 2**30:.3f} GiB" if v > 1e6 else f"{name} = {v:.3f}")
@@ -279,15 +322,19 @@ def _refit(args, files: list[str]) -> int:
         f"fitted on {sum(data['gpus'].values())} records of {len(data['runs'])} runs in {len(data['files'])} "
         f"files; GPU models: {gpus}"
     )
-    from ..estimate import timecheck
 
-    if timecheck.time_cases(files, gpu=args.gpu_name or ""):
-        fit = timecheck.refit(files, command, gpu=args.gpu_name or "")
-        print(
-            f"# bench/estimate/{fitdata.FIT_FILE}, section 'step_time': written, fitted on {fit['records']} records "
-            f"of {len(fit['runs'])} runs ({', '.join(fit['gpus'])}; rates: {', '.join(fit['rates'])})"
-        )
-    return 0
+
+def _refit_time(files: list[str], command: str, gpu: str | None) -> None:
+    from ..estimate import fitdata, timecheck
+
+    if not timecheck.time_cases(files, gpu=gpu or ""):
+        print("zerobench estimate: no ok record with a step time to fit the step-time model on", file=sys.stderr)
+        return
+    fit = timecheck.refit(files, command, gpu=gpu or "")
+    print(
+        f"# bench/estimate/{fitdata.FIT_FILE}, section 'step_time': written, fitted on {fit['records']} records "
+        f"of {len(fit['runs'])} runs ({', '.join(fit['gpus'])}; rates: {', '.join(fit['rates'])})"
+    )
 
 
 def _check_held_out(args, files: list[str], held_files: list[str], predictions: list[str]) -> int:
@@ -326,7 +373,7 @@ def _check_held_out(args, files: list[str], held_files: list[str], predictions: 
     print(check.summary_line(check.summarize(rows), f"memory, held out ({names})"))
     _memory_groups(heldout.memory_groups([], test, seen, k, args.margin))
     t_train = timecheck.time_cases(files, gpu=args.gpu_name or "")
-    t_test = timecheck.time_cases(held_files, gpu=args.gpu_name or "")
+    t_test = timecheck.time_cases(held_files, gpu=args.gpu_name or "", rates=_rates(args.rates))
     t_rows = heldout.time_fit_rows(t_train, t_test)
     if t_rows:
         print()
@@ -350,12 +397,12 @@ ONE_FILE = (
 )
 
 
-def _time_check(files: list[str], gpu: str | None) -> None:
+def _time_check(files: list[str], gpu: str | None, rates=None) -> None:
     """The step-time model's check beside the memory model's (ok records on one or two GPUs), held out by
     results file, machine and GPU model."""
     from ..estimate import heldout, timecheck
 
-    check = timecheck.time_check(files, gpu=gpu)
+    check = timecheck.time_check(files, gpu=gpu, rates=rates)
     if check.held_out or check.rows:
         print(timecheck.time_text(check))
         _time_groups(heldout.time_groups(check), complete=False)

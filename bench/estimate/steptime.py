@@ -95,12 +95,33 @@ UPDATE_BYTES = 32
 written (24), the fp32 gradient read (4), the 16-bit parameter written (2) and its gradient read (2)."""
 
 
+DEVICE_RATES = (
+    "matmul_bf16",
+    "matmul_fp16",
+    "matmul_fp32",
+    "matmul_tf32",
+    "hbm",
+    "h2d_pinned",
+    "d2h_pinned",
+    "h2d_pageable",
+    "d2h_pageable",
+    "dequant_4bit",
+)
+"""The GPU's and its link's rates (Rates' fields a data sheet may give); the rest are the host's."""
+
+
 def rates_of(hw: Hardware | None) -> Rates:
     """The rates a prediction on `hw` divides by: its probed rates (Hardware.rates), filled from its GPU's data
-    sheet, then from REFERENCE_GPU's."""
+    sheet, then from REFERENCE_GPU's. The fitted efficiencies are relative to the data-sheet rates the fitting
+    records were predicted at, so a GPU with a data sheet is predicted at it, and the probe's device figures stand
+    in only for a GPU without one (a probe's achieved rate lies below the sheet's peak, and the fitted efficiencies
+    already hold that gap: taking both would charge it twice, docs/step-time.md); the probe's host figures are used
+    either way."""
     own = hw.rates if hw is not None else None
     sheet = datasheet(hw.gpu_name if hw else None)
     ref = datasheet(REFERENCE_GPU)
+    if own is not None and sheet is not None:
+        own = dataclasses.replace(own, **dict.fromkeys(DEVICE_RATES))
     return (own or sheet or ref).filled(sheet).filled(ref)
 
 

@@ -109,11 +109,15 @@ EXCLUDED = "a fault injected (ZEROBENCH_FAULT): a deliberately slowed or burdene
 
 
 def time_cases(
-    paths: Iterable[str | os.PathLike], gpu: str | None = None, excluded: list[tuple[str, str]] | None = None
+    paths: Iterable[str | os.PathLike],
+    gpu: str | None = None,
+    excluded: list[tuple[str, str]] | None = None,
+    rates: Rates | None = None,
 ) -> list[TimeCase]:
     """Every ok record run on one or two GPUs (whose name contains `gpu`, where given) with a median step time,
     of a known model shape, less those EXCLUDED says (appended to `excluded` as (file, cell id) where a list is
-    given). Whether the constants were fitted on a record is its run's (fitted, FITTED_RUNS)."""
+    given). Whether the constants were fitted on a record is its run's (fitted, FITTED_RUNS). `rates` (a probe of
+    another machine of the same GPU model) stand in for the rates of a record of that GPU model that carries none."""
     out = []
     for path in paths:
         for rec in read_records(path, warn=False):
@@ -131,12 +135,15 @@ def time_cases(
                 if excluded is not None:
                     excluded.append((os.path.basename(os.fspath(path)), cell.id))
                 continue
-            out.append(_case(os.path.basename(os.fspath(path)), rec, cell, float(step)))
+            out.append(_case(os.path.basename(os.fspath(path)), rec, cell, float(step), rates))
     return out
 
 
-def _case(file: str, rec: Record, cell, step: float) -> TimeCase:
+def _case(file: str, rec: Record, cell, step: float, rates: Rates | None = None) -> TimeCase:
     prov = rec.provenance
+    own = Rates.from_dict(rec.machine.rates) if rec.machine else None
+    if own is None and rates is not None and prov and prov.gpu_name == rates.device:
+        own = rates
     ops_s = host_time_of(rec.fixed_costs, ref=1.0)  # the prebuild's seconds, where it timed the host
     steps = len(rec.step_times_s or []) or cell.warmup_steps + cell.measured_steps
     wall = rec.wall_s
@@ -150,7 +157,7 @@ def _case(file: str, rec: Record, cell, step: float) -> TimeCase:
             gpu_name=(prov.gpu_name if prov else None) or "",
             host_cores=(prov.cpu_count if prov else None) or None,
             host_time=ops_s / REF_OPS_S if ops_s else None,
-            rates=Rates.from_dict(rec.machine.rates) if rec.machine else None,
+            rates=own,
         ),
         step_s=step,
         setup_s=float(setup) if setup else None,
@@ -657,14 +664,15 @@ def time_check(
     gpu: str | None = None,
     k: TimeConstants = FITTED_TIME,
     held_out: Iterable[str | os.PathLike] = (),
+    rates: Rates | None = None,
 ) -> TimeCheck:
     """The step-time model's check over these results files (bench.cli's estimate --check, tools.docs): the
     records of the runs the constants were fitted on, in-sample and cross-validated; the others, and every
     record of the `held_out` files (another GPU's, say), predicted by the constants `k`."""
     excluded: list[tuple[str, str]] = []
     paths = [os.fspath(p) for p in paths]
-    cs, others = fitted(time_cases(paths, gpu, excluded))
-    others += time_cases([p for p in map(os.fspath, held_out) if p not in paths], gpu, excluded)
+    cs, others = fitted(time_cases(paths, gpu, excluded, rates))
+    others += time_cases([p for p in map(os.fspath, held_out) if p not in paths], gpu, excluded, rates)
     return TimeCheck(
         cs,
         evaluate_time(cs, k),
