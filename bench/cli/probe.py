@@ -28,12 +28,12 @@ def add_parser(sub) -> None:
 
 
 def cmd_probe(args) -> int:
-    from ..execute.probe import probe, shape
+    from ..execute.probe import probe_machine, shape
 
     dims = shape(args.model, args.tokens)
     # With --json the line goes to stderr and stdout is the JSON alone.
     printer = (lambda s: print(s, file=sys.stderr)) if args.json else print
-    rates, cached = probe(dims, refresh=args.refresh, printer=printer)
+    rates, cached = probe_machine(dims, refresh=args.refresh, printer=printer)
     if rates is None:
         return 1
     if args.json:

@@ -20,7 +20,7 @@ from ..records import cache
 from ..records.record import machine_of
 from . import launch
 
-__all__ = ["DEFAULT_MODEL", "DEFAULT_TOKENS", "probe", "run_shape", "shape"]
+__all__ = ["DEFAULT_MODEL", "DEFAULT_TOKENS", "probe_machine", "run_shape", "shape"]
 
 DEFAULT_MODEL = "llama-7b"
 DEFAULT_TOKENS = 2048
@@ -83,7 +83,7 @@ def _join(machine: dict, mm: dict) -> Rates | None:
     return Rates.from_dict({**machine, **mm, **({"notes": notes} if notes else {})})
 
 
-def probe(
+def probe_machine(
     dims: tuple[int, int, int],
     *,
     refresh: bool = False,

@@ -22,6 +22,7 @@ from typing import Any
 from ..estimate import Hardware
 from ..estimate.search import SearchResult, ladder, seed_micro_batch
 from ..host import env
+from ..host.rates import Rates
 from ..matrix import dsconfig
 from ..matrix.axes import AUTO, AXES
 from ..matrix.cells import Cell
@@ -36,6 +37,7 @@ from .executor import WAIT, Attempt, Finished, Handle, Job, Shape, dispatch
 from .launch import telemetry
 from .plan import Plan, Planned, arrange, hardware, prediction, prune_skip
 from .prepare import prepare
+from .probe import probe_machine, run_shape
 from .progress import Progress, line
 from .registry import executor_for
 from .replay import Recording
@@ -86,7 +88,8 @@ class Session:
 
     def __init__(self, p: Plan, store: Store, o: Options, run_id: str):
         self.p, self.store, self.o, self.run_id = p, store, o, run_id
-        self.hw: Hardware = hardware(o.platform, o.s.gpu_mem, o.s.host_mem)
+        self.rates = self._probe(p)
+        self.hw: Hardware = hardware(o.platform, o.s.gpu_mem, o.s.host_mem, self.rates)
         self.written: list[Record] = []  # the outcomes this run stored, in order
         self.attempts: dict[str, int] = {}  # cell hash -> the last attempt number used
         self.existing = store.records()
@@ -115,6 +118,16 @@ class Session:
         self.index_of: dict[str, int] = {}  # answer mode: a cell's progress index, kept across its rungs
         self.cut_off: list[Record] = []  # --resume: the attempts a killed run left started, now recorded interrupted
         self.width = o.slots.max_cells  # how many cells run side by side (the executor's slots, once it is up)
+
+    def _probe(self, p: Plan) -> Rates | None:
+        """The machine's rates (bench.execute.probe: cached per machine), before anything is predicted; none where
+        the cells run elsewhere (a cluster's nodes, a replay's recording) or none is to run."""
+        o = self.o
+        cells = [it.cell for it in p.items if it.skip is None]
+        if o.replay is not None or o.executor != "local" or not cells:
+            return None
+        rates, _ = probe_machine(run_shape(cells), extra_env=o.s.extra_env, logs=o.logs, printer=o.printer)
+        return rates
 
     def here(self) -> str | None:
         """The block this run's attempts measure in (bench.records.record.Record.block), where it is known before any
@@ -463,7 +476,13 @@ class Session:
         handle.attempt.job = handle.attempt.job.with_launch(log_path=log)
         req = unit.request
         note = {"role": req.role, "why": req.why, "rung": req.rung, "group": req.group} if req else None
-        context = AttemptContext(predicted=pred, fixed_costs=self.costs, placement=handle.where or None, answer=note)
+        context = AttemptContext(
+            predicted=pred,
+            fixed_costs=self.costs,
+            placement=handle.where or None,
+            answer=note,
+            rates=self.rates.to_dict() if self.rates else None,
+        )
         started = Record.started(cell, started_at=now(), repeat=unit.repeat, context=context, **ident)
         with launch.holding_signals():
             self.save(started)
