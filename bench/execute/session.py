@@ -88,13 +88,15 @@ class Session:
 
     def __init__(self, p: Plan, store: Store, o: Options, run_id: str):
         self.p, self.store, self.o, self.run_id = p, store, o, run_id
-        self.rates = self._probe(p)
-        self.hw: Hardware = hardware(o.platform, o.s.gpu_mem, o.s.host_mem, self.rates)
+        self.hw: Hardware = hardware(o.platform, o.s.gpu_mem, o.s.host_mem)
         self.written: list[Record] = []  # the outcomes this run stored, in order
         self.attempts: dict[str, int] = {}  # cell hash -> the last attempt number used
         self.existing = store.records()
         self.stored: set[tuple[str, int]] = set()  # (cell hash, repeat) with an outcome (--resume)
         self.items, self.preds, self.free = arrange(p.items, self.hw, o.s.margin, o.s.prune, o.s.order)
+        # The memory model needs no rates: the probe times only the cells that may run (none pruned).
+        self.rates = self._probe([it.cell for it in self.items if it.skip is None and id(it) not in self.free])
+        self.hw = dataclasses.replace(self.hw, rates=self.rates)
         self.queue: list[tuple[Planned, int]] = []
         self.k = 0  # queue[k:] is what is left
         self.i = 0  # the progress index of the last unit drawn or record implied
@@ -119,11 +121,10 @@ class Session:
         self.cut_off: list[Record] = []  # --resume: the attempts a killed run left started, now recorded interrupted
         self.width = o.slots.max_cells  # how many cells run side by side (the executor's slots, once it is up)
 
-    def _probe(self, p: Plan) -> Rates | None:
-        """The machine's rates (bench.execute.probe: cached per machine), before anything is predicted; none where
-        the cells run elsewhere (a cluster's nodes, a replay's recording) or none is to run."""
+    def _probe(self, cells: list[Cell]) -> Rates | None:
+        """The machine's rates (bench.execute.probe: cached per machine), before any step time is predicted; none
+        where the cells run elsewhere (a cluster's nodes, a replay's recording) or none is to run."""
         o = self.o
-        cells = [it.cell for it in p.items if it.skip is None]
         if o.replay is not None or o.executor != "local" or not cells:
             return None
         rates, _ = probe_machine(run_shape(cells), extra_env=o.s.extra_env, logs=o.logs, printer=o.printer)
