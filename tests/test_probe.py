@@ -80,6 +80,35 @@ def test_a_run_writes_the_probed_rates_into_every_record(cache_env, tmp_path):
         assert all(rates[k] > 0 for k in CPU_FIGURES)
 
 
+GPU_FIGURES = (
+    "matmul_bf16",
+    "matmul_fp16",
+    "matmul_fp32",
+    "matmul_tf32",
+    "hbm",
+    "h2d_pinned",
+    "d2h_pinned",
+    "h2d_pageable",
+    "d2h_pageable",
+    "host_mem",
+    "host_overhead_s",
+)
+
+
+@pytest.mark.gpu
+def test_probe_on_a_gpu_measures_every_gpu_figure(tmp_path):
+    rates, said, took = _probe({"ZEROBENCH_CACHE": str(tmp_path / "cache")}, cwd=tmp_path)
+    assert took < 60, f"the probe took {took:.0f} s"
+    assert rates["source"] == "probe" and said.startswith("probe: bf16 ") and "PCIe h2d " in said
+    for name in GPU_FIGURES:
+        assert rates.get(name, 0) > 0, (name, rates)
+    # Each precision's tensor cores beat full fp32; pinned memory beats pageable over PCIe; the device's memory
+    # beats the host's.
+    assert rates["matmul_bf16"] > rates["matmul_fp32"] and rates["matmul_tf32"] > rates["matmul_fp32"]
+    assert rates["h2d_pinned"] > rates["h2d_pageable"] and rates["hbm"] > rates["host_mem"]
+    assert rates.get("dequant_4bit", 0) > 0 or "dequant_4bit: bitsandbytes does not import" in rates["notes"]
+
+
 def test_the_cache_keeps_the_machine_and_each_shape_apart():
     figures = {
         "matmul_fp32": 1e9,

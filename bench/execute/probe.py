@@ -97,6 +97,8 @@ def probe_machine(
     platform = env.probe()
     gpus = [platform.gpus[0].index] if platform.cuda else None
     environ = launch.child_env({**os.environ, **(extra_env or {})}, port=launch.free_port(), gpus=gpus)
+    if not platform.cuda:  # the CPU's rates, as the run takes this host for a CPU one (ZEROBENCH_NO_GPU, say)
+        environ["CUDA_VISIBLE_DEVICES"] = ""
     cpu_adam = _cpu_adam_built(environ, platform)
     key = _key(cpu_adam)
     entry = (None if refresh or key is None else cache.probe_read(key, environ)) or {}

@@ -95,8 +95,8 @@ def _once(fn: Callable[[], object]) -> float:
 def _cpu_shape(tokens: int, hidden: int, inter: int, dtype) -> tuple[int, int, int]:
     """The shape a CPU matmul in dtype is timed at: the run's where it is small, or fewer tokens where a call
     would take past ~0.2 s, and a smaller weight too where even 16 tokens would (a CPU's fp16 can be a hundred
-    times slower than its fp32). From a 16-token call at a quarter of the weight's sides (a smaller one is far below the
-    CPU's rate: a few MFLOP mostly pay the call)."""
+    times slower than its fp32). From a 16-token call at a quarter of the weight's sides (a smaller one is far
+    below the CPU's rate: a few MFLOP mostly pay the call)."""
     if 2 * tokens * hidden * inter <= _CPU_SMALL_FLOP:
         return tokens, hidden, inter
     h, i = min(hidden, max(64, hidden // 4)), min(inter, max(64, inter // 4))
