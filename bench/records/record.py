@@ -425,7 +425,8 @@ class Machine(BaseModel):
 
 
 def _with_rates(m: Machine | None, rates: dict | None) -> Machine | None:
-    return m.model_copy(update={"rates": rates}) if m is not None and rates else m
+    """m with the probe's figures, validated as a record's (a thread count is a number like the rest)."""
+    return Machine.model_validate({**m.model_dump(), "rates": rates}) if m is not None and rates else m
 
 
 def machine_of(provenance: Any, held: list[int] | None = None) -> Machine | None:
