@@ -11,7 +11,7 @@ import pytest
 from bench.execute.probe import _join, _split
 from bench.host.rates import Rates, line
 from bench.records.store import read_records
-from tests.conftest import TINY, write_matrix, zerobench
+from tests.conftest import TINY, copy_built_ops, write_matrix, zerobench
 
 CPU_FIGURES = ("matmul_fp32", "matmul_bf16", "matmul_fp16", "hbm", "host_mem", "host_overhead_s")
 
@@ -78,6 +78,21 @@ def test_a_run_writes_the_probed_rates_into_every_record(cache_env, tmp_path):
         rates = rec["machine"]["rates"]
         assert rates["source"] == "cpu" and rates["matmul_shape"] == "64x128x352"
         assert all(rates[k] > 0 for k in CPU_FIGURES)
+
+
+@pytest.mark.slow
+@pytest.mark.copies_ops  # a build beside its copy would leave a partial copy
+def test_cpu_adam_is_timed_once_its_op_is_built_and_never_compiled_by_the_probe(tmp_path):
+    ext = tmp_path / "ext"
+    copy_built_ops(ext)  # the machine's built ops (CI builds CPU Adam first) spare this test the compile
+    e = {"TORCH_EXTENSIONS_DIR": str(ext), "ZEROBENCH_CACHE": str(tmp_path / "cache")}
+    tiny = ("--model", "llama-tiny", "--tokens", "64")
+    without, _, _ = _probe(e, *tiny, cwd=tmp_path)
+    assert "cpu_adam" not in without and "cpu_adam: its op is not built" in without["notes"]
+    built, said, _ = _probe(e, *tiny, "--build-cpu-adam", cwd=tmp_path)
+    assert built["cpu_adam"] > 0 and " CPU Adam " in said and not built["cached"]
+    again, said, _ = _probe(e, *tiny, cwd=tmp_path)
+    assert again["cached"] and again["cpu_adam"] == built["cpu_adam"]
 
 
 GPU_FIGURES = (

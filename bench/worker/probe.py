@@ -25,7 +25,7 @@ _CPU_REPEAT_S = 0.15  # on the host, against perf_counter and other processes' n
 _COPY_BYTES = 256 << 20  # device and PCIe copies: past every cache, a few ms on any link
 _HOST_COPY_BYTES = 128 << 20
 _CPU_SMALL_FLOP = 2e8  # a CPU matmul this small is timed at the run's shape whatever the CPU's speed
-_ADAM_PARAMS = 8 << 20  # DeepSpeed CPU Adam: 128 MiB of fp32 parameter, gradient and two moments
+_ADAM_PARAMS = 32 << 20  # DeepSpeed CPU Adam: 512 MiB of fp32 parameter, gradient and moments, past the caches
 
 
 class _Deadline:
