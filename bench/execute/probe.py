@@ -90,11 +90,13 @@ def probe_machine(
     extra_env: dict | None = None,
     logs: Path | None = None,
     printer: Callable[[str], object] | None = print,
+    platform: env.Platform | None = None,
 ) -> tuple[Rates | None, bool]:
     """The machine's rates at a matmul shape (tokens, hidden, intermediate), and whether they came from the cache
     (a machine probed before at another shape times only the matmuls again); (None, False) where the helper failed
-    (said, with its log). Prints the one line (printer None: silent)."""
-    platform = env.probe()
+    (said, with its log). Prints the one line (printer None: silent). platform: the host as the run sees it
+    (default: as found now); its first GPU is probed."""
+    platform = platform or env.probe()
     gpus = [platform.gpus[0].index] if platform.cuda else None
     environ = launch.child_env({**os.environ, **(extra_env or {})}, port=launch.free_port(), gpus=gpus)
     if not platform.cuda:  # the CPU's rates, as the run takes this host for a CPU one (ZEROBENCH_NO_GPU, say)

@@ -127,7 +127,9 @@ class Session:
         o = self.o
         if o.replay is not None or o.executor != "local" or not cells:
             return None
-        rates, _ = probe_machine(run_shape(cells), extra_env=o.s.extra_env, logs=o.logs, printer=o.printer)
+        rates, _ = probe_machine(
+            run_shape(cells), extra_env=o.s.extra_env, logs=o.logs, printer=o.printer, platform=o.platform
+        )
         return rates
 
     def here(self) -> str | None:
