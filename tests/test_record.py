@@ -8,6 +8,7 @@ import gzip
 import json
 import math
 import sys
+import warnings
 from pathlib import Path
 
 import jsonschema
@@ -382,3 +383,22 @@ def test_an_outcome_a_cluster_node_ran_carries_that_nodes_provenance_and_the_orc
     # One host: no orchestrator of its own, no node.
     d = Record.from_outcome(_started(), _outcome(), ds_config=None, log="l", ended_at="t").to_dict()
     assert "orchestrator" not in d and d["provenance"]["host"] == env.provenance()["host"]
+
+
+def test_the_probed_rates_stay_with_the_machine_that_was_probed():
+    """The run's probe figures go into the started record's machine section and on to its end on that machine; an
+    outcome a cluster node ran (another machine) has no figures of the orchestrator's."""
+    rates = {"matmul_fp32": 1e9, "host_mem": 5e9, "source": "cpu", "matmul_shape": "64x128x352", "threads": 2}
+    started = Record.started(
+        CELL, started_at="2026-01-01T00:00:00.000+00:00", context=AttemptContext(rates=rates), **IDENT
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # pydantic's serializer warns of a value its field does not validate
+        assert started.to_dict()["machine"]["rates"] == rates
+    here = Record.from_outcome(started, _outcome(), ds_config=None, log="l", ended_at="t").to_dict()
+    jsonschema.validate(here, json.loads(SCHEMA_FILE.read_text()))
+    assert here["machine"]["rates"] == rates
+    node_prov = {**env.provenance(), "host": "n1", "boot_id": "another-boot"}
+    out = _outcome(node={"host": "n1", "node_id": "abc", "gpus": [], "provenance": node_prov}, port=29600)
+    there = Record.from_outcome(started, out, ds_config=None, log="l", ended_at="t").to_dict()
+    assert there["machine"]["id"] != here["machine"]["id"] and "rates" not in there["machine"]

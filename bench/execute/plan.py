@@ -11,6 +11,7 @@ from ..estimate import Hardware, Verdict, predict, short_of, verdict
 from ..estimate.frontier import frontier_lines
 from ..estimate.steptime import run_time_line
 from ..host import env, hostmem
+from ..host.rates import Rates
 from ..matrix import dsconfig, faults, rules, spec
 from ..matrix.axes import AUTO
 from ..matrix.cells import Cell
@@ -103,14 +104,18 @@ def decide(
     return Plan(m, source, tuple(items), shard)
 
 
-def hardware(platform: env.Platform, gpu_mem: int | None = None, host_mem: int | None = None) -> Hardware:
+def hardware(
+    platform: env.Platform, gpu_mem: int | None = None, host_mem: int | None = None, rates: Rates | None = None
+) -> Hardware:
     """What predictions are judged against: the first GPU's memory (NVML's total at the run's start) or
-    gpu_mem, and the host's memory or host_mem. No GPU and no gpu_mem: nothing to judge a GPU cell against."""
+    gpu_mem, and the host's memory or host_mem; the machine's probed rates. No GPU and no gpu_mem: nothing to
+    judge a GPU cell's memory against."""
     gpu = gpu_mem or (platform.gpus[0].memory_bytes if platform.cuda and platform.gpus else None)
     return Hardware(
         gpu_memory_bytes=gpu or None,
         host_memory_bytes=(host_mem or platform.host_memory_bytes or None) if gpu else None,
         gpu_name=platform.gpus[0].name if platform.cuda and platform.gpus else None,
+        rates=rates,
     )
 
 

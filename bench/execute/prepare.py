@@ -95,7 +95,10 @@ def _needed_ops(items: list[Planned], platform: env.Platform) -> list[str]:
 def _ops_jobs(items, logs: Path, extra_env: dict | None, platform: env.Platform, printer, costs: dict) -> list[_Job]:
     """The prebuild of the ops the cells need that the machine's cache does not vouch for, so no cell's
     setup time includes a compile; none when every op checks out."""
-    ops = _needed_ops(items, platform)
+    return _build_jobs(_needed_ops(items, platform), logs, extra_env, platform, printer, costs)
+
+
+def _build_jobs(ops: list[str], logs: Path, extra_env, platform: env.Platform, printer, costs: dict) -> list[_Job]:
     if not ops:
         return []
     tool_env = _tool_env(extra_env, None)
@@ -132,6 +135,14 @@ def _ops_jobs(items, logs: Path, extra_env: dict | None, platform: env.Platform,
         printer(f"ops {status} in {s:.0f} s")
 
     return [_Job(["-m", "bench.worker", "--prebuild", *missing, "--report", str(report)], log, tool_env, done)]
+
+
+def build_ops(ops: list[str], logs: Path, extra_env: dict | None, platform: env.Platform, printer) -> dict:
+    """Only these DeepSpeed ops, through the cache, as a run builds them (`zerobench probe --build-cpu-adam`);
+    returns their fixed costs."""
+    costs: dict = {}
+    _run_jobs(_build_jobs(ops, logs, extra_env, platform, printer, costs), printer)
+    return costs
 
 
 def _prebuild(items: list[Planned], logs: Path, extra_env: dict | None, platform: env.Platform, printer) -> dict:

@@ -20,7 +20,7 @@ from ..records import cache
 from ..records.record import machine_of
 from . import launch
 
-__all__ = ["DEFAULT_MODEL", "DEFAULT_TOKENS", "probe", "run_shape", "shape"]
+__all__ = ["DEFAULT_MODEL", "DEFAULT_TOKENS", "probe_machine", "run_shape", "shape"]
 
 DEFAULT_MODEL = "llama-7b"
 DEFAULT_TOKENS = 2048
@@ -83,20 +83,24 @@ def _join(machine: dict, mm: dict) -> Rates | None:
     return Rates.from_dict({**machine, **mm, **({"notes": notes} if notes else {})})
 
 
-def probe(
+def probe_machine(
     dims: tuple[int, int, int],
     *,
     refresh: bool = False,
     extra_env: dict | None = None,
     logs: Path | None = None,
     printer: Callable[[str], object] | None = print,
+    platform: env.Platform | None = None,
 ) -> tuple[Rates | None, bool]:
     """The machine's rates at a matmul shape (tokens, hidden, intermediate), and whether they came from the cache
     (a machine probed before at another shape times only the matmuls again); (None, False) where the helper failed
-    (said, with its log). Prints the one line (printer None: silent)."""
-    platform = env.probe()
+    (said, with its log). Prints the one line (printer None: silent). platform: the host as the run sees it
+    (default: as found now); its first GPU is probed."""
+    platform = platform or env.probe()
     gpus = [platform.gpus[0].index] if platform.cuda else None
     environ = launch.child_env({**os.environ, **(extra_env or {})}, port=launch.free_port(), gpus=gpus)
+    if not platform.cuda:  # the CPU's rates, as the run takes this host for a CPU one (ZEROBENCH_NO_GPU, say)
+        environ["CUDA_VISIBLE_DEVICES"] = ""
     cpu_adam = _cpu_adam_built(environ, platform)
     key = _key(cpu_adam)
     entry = (None if refresh or key is None else cache.probe_read(key, environ)) or {}

@@ -22,6 +22,7 @@ from typing import Any
 from ..estimate import Hardware
 from ..estimate.search import SearchResult, ladder, seed_micro_batch
 from ..host import env
+from ..host.rates import Rates
 from ..matrix import dsconfig
 from ..matrix.axes import AUTO, AXES
 from ..matrix.cells import Cell
@@ -37,6 +38,7 @@ from .executor import WAIT, Attempt, Finished, Handle, Job, Shape, dispatch
 from .launch import telemetry
 from .plan import Plan, Planned, arrange, hardware, prediction, prune_skip
 from .prepare import prepare
+from .probe import probe_machine, run_shape
 from .progress import Progress, line
 from .registry import executor_for
 from .replay import Recording
@@ -94,6 +96,9 @@ class Session:
         self.stored: set[tuple[str, int]] = set()  # (cell hash, repeat) with an outcome (--resume)
         self.said_skips: dict[str, tuple] = {}  # --resume: cell hash -> (rule, reason) of a last record that is a skip
         self.items, self.preds, self.free = arrange(p.items, self.hw, o.s.margin, o.s.prune, o.s.order)
+        # The memory model needs no rates: the probe times only the cells that may run (none pruned).
+        self.rates = self._probe([it.cell for it in self.items if it.skip is None and id(it) not in self.free])
+        self.hw = dataclasses.replace(self.hw, rates=self.rates)
         self.queue: list[tuple[Planned, int]] = []
         self.k = 0  # queue[k:] is what is left
         self.i = 0  # the progress index of the last unit drawn or record implied
@@ -117,6 +122,17 @@ class Session:
         self.index_of: dict[str, int] = {}  # answer mode: a cell's progress index, kept across its rungs
         self.cut_off: list[Record] = []  # --resume: the attempts a killed run left started, now recorded interrupted
         self.width = o.slots.max_cells  # how many cells run side by side (the executor's slots, once it is up)
+
+    def _probe(self, cells: list[Cell]) -> Rates | None:
+        """The machine's rates (bench.execute.probe: cached per machine), before any step time is predicted; none
+        where the cells run elsewhere (a cluster's nodes, a replay's recording) or none is to run."""
+        o = self.o
+        if o.replay is not None or o.executor != "local" or not cells:
+            return None
+        rates, _ = probe_machine(
+            run_shape(cells), extra_env=o.s.extra_env, logs=o.logs, printer=o.printer, platform=o.platform
+        )
+        return rates
 
     def here(self) -> str | None:
         """The block this run's attempts measure in (bench.records.record.Record.block), where it is known before any
@@ -484,7 +500,13 @@ class Session:
         handle.attempt.job = handle.attempt.job.with_launch(log_path=log)
         req = unit.request
         note = {"role": req.role, "why": req.why, "rung": req.rung, "group": req.group} if req else None
-        context = AttemptContext(predicted=pred, fixed_costs=self.costs, placement=handle.where or None, answer=note)
+        context = AttemptContext(
+            predicted=pred,
+            fixed_costs=self.costs,
+            placement=handle.where or None,
+            answer=note,
+            rates=self.rates.to_dict() if self.rates else None,
+        )
         started = Record.started(cell, started_at=now(), repeat=unit.repeat, context=context, **ident)
         with launch.holding_signals():
             self.save(started)

@@ -436,6 +436,11 @@ class Machine(BaseModel):
     """The machine's rates as `zerobench probe` measured them (bench.host.rates.Rates.to_dict), where probed."""
 
 
+def _with_rates(m: Machine | None, rates: dict | None) -> Machine | None:
+    """m with the probe's figures, validated as a record's (a thread count is a number like the rest)."""
+    return Machine.model_validate({**m.model_dump(), "rates": rates}) if m is not None and rates else m
+
+
 def machine_of(provenance: Any, held: list[int] | None = None) -> Machine | None:
     """The machine a provenance (Provenance or its dict) names, with the GPUs of `held` (NVML indexes, the
     placement's) as the attempt's; None where it names neither a boot id nor a GPU UUID (unknown)."""
@@ -750,6 +755,8 @@ class AttemptContext:
     """Its GPUs (or CPU slots), port and neighbours; on a cluster its node and job."""
     answer: dict | None = None
     """In answer mode: why it is measured (its role, why, rung and group)."""
+    rates: dict | None = None
+    """The run's machine's rates as the probe gave them (bench.host.rates.Rates.to_dict): its machine section's."""
 
 
 class Record(BaseModel):
@@ -901,7 +908,7 @@ class Record(BaseModel):
             reason="",
             started_at=started_at,
             provenance=prov,
-            machine=machine_of(prov, (context.placement or {}).get("gpus")),
+            machine=_with_rates(machine_of(prov, (context.placement or {}).get("gpus")), context.rates),
             **({"predicted": context.predicted} if context.predicted else {}),
             **({"fixed_costs": context.fixed_costs} if context.fixed_costs else {}),
             **({"placement": context.placement} if context.placement else {}),
@@ -1108,7 +1115,10 @@ class Record(BaseModel):
         if "machine" not in fields:  # where it ran as its end says: a cluster node's provenance and GPUs
             place = out.get("placement")
             held = place.gpus if isinstance(place, Placement) else (place or {}).get("gpus")
-            out["machine"] = machine_of(out.get("provenance"), held)
+            m = machine_of(out.get("provenance"), held)
+            # The probe's figures where it ended on the machine it started on (not on a cluster node beside it).
+            same = m is not None and self.machine is not None and m.id == self.machine.id
+            out["machine"] = _with_rates(m, self.machine.rates if same else None)
         return type(self).model_validate(out)
 
     @property

@@ -24,7 +24,8 @@ _REPEAT_S = 0.02  # each timed repeat on a GPU: long against the events' resolut
 _CPU_REPEAT_S = 0.15  # on the host, against perf_counter and other processes' noise
 _COPY_BYTES = 256 << 20  # device and PCIe copies: past every cache, a few ms on any link
 _HOST_COPY_BYTES = 128 << 20
-_ADAM_PARAMS = 8 << 20  # DeepSpeed CPU Adam: 128 MiB of fp32 parameter, gradient and two moments
+_CPU_SMALL_FLOP = 2e8  # a CPU matmul this small is timed at the run's shape whatever the CPU's speed
+_ADAM_PARAMS = 32 << 20  # DeepSpeed CPU Adam: 512 MiB of fp32 parameter, gradient and moments, past the caches
 
 
 class _Deadline:
@@ -58,24 +59,19 @@ def _gpu_seconds(fn: Callable[[], object], deadline: _Deadline) -> float:
     return statistics.median(times)
 
 
-def _host_seconds(fn: Callable[[], object], deadline: _Deadline, sync: Callable[[], object] | None = None) -> float:
-    """Seconds one call of fn takes by the host's clock (sync, if given, waits for what fn started)."""
-    sync = sync or (lambda: None)
+def _host_seconds(fn: Callable[[], object], deadline: _Deadline) -> float:
+    """Seconds one call of fn takes by the host's clock: warmed up, each repeat as many calls as fit in
+    _CPU_REPEAT_S (a count fixed from one call would run far over on a loaded host, where a call's threads wait
+    their turn), the median repeat."""
     fn()
-    sync()
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    one = max(time.perf_counter() - t0, 1e-7)
-    inner = max(1, min(1000, int(_CPU_REPEAT_S / one)))
     times = []
-    for _ in range(_REPEATS if one < 1 else 1):
-        t0 = time.perf_counter()
-        for _ in range(inner):
+    for _ in range(_REPEATS):
+        n, t0 = 0, time.perf_counter()
+        while n == 0 or time.perf_counter() - t0 < _CPU_REPEAT_S:
             fn()
-        sync()
-        times.append((time.perf_counter() - t0) / inner)
-        if deadline.left() < 0:
+            n += 1
+        times.append((time.perf_counter() - t0) / n)
+        if deadline.left() < 0 or times[-1] > 1:  # a call that takes seconds is timed once
             break
     return statistics.median(times)
 
@@ -97,10 +93,12 @@ def _once(fn: Callable[[], object]) -> float:
 
 
 def _cpu_shape(tokens: int, hidden: int, inter: int, dtype) -> tuple[int, int, int]:
-    """The shape a CPU matmul in dtype is timed at: the run's, or fewer tokens where a call would take past
-    ~0.2 s, and a smaller weight too where even 16 tokens would (a CPU's fp16 can be a hundred times slower
-    than its fp32). From a 16-token call at a quarter of the weight's sides (a smaller one is far below the
-    CPU's rate: a few MFLOP mostly pay the call)."""
+    """The shape a CPU matmul in dtype is timed at: the run's where it is small, or fewer tokens where a call
+    would take past ~0.2 s, and a smaller weight too where even 16 tokens would (a CPU's fp16 can be a hundred
+    times slower than its fp32). From a 16-token call at a quarter of the weight's sides (a smaller one is far
+    below the CPU's rate: a few MFLOP mostly pay the call)."""
+    if 2 * tokens * hidden * inter <= _CPU_SMALL_FLOP:
+        return tokens, hidden, inter
     h, i = min(hidden, max(64, hidden // 4)), min(inter, max(64, inter // 4))
     a, b = torch.randn(16, h, dtype=dtype), torch.randn(h, i, dtype=dtype)
     torch.mm(a, b)
