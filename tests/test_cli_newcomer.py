@@ -51,3 +51,11 @@ def test_problems_are_listed_in_line_order(tmp_path):
     path.write_text("name: t\nmodel: nope-model\nseq_len: abc\n")
     err = zb("cells", str(path)).stderr
     assert err.index("bad.yaml:2: model") < err.index("bad.yaml:3: seq_len"), err
+
+
+def test_a_missing_matrix_suggests_its_near_match_not_the_smoke_one():
+    p = zb("run", "matrices/7B.yaml", "--dry-run")
+    assert p.returncode != 0 and "no such matrix file" in p.stderr + p.stdout
+    assert "give a path such as matrices/7b.yaml" in p.stderr + p.stdout
+    far = zb("cells", "nowhere/zzz.yaml")
+    assert "give a path such as bench/matrices/smoke.yaml" in far.stderr + far.stdout
