@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..estimate import Hardware, Verdict, predict, short_of, verdict
 from ..estimate.frontier import frontier_lines
-from ..estimate.steptime import run_time_line
+from ..estimate.steptime import run_seconds, run_time_line
 from ..host import env, hostmem
 from ..matrix import dsconfig, faults, rules, spec
 from ..matrix.axes import AUTO
@@ -209,6 +209,18 @@ def preview(
     lines.append(run_time_line([it.cell for it in runnable], hw, max(len(platform.gpus), 1)))
     lines += frontier_lines([(it.cell, it.ds_config, (preds[id(it)] or {}).get("gpu_bytes")) for it in runnable], hw)
     return lines
+
+
+def run_seconds_of(p: Plan, s: RunSettings, platform: env.Platform, recorded: frozenset[str] = frozenset()) -> float:
+    """Predicted GPU-seconds (one GPU) of the cells a run of plan p would run as s asks: preview's time line."""
+    hw = hardware(platform, s.gpu_mem, s.host_mem)
+    items, preds, free = arrange(p.items, hw, s.margin, s.prune, s.order)
+    cells = [
+        it.cell
+        for it in items
+        if it.cell.hash not in recorded and _what(it, preds[id(it)], free, s.prune, hw) in ("run", "run?")
+    ]
+    return run_seconds(cells, hw, 1)[0]
 
 
 _LEGEND = {"run": "to run", "run?": "to run that may not fit", "pruned": "pruned", "skip": "skipped by a rule"}

@@ -230,14 +230,32 @@ def answer_items(p: Plan, platform: env.Platform) -> Plan:
     return dataclasses.replace(p, items=tuple(items))
 
 
-def answer_preview(p: Plan, s: RunSettings, platform: env.Platform) -> list[str]:
-    """What answer mode would measure first of plan p (judged on platform) as s asks (a dry run's last lines):
-    per configuration, which micro-batches, and when it stops."""
+def _search(p: Plan, s: RunSettings, platform: env.Platform, settings: AnswerSettings) -> tuple[Plan, Search]:
+    """Answer mode's search over plan p as it starts (nothing measured), and the plan it searches."""
     p = answer_items(p, platform)
     hw = hardware(platform, s.gpu_mem, s.host_mem)
     items, preds, free = arrange(list(p.items), hw, s.margin, True, "early")
+    return p, Search([it for it in items if id(it) not in free], hw, settings, platform.cuda, predicted=preds)
+
+
+def answer_budget_cells(p: Plan, s: RunSettings, platform: env.Platform, budget_s: float) -> tuple[int, float]:
+    """About how many cells answer mode measures of plan p in budget_s of cell time, if it does not settle first:
+    the budget over the median predicted first attempt (the short schedule) of the cells it would open; and
+    that median, in seconds."""
+    _, search = _search(p, s, platform, dataclasses.replace(AnswerSettings(), budget_s=budget_s))
+    costs = sorted(search.cost_s(c, 0) for c in search.open())
+    costs = [c for c in costs if c > 0]
+    if not costs:
+        return 0, 0.0
+    median = costs[len(costs) // 2]
+    return min(len(search.candidates), int(budget_s // median)), median
+
+
+def answer_preview(p: Plan, s: RunSettings, platform: env.Platform) -> list[str]:
+    """What answer mode would measure first of plan p (judged on platform) as s asks (a dry run's last lines):
+    per configuration, which micro-batches, and when it stops."""
     settings = s.answer or AnswerSettings()
-    search = Search([it for it in items if id(it) not in free], hw, settings, platform.cuda, predicted=preds)
+    p, search = _search(p, s, platform, settings)
     lines = [f"answer mode: {len(search.candidates)} runnable cells, grouped by {', '.join(settings.group_by)}"]
     if search.families:
         size = p.matrix.batch.size
