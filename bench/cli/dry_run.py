@@ -18,10 +18,12 @@ def dry_run(s: RunSettings, verbose: bool, assumed: int | None = None) -> int:
     reason and every cell in run order with verbose), then what would run, its predicted GPU time and frontier,
     and in answer mode what it would measure first. assumed: the GPUs s.platform assumes (--assume-gpus)."""
     from ..execute.plan import decide, preview
-    from ..execute.run import answer_preview, target
+    from ..execute.run import answer_preview, check_same_matrix, target
     from ..matrix import spec
 
     m = spec.load(s.matrix, ds_configs=s.ds_configs)
+    if not s.other_matrix:  # what the run would refuse, before the plan is printed
+        check_same_matrix(_results_path(s, m.name), m.name, s.matrix, s.resume)
     t = target(s, m)
     whole = decide(m, s.matrix, s.filters, t.platform)  # the summary counts the matrix's cells, a shard's too
     where = f"on Slurm partition {t.partition.name}'s nodes" if t.partition is not None else here(assumed)
@@ -34,7 +36,8 @@ def dry_run(s: RunSettings, verbose: bool, assumed: int | None = None) -> int:
     if s.answer is not None:
         print("\n".join(answer_preview(p, s, t.platform)))
     else:
-        print("\n".join(_answer_instead(p, s, t.platform, recorded)))
+        for line in _answer_instead(p, s, t.platform, recorded):
+            print(line)
     return 0
 
 
@@ -72,13 +75,18 @@ def _rough(seconds: float) -> str:
     return f"{h:.0f}h" if h >= 10 else f"{h:.1f}h" if h >= 1 else f"{seconds / 60:.0f}m"
 
 
+def _results_path(s: RunSettings, name: str) -> Path:
+    from ..execute import default_results_path
+
+    return Path(s.results or default_results_path(name, s.shard))
+
+
 def _recorded(s: RunSettings, name: str) -> frozenset[str]:
     """Hashes of the cells the results file already has an outcome for (their first repeat): what --resume
     leaves as it is. name: the matrix's."""
-    from ..execute import default_results_path
     from ..records.store import Store
 
-    path = Path(s.results or default_results_path(name, s.shard))
+    path = _results_path(s, name)
     if not path.is_file():
         return frozenset()
     done, _ = Store(path).resume_state()

@@ -151,12 +151,24 @@ def prune_skip(pred: dict | None) -> rules.Skip | None:
     return None
 
 
+LOCAL = "local"
+"""The default results' and reports' own folder under results/ and reports/ (git-ignored in this repository):
+what a user's run writes is theirs, never appended to the repository's committed results beside it, and the
+repository's checks never read it."""
+
+
 def default_results_path(p: Plan | str, shard: Shard | None = None) -> Path:
-    """results/<matrix name>.jsonl; a shard's: results/<matrix name>.shard-<i>-of-<N>.jsonl (of a plan, or of a
-    matrix name and shard)."""
+    """results/local/<matrix name>.jsonl; a shard's: results/local/<matrix name>.shard-<i>-of-<N>.jsonl (of a
+    plan, or of a matrix name and shard)."""
     name, shard = (p, shard) if isinstance(p, str) else (p.matrix.name, p.shard)
     part = f".shard-{shard.index}-of-{shard.count}" if shard else ""
-    return Path("results") / f"{name}{part}.jsonl"
+    return Path("results") / LOCAL / f"{name}{part}.jsonl"
+
+
+def default_report_path(results: Path) -> Path:
+    """reports/<results name>; for a results file in results/local/, reports/local/<results name>."""
+    local = results.parent.name == LOCAL and results.parent.parent.name == "results"
+    return Path("reports") / (LOCAL if local else "") / results.stem
 
 
 def arrange(

@@ -10,6 +10,7 @@ import dataclasses
 import datetime as dt
 import os
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -73,7 +74,7 @@ def run(
 
     Where and how: s.executor (bench.execute.registry) runs the cells on this host's GPUs (local), a Ray cluster,
     Slurm jobs or, replaying results files, nowhere (every record and report says it is a replay, written by
-    default to results/<matrix name>.replay.jsonl). This process writes every record, whichever executor runs
+    default to results/local/<matrix name>.replay.jsonl). This process writes every record, whichever executor runs
     the cells."""
     _check_choices(s, recording)
     recording = recording or (Recording(list(s.replay)) if s.replay else None)
@@ -86,6 +87,8 @@ def run(
         results = results or str(default_results_path(p).with_suffix(".replay.jsonl"))
         _check_replay_target(Path(results), recording.paths)
     store, logs = _files(p, results, s.logs)
+    if not s.other_matrix:
+        check_same_matrix(store.path, p.matrix.name, s.matrix, s.resume)
     slots, slurm_settings = _placing(s, t, logs)
     o = Options(
         s, logs=logs, printer=printer, on_record=on_record, repeats=s.repeats or p.matrix.repeats,
@@ -166,6 +169,27 @@ def _files(p: Plan, results: str | None, logs_dir: str | None) -> tuple[Store, P
     check_folder(logs, "--logs" if logs_dir else f"the logs folder {logs} (--logs)")
     check_folder(cache.root(), "ZEROBENCH_CACHE" if os.environ.get("ZEROBENCH_CACHE") else "the cache folder")
     return Store(results_path), logs
+
+
+def check_same_matrix(results: Path, name: str, matrix_file: str, resume: bool) -> None:
+    """A results file whose records of matrix `name` were written from another version of the matrix file (their
+    inputs.matrix_sha256) is not this matrix's: an InputError naming it and what to do, before anything is
+    written (appended to, it mixes two matrices' cells; resumed from, its outcomes hide cells of this one)."""
+    if not results.is_file():
+        return
+    mine = env.file_sha(matrix_file)
+    shas = (r.inputs.matrix_sha256 for r in read_records(results, warn=False) if r.matrix == name and r.inputs)
+    other = Counter(sha for sha in shas if sha not in (None, mine))
+    if not other or mine is None:
+        return
+    n, (sha, _) = sum(other.values()), other.most_common(1)[0]
+    raise InputError(
+        f"{results} holds {n} record(s) of matrix {name} written from another version of {matrix_file} (matrix "
+        f"sha256 {sha[:12]}, this file's {mine[:12]}): "
+        + ("resumed from, its outcomes would stand for cells of this version" if resume else "appended to, it would "
+           "mix the two versions' cells")
+        + "; give --results a new file, or --other-matrix to use this one anyway"
+    )  # fmt: skip
 
 
 def _check_replay_target(results: Path, sources: list[str]) -> None:

@@ -447,6 +447,13 @@ def _settings_of_unknown_cells(df):
     return df
 
 
+def _around(f: Path) -> tuple[Path, ...]:
+    """Where a results file's run may have been: the results folder's parent (for results/local/NAME.jsonl, the
+    default, its grandparent), or the folder itself."""
+    top = f.parent.parent.parent if f.parent.name == "local" else f.parent.parent
+    return top, f.parent.parent, f.parent
+
+
 def load(*paths: str | os.PathLike, include_all_attempts: bool = True):
     """Load one or more results files (or folders of *.jsonl) into one DataFrame."""
     files = []
@@ -459,7 +466,7 @@ def load(*paths: str | os.PathLike, include_all_attempts: bool = True):
     # A compact record's matrix file, as recorded, relative to where the run was (usually the results folder's
     # parent) or to the results folder.
     files = _distinct(files)
-    near = list(dict.fromkeys(d for f in files for d in (Path(f).parent.parent, Path(f).parent)))
+    near = list(dict.fromkeys(d for f in files for d in _around(Path(f))))
     df = records_to_frame(itertools.chain.from_iterable(map(read_records, files)), near=near)
     return df if include_all_attempts else latest(df)
 

@@ -782,7 +782,8 @@ def _path_problems(raw: dict, file: str, lines: dict) -> list[Problem]:
             Problem(
                 file,
                 "name",
-                f"{name!r} cannot name files: results go to results/<name>.jsonl and logs to results/logs/<name>/",
+                f"{name!r} cannot name files: results go to results/local/<name>.jsonl and logs to "
+                "results/local/logs/<name>/",
                 "use letters, digits and . - _ + = @ , (not starting with '.'), "
                 f"e.g. {_SAFE_NAME.sub('-', name).strip('.-') or 'my-matrix'!r}",
                 lines.get(("name",)),
