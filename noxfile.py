@@ -182,7 +182,7 @@ def gpu_tests(session):
 
 @nox.session(python="3.11")
 def bench(session):
-    """Run a matrix (default: the embedded CPU smoke matrix, into the git-ignored results/local/) and its reports."""
+    """Run a matrix (default: the embedded CPU smoke matrix) into the git-ignored results/local/, and its reports."""
     _install(session)
     session.run("zerobench", "run", *session.posargs)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench.execute import RunSettings, prepare, progress, run
+from bench.execute.launch.ports import own_tools_first
 from bench.host import env
 from bench.matrix.cells import Cell
 from bench.records import cache
@@ -24,10 +25,16 @@ from tests.conftest import TINY, copy_built_ops, write_matrix, zerobench
 ENV = {"TORCH_EXTENSIONS_DIR": "/somewhere/ext", "TORCH_CUDA_ARCH_LIST": "9.0"}
 
 
+# PATH as every helper and cell gets it (the interpreter's own bin folder first), and the ninja it finds: the one
+# torch's op builds run, so the one that builds the tests' ops.
+PATH = own_tools_first(os.environ.get("PATH"))
+NINJA = shutil.which("ninja", path=PATH)
+
+
 @pytest.fixture
 def cache_env(tmp_path, monkeypatch):
     monkeypatch.setenv("ZEROBENCH_CACHE", str(tmp_path / "cache"))
-    return {**ENV, "ZEROBENCH_CACHE": str(tmp_path / "cache")}
+    return {**ENV, "ZEROBENCH_CACHE": str(tmp_path / "cache"), "PATH": PATH}
 
 
 def test_root_is_overridable_and_follows_xdg(tmp_path):
@@ -61,7 +68,7 @@ def _libs(tmp_path, op="cpu_adam"):
     src = tmp_path / f"{op}.cpp"
     src.write_text("// the op's source\n")
     (d / "build.ninja").write_text(f"rule link\n  command = cp $in $out\nbuild {op}.so: link {src}\n")
-    subprocess.run([shutil.which("ninja"), "-C", str(d)], check=True, capture_output=True)
+    subprocess.run([NINJA, "-C", str(d)], check=True, capture_output=True)
     return d
 
 
@@ -107,11 +114,11 @@ def test_an_op_torch_would_compile_again_is_not_cached(tmp_path, cache_env):
     build = pin / "build.ninja"  # the op it loads first, rewritten by another environment's load
     text = build.read_text()
     build.write_text(text.replace("cp $in $out", "cp -f $in $out"))
-    subprocess.run([shutil.which("ninja"), "-C", str(pin)], check=True, capture_output=True)
+    subprocess.run([NINJA, "-C", str(pin)], check=True, capture_output=True)
     why = cache.ops_missing(key, ["AsyncIOBuilder"], cache_env)["AsyncIOBuilder"]
     assert why == f"{pin}/build.ninja was rewritten since it was recorded (another environment's build)"
     build.write_text(text)
-    subprocess.run([shutil.which("ninja"), "-C", str(pin)], check=True, capture_output=True)
+    subprocess.run([NINJA, "-C", str(pin)], check=True, capture_output=True)
     assert cache.ops_missing(key, ["AsyncIOBuilder"], cache_env) == {}
 
     src = tmp_path / "async_io.cpp"  # reinstalled: the same source, a newer time
@@ -311,3 +318,30 @@ def test_the_key_is_the_stack_and_where_it_is_installed(tmp_path, cache_env):
     so = d / "cpu_adam.so"
     os.utime(so, (so.stat().st_atime + 3600, so.stat().st_mtime + 3600))
     assert cache.ops_missing(key, ["CPUAdamBuilder"], cache_env) == {}
+
+
+def test_a_venv_run_unactivated_builds_with_the_venvs_own_ninja(tmp_path, cache_env, monkeypatch):
+    """`.venv/bin/zerobench` without activating the venv: PATH finds the system's ninja first. Every helper and
+    cell gets the interpreter's own bin folder first, so the ops a run built with the venv's ninja check out
+    (another ninja version reads its build log as "command line changed" and compiles every op again), and the
+    cache key is the same as an activated run's."""
+    from bench.execute import launch
+
+    own = os.path.dirname(sys.executable)
+    activated = {**cache_env, "PATH": f"{own}{os.pathsep}/usr/bin{os.pathsep}/bin"}
+    unactivated = {**cache_env, "PATH": f"/usr/bin{os.pathsep}/bin"}
+    child = launch.child_env(unactivated, port=1, gpus=None)
+    assert child["PATH"].split(os.pathsep) == [own, "/usr/bin", "/bin"]
+    assert launch.child_env(activated, port=1, gpus=None)["PATH"] == child["PATH"]
+    key = cache.ops_key(child, cuda=False)
+    assert key == cache.ops_key(launch.child_env(activated, port=1, gpus=None), cuda=False)
+    assert key["python_prefix"] == os.path.realpath(sys.prefix)
+
+    venv_ninja, system_ninja = shutil.which("ninja", path=own), shutil.which("ninja", path="/usr/bin:/bin")
+    if not (venv_ninja and system_ninja) or cache._ninja_version(venv_ninja) == cache._ninja_version(system_ninja):
+        pytest.skip("needs a ninja in the interpreter's bin folder and another version on the system")
+    d = _libs(tmp_path)  # built by the interpreter's own ninja
+    cache.record_ops(key, {"CPUAdamBuilder": _report(d)}, child)
+    assert cache.ops_missing(key, ["CPUAdamBuilder"], child) == {}
+    # What the unactivated run's PATH alone would have run: the system's ninja compiles everything again.
+    assert "command line changed" in cache.ops_missing(key, ["CPUAdamBuilder"], unactivated)["CPUAdamBuilder"]

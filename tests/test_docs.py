@@ -81,3 +81,12 @@ def test_no_development_history_in_the_product():
     )
     r = subprocess.run(["grep", "-rniE", pattern, *paths], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 1 and not r.stdout, r.stdout
+
+
+def test_the_readme_says_what_nox_tests_does_to_the_machine_before_its_command():
+    # As root it installs Debian packages and enables services: a newcomer reads that, its time and its disk
+    # before the command, not after it.
+    text = (ROOT / "README.md").read_text()
+    before = " ".join(text[: text.index("\n    nox -s tests\n")].split("\n\n")[-1].split())
+    for fact in ("as root", "36 Debian packages", "munge, slurmd and slurmctld services", "9 to 16 minutes", "1.9 GB"):
+        assert fact.lower() in before.lower(), (fact, before)

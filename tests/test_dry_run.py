@@ -26,7 +26,8 @@ def test_the_7b_dry_run_for_one_assumed_gpu_fits_a_screen_and_ends_with_its_time
     time = next(i for i, ln in enumerate(lines) if ln.startswith("predicted GPU time"))
     assert "on 1 GPU" in lines[time] and lines[time + 1].startswith("predicted memory/speed frontier")
     assert "adaptive steps at a steady cell's fewest" in lines[time]  # an unsteady cell runs more: the line says so
-    assert all(ln.startswith("  ") for ln in lines[time + 2 :]), "the frontier is the last thing printed"
+    assert all(ln.startswith("  ") for ln in lines[time + 2 : -1]), "the frontier, then the answer-mode line, last"
+    assert lines[-1].startswith("the full run: ~") and "`--answer --budget 20m` measures about" in lines[-1]
     # The counts just before, and host memory not judged: no cell pruned for this machine's RAM.
     assert "host memory not judged" in lines[time - 2] and "to run" in lines[time - 1]
     assert "(--verbose lists each cell in run order)" in lines[time - 1]
@@ -99,3 +100,24 @@ def test_a_dry_run_loads_and_plans_the_matrix_once(monkeypatch, capsys, extra):
     assert out.startswith("matrices/7b.yaml: ") and "predicted GPU time" in out
     assert ("answer mode: " in out) == bool(extra)
     assert calls == {"load": 1, "select": 1}, calls
+
+
+def test_a_long_full_run_says_what_it_costs_and_what_answer_mode_would_do_instead():
+    # A fresh clone's headline dry run (no GPU here): what the full run costs, what a 20-minute answer run
+    # measures instead, and how to plan for the GPU host the matrix is for.
+    r = zb("run", "matrices/7b.yaml", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    hint = next(i for i, ln in enumerate(lines) if "`--assume-gpus N` plans the run as on a host with N GPUs" in ln)
+    assert (
+        "runnable here" in lines[0] and lines[hint].startswith("no GPU here") and lines[hint + 1].startswith("memory")
+    )
+    last = lines[-1]
+    assert last.startswith("the full run: ~") and last.split("~")[1].split("h")[0].isdigit(), last
+    k = int(last.split("measures about ")[1].split(" cells")[0])
+    assert 0 < k < 768 and "stops sooner if the answer settles (docs/answer-mode.md)" in last
+    # Short runs and answer-mode dry runs are not told; a plan for assumed GPUs needs no --assume-gpus hint.
+    short = zb("run", "--dry-run")
+    assert short.returncode == 0 and "the full run:" not in short.stdout
+    answer = zb("run", "matrices/7b.yaml", "--dry-run", "--assume-gpus", "1", "--answer")
+    assert "the full run:" not in answer.stdout and "--assume-gpus N" not in answer.stdout

@@ -55,6 +55,6 @@ def test_report_shows_each_setting(sweep):
     rows = {tuple(c.strip() for c in line.strip("|").split("|")[:2]) for line in table.splitlines() if "|" in line}
     assert {("LoRA rank", "8 vs 4"), ("LoRA rank", "16 vs 4"), ("LoRA alpha", "32 vs 16")} <= rows
     assert ("LoRA targets", "all-linear vs qkv") in rows
-    assert "| trainable params | loss (same step) |" in table
+    assert "| trainable params | loss (same step, random weights) |" in table
     rank16 = next(line for line in table.splitlines() if line.startswith("| LoRA rank | 16 vs 4 |"))
     assert "×4.00" in rank16  # trainable parameters grow with the rank

@@ -108,3 +108,48 @@ def test_reasons_of_one_cause_group_together():
     assert [m for _, m in got] == [[0, 1], [2, 3], [4]]
     assert got[0][0] == "optimizer '…' asked for … but the Trainer built AdamW"
     assert got[2][0] == "float division by zero", "one reason: itself, unmasked"
+
+
+HELD_OUT = ROOT / "results" / "held-out" / "7b-answer-b-h200.jsonl"  # the 7b answer, micro-batch searched, not settled
+
+
+@pytest.fixture(scope="module")
+def held_out():
+    a = analysis.analyse(load(HELD_OUT), title="7b-answer-b-h200")
+    return a, markdown.render_analysis(a)
+
+
+def test_an_open_answer_leads_the_report_with_not_settled_and_what_settling_would_take(held_out):
+    _, md = held_out
+    first = md.split("\n\n")[2]  # the title, the counts, then the verdict: before any table
+    assert first.startswith("**Answer mode: not settled**: the chance that an unmeasured cell beats its group's")
+    assert "is 100.0%" in first and "1070 unmeasured cells could still change the answer" in first
+    assert "min of cell time (predicted)" in first
+    assert "## What answer mode found: not settled" in md and "What answer mode settled" not in md
+
+
+def test_a_settled_answer_says_settled():
+    verdict, why = analysis._answer_verdict(0, (0.012, 0.03, 0.05), 0.0)
+    assert verdict == "settled" and "1.2%" in why and "each below 5%" in why
+    assert analysis._answer_verdict(3, (0.012, 0.03, 0.05), 600.0)[0] == "not settled"
+    assert analysis._answer_verdict(0, (0.2, 0.03, 0.05), 0.0)[0] == "not settled"
+
+
+def test_the_answer_table_has_each_fastest_cells_peak_memory(held_out):
+    a, md = held_out
+    table = md.split("## What answer mode found", 1)[1].split("\n\n")[2]
+    assert table.splitlines()[0].startswith("| group | fastest cell | tokens/s [95%] | peak (GiB, NVML process peak) |")
+    none = next(ln for ln in table.splitlines() if ln.startswith("| peft=none |"))
+    lead = next(g for g in a.sections[0].answer["groups"] if g["group"] == "peft=none")
+    assert lead["peak_memory_bytes"] > 0 and f"| {lead['peak_memory_bytes'] / 2**30:,.2f} |" in none
+
+
+def test_the_two_knob_tables_say_where_their_pairs_come_from_and_that_the_losses_are_random_weights(held_out):
+    # The same LoRA/full pair reads x3.32 over every measurement in blocks B1 and B2 (the answer) and x3.11 over
+    # the two cells' latest attempts (one knob at a time): each table says which.
+    _, md = held_out
+    assert "| peft=lora vs peft=none | 1 (B1, B2) | ×3.32" in md
+    knobs = md.split("## One knob at a time", 1)[1].split("\n\n")
+    assert "Each pair here is its two cells' latest attempts" in knobs[1]
+    assert "llama-7b, a preset shape trained from random weights" in knobs[1]
+    assert "| loss (same step, random weights) |" in knobs[2] and "| ×3.11 [" in knobs[2]

@@ -229,7 +229,7 @@ def test_an_oom_implies_the_heavier_cells_and_resume_keeps_them(tmp_path):
     fault = {"ZEROBENCH_FAULT": "cudaoom@1~zero=0.*mb=1#"}
     r = zerobench("run", "m.yaml", "--no-report", "--no-progress", cwd=tmp_path, env=fault)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    res = tmp_path / "results" / "implied.jsonl"
+    res = tmp_path / "results" / "local" / "implied.jsonl"
     lines = res.read_text().splitlines()
     ends = {(x["cell"]["zero_stage"], x["cell"]["micro_batch"]): x for x in _with_cells(res)}
     assert {k: v["status"] for k, v in ends.items()} == {

@@ -129,7 +129,7 @@ def test_run_prunes_cells_predicted_not_to_fit(tmp_path):
     r = zerobench("run", "m.yaml", "--gpu-mem", "2GiB", "--no-report", "--no-progress", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     # A skipped cell's record is compact: its cell comes from the matrix file (bench.judge.results.with_cells).
-    recs = list(with_cells(read_records(tmp_path / "results/prune.jsonl"), near=[tmp_path]))
+    recs = list(with_cells(read_records(tmp_path / "results/local/prune.jsonl"), near=[tmp_path]))
     ends = {rec.cell["micro_batch"]: rec for rec in recs if rec.status.value != "started"}
     assert ends[1].status.value == "ok" and ends[1].predicted.gpu_memory_bytes == 2 * GiB
     pruned = ends[256]
@@ -164,7 +164,7 @@ def test_cpu_run_without_a_gpu_prunes_nothing(tmp_path):
     )
     r = zerobench("run", "m.yaml", "--no-report", "--no-progress", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    recs = [json.loads(line) for line in (tmp_path / "results/noprune.jsonl").read_text().splitlines()]
+    recs = [json.loads(line) for line in (tmp_path / "results/local/noprune.jsonl").read_text().splitlines()]
     assert [x["status"] for x in recs] == ["started", "ok"] and not any("predicted" in x for x in recs)
 
 
@@ -179,7 +179,7 @@ def test_run_records_the_search_on_its_probes(tmp_path):
     )
     r = zerobench("run", "m.yaml", "--no-report", "--no-progress", cwd=tmp_path, env={"ZEROBENCH_FAULT": "raise@1"})
     assert r.returncode == 0, r.stderr[-2000:]
-    recs = [json.loads(line) for line in (tmp_path / "results/auto.jsonl").read_text().splitlines()]
+    recs = [json.loads(line) for line in (tmp_path / "results/local/auto.jsonl").read_text().splitlines()]
     ends = [x for x in recs if x["status"] != "started"]
     assert len(ends) == 1 and ends[0]["cell"]["micro_batch"] == 1 and ends[0]["status"] == "error"
     s = parse(ends[0]).search

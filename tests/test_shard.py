@@ -50,7 +50,7 @@ def test_shards_write_their_own_files_and_resume_and_report_take_them_together(t
     for i in (1, 2):
         r = zerobench("run", str(m), "--shard", f"{i}/2", "--no-report", "--no-progress", cwd=tmp_path)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    one, two = (tmp_path / "results" / f"fp16.shard-{i}-of-2.jsonl" for i in (1, 2))
+    one, two = (tmp_path / "results" / "local" / f"fp16.shard-{i}-of-2.jsonl" for i in (1, 2))
     h1, h2 = ({r["cell_hash"] for r in read(p)} for p in (one, two))
     whole = {it.cell.hash for it in plan(str(m)).items}
     assert h1 and h2 and not h1 & h2 and h1 | h2 == whole and len(whole) == 8

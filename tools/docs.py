@@ -557,16 +557,18 @@ def _replay_row(name: str, files: tuple[str, ...], lines: list[str]) -> list[str
 
 
 def _report_section(results_file: Path) -> str:
-    """The report's replay note and its "What answer mode settled" section, as `zerobench report` writes them."""
+    """The report's replay note, its verdict and its "What answer mode found" section, as `zerobench report` writes
+    them."""
     from bench.judge import results
     from bench.report import markdown
 
     with contextlib.chdir(ROOT):
         text = markdown.render(results.load(results_file), title="replay")
     note = next(line for line in text.splitlines() if line.startswith("**Replay**"))
-    section = text[text.index("## What answer mode settled") :]
+    verdict = next(line for line in text.splitlines() if line.startswith("**Answer mode"))
+    section = text[text.index("## What answer mode found") :]
     section = section[: section.index("\n## ", 1)].strip()
-    return note + "\n\n#" + section  # a heading below the page's own
+    return note + "\n\n" + verdict + "\n\n#" + section  # a heading below the page's own
 
 
 def answer_blocks() -> dict[str, str]:

@@ -11,9 +11,9 @@ import sys
 
 from ..matrix.problems import ConfigError, InputError
 from . import cells, estimate, probe, report, run, schema, selfcheck
-from .args import DEFAULT_MATRIX, LOCAL
+from .args import DEFAULT_MATRIX
 
-__all__ = ["DEFAULT_MATRIX", "LOCAL", "main", "parser"]
+__all__ = ["DEFAULT_MATRIX", "main", "parser"]
 
 
 def parser() -> argparse.ArgumentParser:

@@ -7,9 +7,6 @@ import argparse
 from pathlib import Path
 
 DEFAULT_MATRIX = Path(__file__).parent.parent / "matrices" / "smoke.yaml"
-LOCAL = "local"
-"""The embedded default's own folder under results/ and reports/ (git-ignored in this repository): what it writes
-is the user's, not the repository's committed results, so the repository's checks never read it."""
 
 
 def matrix_arg(p: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .args import DEFAULT_MATRIX, LOCAL, assume_gpus_arg, filter_arg, matrix_arg, positive, shard
+from .args import assume_gpus_arg, filter_arg, matrix_arg, positive, shard
 from .dry_run import dry_run
 from .run_options import settings_of
 
@@ -106,7 +106,7 @@ def _add_where(r: argparse.ArgumentParser) -> None:
         type=shard,
         metavar="I/N",
         help="run only part I of N of the matrix's cells (split by cell hash, so the same whatever the matrix's "
-        "order), into its own results file (default: results/<matrix name>.shard-I-of-N.jsonl): one CI job per "
+        "order), into its own results file (default: results/local/<matrix name>.shard-I-of-N.jsonl): one CI job per "
         "part; `zerobench report` and --resume take the parts' files together",
     )
 
@@ -149,8 +149,9 @@ def _add_answer(r: argparse.ArgumentParser) -> None:
         nargs="+",
         metavar="RESULTS",
         help="run nothing: serve these results files' recorded ends as if the cells ran (to check --answer against "
-        "a grid measured in full); judged as on the recorded machine; written to results/<matrix name>.replay.jsonl "
-        "unless --results says where (never into a replayed file); every record and report says it is a replay",
+        "a grid measured in full); judged as on the recorded machine; written to "
+        "results/local/<matrix name>.replay.jsonl unless --results says where (never into a replayed file); every "
+        "record and report says it is a replay",
     )
     r.add_argument("--budget", metavar="TIME", help="with --answer: cell time to spend at most, e.g. 20m, 1h, 90s")
     r.add_argument("--group-by", metavar="AXES", help="with --answer: comma-separated axes to group by (default peft)")
@@ -170,15 +171,22 @@ def _add_outputs(r: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--results",
         metavar="PATH",
-        help=f"results file (default: results/<matrix name>.jsonl; the embedded default's: "
-        f"results/{LOCAL}/smoke.jsonl)",
+        help="results file (default: results/local/<matrix name>.jsonl, a folder of the user's own: this repository "
+        "ignores it, and its committed results are never appended to); a file holding records of another version "
+        "of the matrix file is refused unless --other-matrix",
+    )
+    r.add_argument(
+        "--other-matrix",
+        action="store_true",
+        help="append to (and with --resume, resume from) a results file whose records of this matrix were written "
+        "from another version of the matrix file: its cells and outcomes count as this run's",
     )
     r.add_argument("--logs", metavar="DIR", help="worker logs (default: logs/<results name>/ beside the results file)")
     r.add_argument(
         "--report",
         metavar="PATH",
-        help=f"report path without suffix (default: reports/<results name>; the embedded default's: "
-        f"reports/{LOCAL}/smoke)",
+        help="report path without suffix (default: reports/<results name>; for results in results/local/, "
+        "reports/local/<results name>)",
     )
     r.add_argument("--no-report", action="store_true", help="do not write the reports at the end")
     r.add_argument("--no-progress", action="store_true", help="no progress bar (one line per cell still printed)")
@@ -226,7 +234,6 @@ def _add_wandb(r: argparse.ArgumentParser) -> None:
 def cmd_run(args) -> int:
     from .. import report as _  # noqa: F401 - fail early if the report stack is broken
 
-    _embedded_default_paths(args)
     try:
         s = settings_of(args)
     except ValueError as e:
@@ -245,18 +252,6 @@ def cmd_run(args) -> int:
             print("zerobench run: --wandb needs wandb: pip install 'zerobench[wandb]'", file=sys.stderr)
             return 2
     return _run(args, s)
-
-
-def _embedded_default_paths(args) -> None:
-    """No matrix given: the embedded default's results and report go to results/local/ and reports/local/."""
-    if args.matrix is not None:
-        return
-    from ..execute import default_results_path
-    from ..matrix.spec import load
-
-    path = default_results_path(load(str(DEFAULT_MATRIX)).name, args.shard)
-    args.results = args.results or str(path.parent / LOCAL / path.name)
-    args.report = args.report or str(Path("reports") / LOCAL / path.stem)
 
 
 def _run(args, s: RunSettings) -> int:
@@ -315,9 +310,10 @@ def _to_wandb(args):
 
 def _write_run_report(args, results_path: Path) -> bool:
     """The run's report; False (said why) when it could not be written: the results are saved regardless."""
+    from ..execute import default_report_path
     from ..report import write_reports
 
-    out = Path(args.report or (Path("reports") / results_path.stem))
+    out = Path(args.report) if args.report else default_report_path(results_path)
     try:
         paths = write_reports([results_path], out)
     except OSError as e:

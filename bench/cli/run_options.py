@@ -34,6 +34,7 @@ def settings_of(args) -> RunSettings:
         ds_configs=tuple(args.ds_config) if args.ds_config else None,
         shard=args.shard,
         results=args.results,
+        other_matrix=args.other_matrix,
         logs=args.logs,
         resume=args.resume,
         repeats=args.repeats,

@@ -7,7 +7,7 @@ executor implements; local: cells packed on one host's GPUs; ray: cells as Ray t
 their names; launch: the one child protocol."""
 
 from .attempt import HarnessError
-from .plan import Plan, Planned, default_results_path, plan, preview
+from .plan import LOCAL, Plan, Planned, default_report_path, default_results_path, plan, preview
 from .run import new_run_id, run
 from .settings import AnswerSettings, RunSettings, Shard
 from .signals import Stopped, stop_on_signals
@@ -21,6 +21,8 @@ __all__ = [
     "Shard",
     "Stopped",
     "default_results_path",
+    "default_report_path",
+    "LOCAL",
     "new_run_id",
     "plan",
     "preview",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..estimate import Hardware, Verdict, predict, short_of, verdict
 from ..estimate.frontier import frontier_lines
-from ..estimate.steptime import run_time_line
+from ..estimate.steptime import run_seconds, run_time_line
 from ..host import env, hostmem
 from ..host.rates import Rates
 from ..matrix import dsconfig, faults, rules, spec
@@ -158,12 +158,24 @@ def prune_skip(pred: dict | None) -> rules.Skip | None:
     return None
 
 
+LOCAL = "local"
+"""The default results' and reports' own folder under results/ and reports/ (git-ignored in this repository):
+what a user's run writes is theirs, never appended to the repository's committed results beside it, and the
+repository's checks never read it."""
+
+
 def default_results_path(p: Plan | str, shard: Shard | None = None) -> Path:
-    """results/<matrix name>.jsonl; a shard's: results/<matrix name>.shard-<i>-of-<N>.jsonl (of a plan, or of a
-    matrix name and shard)."""
+    """results/local/<matrix name>.jsonl; a shard's: results/local/<matrix name>.shard-<i>-of-<N>.jsonl (of a
+    plan, or of a matrix name and shard)."""
     name, shard = (p, shard) if isinstance(p, str) else (p.matrix.name, p.shard)
     part = f".shard-{shard.index}-of-{shard.count}" if shard else ""
-    return Path("results") / f"{name}{part}.jsonl"
+    return Path("results") / LOCAL / f"{name}{part}.jsonl"
+
+
+def default_report_path(results: Path) -> Path:
+    """reports/<results name>; for a results file in results/local/, reports/local/<results name>."""
+    local = results.parent.name == LOCAL and results.parent.parent.name == "results"
+    return Path("reports") / (LOCAL if local else "") / results.stem
 
 
 def arrange(
@@ -216,6 +228,18 @@ def preview(
     lines.append(run_time_line([it.cell for it in runnable], hw, max(len(platform.gpus), 1)))
     lines += frontier_lines([(it.cell, it.ds_config, (preds[id(it)] or {}).get("gpu_bytes")) for it in runnable], hw)
     return lines
+
+
+def run_seconds_of(p: Plan, s: RunSettings, platform: env.Platform, recorded: frozenset[str] = frozenset()) -> float:
+    """Predicted GPU-seconds (one GPU) of the cells a run of plan p would run as s asks: preview's time line."""
+    hw = hardware(platform, s.gpu_mem, s.host_mem)
+    items, preds, free = arrange(p.items, hw, s.margin, s.prune, s.order)
+    cells = [
+        it.cell
+        for it in items
+        if it.cell.hash not in recorded and _what(it, preds[id(it)], free, s.prune, hw) in ("run", "run?")
+    ]
+    return run_seconds(cells, hw, 1)[0]
 
 
 _LEGEND = {"run": "to run", "run?": "to run that may not fit", "pruned": "pruned", "skip": "skipped by a rule"}

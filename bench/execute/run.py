@@ -10,6 +10,7 @@ import dataclasses
 import datetime as dt
 import os
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -73,7 +74,7 @@ def run(
 
     Where and how: s.executor (bench.execute.registry) runs the cells on this host's GPUs (local), a Ray cluster,
     Slurm jobs or, replaying results files, nowhere (every record and report says it is a replay, written by
-    default to results/<matrix name>.replay.jsonl). This process writes every record, whichever executor runs
+    default to results/local/<matrix name>.replay.jsonl). This process writes every record, whichever executor runs
     the cells."""
     _check_choices(s, recording)
     recording = recording or (Recording(list(s.replay)) if s.replay else None)
@@ -86,6 +87,8 @@ def run(
         results = results or str(default_results_path(p).with_suffix(".replay.jsonl"))
         _check_replay_target(Path(results), recording.paths)
     store, logs = _files(p, results, s.logs)
+    if not s.other_matrix:
+        check_same_matrix(store.path, p.matrix.name, s.matrix, s.resume)
     slots, slurm_settings = _placing(s, t, logs)
     o = Options(
         s, logs=logs, printer=printer, on_record=on_record, repeats=s.repeats or p.matrix.repeats,
@@ -168,6 +171,27 @@ def _files(p: Plan, results: str | None, logs_dir: str | None) -> tuple[Store, P
     return Store(results_path), logs
 
 
+def check_same_matrix(results: Path, name: str, matrix_file: str, resume: bool) -> None:
+    """A results file whose records of matrix `name` were written from another version of the matrix file (their
+    inputs.matrix_sha256) is not this matrix's: an InputError naming it and what to do, before anything is
+    written (appended to, it mixes two matrices' cells; resumed from, its outcomes hide cells of this one)."""
+    if not results.is_file():
+        return
+    mine = env.file_sha(matrix_file)
+    shas = (r.inputs.matrix_sha256 for r in read_records(results, warn=False) if r.matrix == name and r.inputs)
+    other = Counter(sha for sha in shas if sha not in (None, mine))
+    if not other or mine is None:
+        return
+    n, (sha, _) = sum(other.values()), other.most_common(1)[0]
+    raise InputError(
+        f"{results} holds {n} record(s) of matrix {name} written from another version of {matrix_file} (matrix "
+        f"sha256 {sha[:12]}, this file's {mine[:12]}): "
+        + ("resumed from, its outcomes would stand for cells of this version" if resume else "appended to, it would "
+           "mix the two versions' cells")
+        + "; give --results a new file, or --other-matrix to use this one anyway"
+    )  # fmt: skip
+
+
 def _check_replay_target(results: Path, sources: list[str]) -> None:
     """A replay writes only where no record measured anew is: not into a file it replays, nor among a run's
     measurements, where its records would read as measured anew (InputError, before anything is written)."""
@@ -230,14 +254,32 @@ def answer_items(p: Plan, platform: env.Platform) -> Plan:
     return dataclasses.replace(p, items=tuple(items))
 
 
-def answer_preview(p: Plan, s: RunSettings, platform: env.Platform) -> list[str]:
-    """What answer mode would measure first of plan p (judged on platform) as s asks (a dry run's last lines):
-    per configuration, which micro-batches, and when it stops."""
+def _search(p: Plan, s: RunSettings, platform: env.Platform, settings: AnswerSettings) -> tuple[Plan, Search]:
+    """Answer mode's search over plan p as it starts (nothing measured), and the plan it searches."""
     p = answer_items(p, platform)
     hw = hardware(platform, s.gpu_mem, s.host_mem)
     items, preds, free = arrange(list(p.items), hw, s.margin, True, "early")
+    return p, Search([it for it in items if id(it) not in free], hw, settings, platform.cuda, predicted=preds)
+
+
+def answer_budget_cells(p: Plan, s: RunSettings, platform: env.Platform, budget_s: float) -> tuple[int, float]:
+    """About how many cells answer mode measures of plan p in budget_s of cell time, if it does not settle first:
+    the budget over the median predicted first attempt (the short schedule) of the cells it would open; and
+    that median, in seconds."""
+    _, search = _search(p, s, platform, dataclasses.replace(AnswerSettings(), budget_s=budget_s))
+    costs = sorted(search.cost_s(c, 0) for c in search.open())
+    costs = [c for c in costs if c > 0]
+    if not costs:
+        return 0, 0.0
+    median = costs[len(costs) // 2]
+    return min(len(search.candidates), int(budget_s // median)), median
+
+
+def answer_preview(p: Plan, s: RunSettings, platform: env.Platform) -> list[str]:
+    """What answer mode would measure first of plan p (judged on platform) as s asks (a dry run's last lines):
+    per configuration, which micro-batches, and when it stops."""
     settings = s.answer or AnswerSettings()
-    search = Search([it for it in items if id(it) not in free], hw, settings, platform.cuda, predicted=preds)
+    p, search = _search(p, s, platform, settings)
     lines = [f"answer mode: {len(search.candidates)} runnable cells, grouped by {', '.join(settings.group_by)}"]
     if search.families:
         size = p.matrix.batch.size

@@ -79,7 +79,10 @@ class RunSettings:
     shard: Shard | None = None
     """Only this part of the cells, into its own results file by default."""
     results: str | None = None
-    """The results file (default: results/<matrix name>.jsonl; a shard's and a replay's beside it)."""
+    """The results file (default: results/local/<matrix name>.jsonl; a shard's and a replay's beside it)."""
+    other_matrix: bool = False
+    """Append to (or resume from) a results file whose records of this matrix were written from another version
+    of the matrix file (by default an InputError: its cells and outcomes are not this matrix's)."""
     logs: str | None = None
     """The worker logs' folder (default: logs/<results name>/ beside the results file)."""
     resume: bool = False

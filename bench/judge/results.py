@@ -447,6 +447,13 @@ def _settings_of_unknown_cells(df):
     return df
 
 
+def _around(f: Path) -> tuple[Path, ...]:
+    """Where a results file's run may have been: the results folder's parent (for results/local/NAME.jsonl, the
+    default, its grandparent), or the folder itself."""
+    top = f.parent.parent.parent if f.parent.name == "local" else f.parent.parent
+    return top, f.parent.parent, f.parent
+
+
 def load(*paths: str | os.PathLike, include_all_attempts: bool = True):
     """Load one or more results files (or folders of *.jsonl) into one DataFrame; from more than one file, its
     `results_file` column names each row's (each file a run of its own, whose repeats are its own)."""
@@ -460,7 +467,7 @@ def load(*paths: str | os.PathLike, include_all_attempts: bool = True):
     # A compact record's matrix file, as recorded, relative to where the run was (usually the results folder's
     # parent) or to the results folder.
     files = _distinct(files)
-    near = list(dict.fromkeys(d for f in files for d in (Path(f).parent.parent, Path(f).parent)))
+    near = list(dict.fromkeys(d for f in files for d in _around(Path(f))))
     sources: list[str] = []  # each row's file, in the frame's order (started records have no row)
 
     def tagged(f: str) -> Iterator[Record]:

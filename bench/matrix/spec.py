@@ -752,7 +752,23 @@ def loads(text: str, file: str = "<matrix>", ds_configs: list[str] | None = None
 
 
 def load(path: str | os.PathLike, ds_configs: list[str] | None = None) -> Matrix:
-    return loads(read_text(path, "matrix", "bench/matrices/smoke.yaml"), str(path), ds_configs)
+    example = "bench/matrices/smoke.yaml" if os.path.exists(path) else near_matrix(path)
+    return loads(read_text(path, "matrix", example), str(path), ds_configs)
+
+
+EMBEDDED = Path(__file__).resolve().parent.parent / "matrices"
+"""The matrices shipped inside the package (the embedded default among them)."""
+
+
+def near_matrix(path: str | os.PathLike) -> str:
+    """The matrix file most like `path` (case ignored) among its own folder's, ./matrices/ and the embedded ones;
+    the embedded default's path when none is near: what a missing path's message suggests."""
+    embedded = {f"bench/matrices/{f.name}": f for f in sorted(EMBEDDED.glob("*.y*ml"))}
+    folders = {Path(path).parent, Path("matrices")}
+    known = [str(f) for d in folders if d.is_dir() for f in sorted(d.glob("*.y*ml"))] + list(embedded)
+    by_lower = {k.lower(): k for k in known}
+    near = difflib.get_close_matches(str(path).lower(), list(by_lower), n=1, cutoff=0.6)
+    return by_lower[near[0]] if near else "bench/matrices/smoke.yaml"
 
 
 _SAFE_NAME = re.compile(r"[^\w.+=@,-]+")
@@ -772,7 +788,8 @@ def _path_problems(raw: dict, file: str, lines: dict) -> list[Problem]:
             Problem(
                 file,
                 "name",
-                f"{name!r} cannot name files: results go to results/<name>.jsonl and logs to results/logs/<name>/",
+                f"{name!r} cannot name files: results go to results/local/<name>.jsonl and logs to "
+                "results/local/logs/<name>/",
                 "use letters, digits and . - _ + = @ , (not starting with '.'), "
                 f"e.g. {_SAFE_NAME.sub('-', name).strip('.-') or 'my-matrix'!r}",
                 lines.get(("name",)),

@@ -2,16 +2,16 @@
 
 Two things are kept, under `root()` ($ZEROBENCH_CACHE, else $XDG_CACHE_HOME/zerobench, else
 ~/.cache/zerobench; delete the folder to clear it):
-- ops/<key>.json: which DeepSpeed JIT ops were built, for which stack (`ops_key`: DeepSpeed, torch and
-  its CUDA, Python, accelerator, GPUs, TORCH_CUDA_ARCH_LIST, CUDA_HOME, the extensions folder, the
-  compiler, the CPU's flags, DeepSpeed's op sources by content and the folders DeepSpeed and torch are
-  installed in), each op's shared libraries by path, size and content hash, and the build file torch
-  wrote in each of its folders. An op checks out only when torch's next load of it will compile
-  nothing: its build file is the one recorded (torch writes the install folders into it, so another
-  venv's load rewrites it and recompiles everything) and `ninja -n` finds nothing to do there (a
-  reinstall gives the sources newer times). A run whose ops all check out skips the prebuild helper
-  (an interpreter importing torch and DeepSpeed: 25-60 s); any other run compiles in that helper, never
-  inside a cell.
+- ops/<key>.json: which DeepSpeed JIT ops were built, for which stack (`ops_key`: DeepSpeed, torch and its
+  CUDA, Python (its real executable and prefix), ninja's version, accelerator, GPUs, TORCH_CUDA_ARCH_LIST,
+  CUDA_HOME, the extensions folder, the compiler, the CPU's flags, DeepSpeed's op sources by content and the
+  folders DeepSpeed and torch are installed in), each op's shared libraries by path, size and content hash,
+  and the build file torch wrote in each of its folders. An op checks out only when torch's next load of it
+  will compile nothing: its build file is the one recorded (torch writes the install folders into it, so
+  another venv's load rewrites it and recompiles everything) and `ninja -n` finds nothing to do there (a
+  reinstall gives the sources newer times). A run whose ops all check out skips the prebuild helper (an
+  interpreter importing torch and DeepSpeed: 25-60 s); any other run compiles in that helper, never inside a
+  cell.
 - checkpoints/<preset>-<precision>-<key>/: the random-weight checkpoint QLoRA cells quantize from,
   keyed by the preset's shape, precision, seed and library versions, with a manifest of its files
   written last, so its presence is checked here without a helper process.
@@ -36,6 +36,7 @@ import platform
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -114,6 +115,13 @@ def ops_key(environ: Mapping[str, str], *, cuda: bool, gpus: list[str] | None = 
         "torch": version("torch"),
         "torch_cuda": _torch_cuda(),
         "python": platform.python_version(),
+        # The interpreter and its environment, by what they are (not by PATH or how zerobench was started): a
+        # venv run activated or not is one stack; another venv is another.
+        "python_executable": os.path.realpath(sys.executable),
+        "python_prefix": os.path.realpath(sys.prefix),
+        # The ninja torch's build runs (the environment's own first, bench.execute.launch.ports): its build log is
+        # read by that ninja only (another version sees every command line changed).
+        "ninja": _ninja_version(shutil.which("ninja", path=environ.get("PATH"))),
         "machine": platform.machine(),
         "accelerator": "cuda" if cuda else "cpu",
         "gpus": sorted(set(gpus or [])) if cuda else [],
@@ -141,6 +149,16 @@ def _compiler(cxx: str) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.splitlines()[0].strip() if out else None
+
+
+@functools.cache
+def _ninja_version(exe: str | None) -> str | None:
+    if exe is None:
+        return None
+    try:
+        return subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 @functools.cache

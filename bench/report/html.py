@@ -30,7 +30,9 @@ from .analysis import (
     Analysis,
     Section,
     analyse,
+    knobs_aside,
     measured_first,
+    random_weights,
     records,
     replay_note,
 )
@@ -423,7 +425,8 @@ def _model(a: Analysis, s: Section, charts: dict[str, Chart]) -> dict:
     several = len(a.sections) > 1
     prefix = f"{s.slug}-" if several else ""
     ids = {k: prefix + k for k in ("answer", "summary", "tradeoff", "ablations", "compute")}
-    out = {"s": s, "id": s.slug, "ids": ids, "h": "h3" if several else "h2", "h4": "h4" if several else "h3"}
+    out = {"s": s, "id": s.slug, "ids": ids, "h": "h3" if several else "h2", "h4": "h4" if several else "h3",
+           "knobs_aside": knobs_aside(s), "random_weights": random_weights(s)}  # fmt: skip
     return out | _fits(s) | _scatter(s, charts.get(tradeoff_name(a, s))) | _compute(s)
 
 

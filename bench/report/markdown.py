@@ -26,7 +26,9 @@ from .analysis import (
     Analysis,
     Section,
     analyse,
+    knobs_aside,
     measured_first,
+    random_weights,
     replay_note,
 )
 from .charts import tradeoff_name
@@ -184,7 +186,7 @@ def _ablations(s: Section, h: str, note: bool = True) -> list[str]:
     return [
         f"{h} One knob at a time",
         "",
-        effects_note() if note else "Read as the first such table above.",
+        (effects_note() if note else "Read as the first such table above.") + knobs_aside(s),
         "",
     ] + _table(
         [
@@ -196,7 +198,7 @@ def _ablations(s: Section, h: str, note: bool = True) -> list[str]:
             "peak memory [95%]",
             "memory",
             "trainable params",
-            "loss (same step)",
+            "loss (same step, random weights)" if random_weights(s) else "loss (same step)",
         ],
         "llrrlrlrr",
         rows,
@@ -406,19 +408,22 @@ def _left(ans: dict) -> str:
         if ans.get("expected")
         else ""
     )
-    chances = ""
-    if ans.get("chances"):
-        lead, front, level = ans["chances"]
-        chances = (
-            f" The chance, under the models corrected by the run, that one of them (or a measured cell that may still "
-            f"be measured again) beats its group's fastest by more than the minimum effect: {lead:.1%} (the largest "
-            f"group's); that one of them adds a frontier point: {front:.1%} "
-            f"(the search stops asking each below {level:.0%})."
-        )
     return (
         f"Left unmeasured: {ans['unmeasured']} cells{expected}{still}. Measuring them all once would add about "
-        f"{ans['adds_s'] / 60:.0f} min (predicted).{chances}"
+        f"{ans['adds_s'] / 60:.0f} min (predicted)."
     )
+
+
+def _verdicts(a: Analysis) -> list[str]:
+    """Answer mode's verdict first, per section it ran in: settled, or not and why."""
+    several = len(a.sections) > 1
+    out = []
+    for s in a.sections:
+        if s.answer is not None:
+            verdict, why = s.answer["verdict"]
+            where = f" ({escape(s.label)})" if several else ""
+            out += [f"**Answer mode{where}: {verdict}**: {escape(why)}.", ""]
+    return out
 
 
 def _answer(s: Section, h: str) -> list[str]:
@@ -426,24 +431,26 @@ def _answer(s: Section, h: str) -> list[str]:
     ans = s.answer
     if ans is None:
         return []
-    lines = [f"{h} What answer mode settled", "", ANSWER_NOTE, ""]
+    lines = [f"{h} What answer mode found: {ans['verdict'][0]}", "", ANSWER_NOTE, ""]
+    peak = f"peak (GiB, {s.peak_label})"
     rows = [
         [escape(g["group"]), escape(g["cell_name"]), f"{g['tokens_per_s']:,.0f} [{g['low']:,.0f}, {g['high']:,.0f}]",
-         str(g["repeats"]), escape(", ".join(g["ties"])) or "none", escape(", ".join(g["apart"])) or "none"]
+         fmt.gib(g.get("peak_memory_bytes")), str(g["repeats"]), escape(", ".join(g["ties"])) or "none",
+         escape(", ".join(g["apart"])) or "none"]
         for g in ans["groups"]
     ]  # fmt: skip
     lines += _table(
-        ["group", "fastest cell", "tokens/s [95%]", "runs", "not told apart from it", "not compared with it"],
-        "llrrll",
+        ["group", "fastest cell", "tokens/s [95%]", peak, "runs", "not told apart from it", "not compared with it"],
+        "llrrrll",
         rows,
     )
     effects_rows = [
-        [escape(_knob(e)), str(e["tokens"].n), fmt.effect(e["tokens"].ratio, e["tokens"].ci, e["tokens"].ci_conf),
-         escape(e["tokens"].verdict or "")]
+        [escape(_knob(e)), f"{e['tokens'].n} ({', '.join(e.get('blocks') or [])})",
+         fmt.effect(e["tokens"].ratio, e["tokens"].ci, e["tokens"].ci_conf), escape(e["tokens"].verdict or "")]
         for e in ans["effects"] if e["tokens"].n
     ]  # fmt: skip
     if effects_rows:
-        lines += _table(["knob", "pairs in one block", "tokens/s", "verdict"], "lrrl", effects_rows)
+        lines += _table(["knob", "pairs in one block (blocks)", "tokens/s", "verdict"], "lrrl", effects_rows)
     cost = ", ".join(f"{role} {sec:.0f} s" for role, sec in sorted(ans["cost_s"].items()))
     lines += [
         f"Measured {ans['measured']} cells ok in {ans['attempts']} attempts, {ans['spent_s']:.0f} s of cell time "
@@ -516,6 +523,7 @@ def render_analysis(a: Analysis, charts: dict[str, str] | None = None) -> str:
         lines += [f"**Not GPU figures**: {escape(a.banner)}", ""]
     if a.replayed:
         lines += [f"**Replay**: {replay_note(a)} ({escape(', '.join(a.replayed))}).", ""]
+    lines += _verdicts(a)
     lines += _blocks(a) + _sections(a, charts)
     lines += _zero_scaling(a) + _loss_parity(a)
     lines += _not_run(a) + _notes(a) + _baseline(a)

@@ -3,8 +3,10 @@ ZEROBENCH_PORT) and the environment a child gets."""
 
 from __future__ import annotations
 
+import os
 import re
 import socket
+import sys
 import threading
 
 
@@ -32,12 +34,23 @@ def child_env(base: dict[str, str], *, port: int, gpus: list[int] | None, addr: 
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         # gpus are NVML's (physical, PCI bus order) indexes; CUDA's default order may differ.
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["PATH"] = own_tools_first(env.get("PATH"))
     arch = env.get("TORCH_CUDA_ARCH_LIST")
     if arch:
         # Images for Hopper set "9.0a"; DeepSpeed's op builder int()s each part and crashes on the
         # suffix (DeepSpeed issue 7589). Its kernels need no arch-specific features, so drop it.
         env["TORCH_CUDA_ARCH_LIST"] = re.sub(r"(\d+\.\d+)[a-z]+", r"\1", arch)
     return env
+
+
+def own_tools_first(path: str | None) -> str:
+    """PATH with this interpreter's own bin folder first (a venv's, whether activated or not): torch builds
+    DeepSpeed's ops with the `ninja` PATH finds, and another ninja than the one that built them (the system's, when
+    the venv's zerobench runs unactivated) reads the build log as "command line changed" and compiles every op
+    again."""
+    own = os.path.dirname(sys.executable)
+    rest = [p for p in (path or os.defpath).split(os.pathsep) if p and p != own]
+    return os.pathsep.join([own, *rest]) if own else os.pathsep.join(rest)
 
 
 def first_port(env: dict[str, str]) -> int:
