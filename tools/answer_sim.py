@@ -2,16 +2,33 @@
 wrong sign of an effect, and how much cell time it takes to settle.
 
     python -m tools.answer_sim matrices/7b.yaml --trials 50 [--seed 0] [--jobs 2] [--settle 0.05]
+        [--errors measured|model] [--gpu H200|H100] [--calls 1|2] [--first-call S] [--cap S]
 
-Each trial draws a truth for every runnable cell of the matrix (as planned on the H200 machine of
-results/7b-answer-h200.jsonl) and runs answer mode against it through the replay path: `zerobench run
---answer` in this process, its replay executor serving synthetic records made from the truth (SimRecording, a
-bench.execute.replay.Recording). Like a real answer on lent machines, the search runs in two calls on two
-machines: the first with --budget FIRST_CALL_S, then, unless that settled it, `--resume` on a second machine
-(a new block, tied by anchors) until it is settled or CAP_S of cell time is spent. Nothing here ran on a GPU:
-every figure it prints is a simulation's.
+Each trial draws a truth for every runnable cell of the matrix (as planned on the machine of `--gpu`: the H200
+of results/7b-answer-h200.jsonl, or the H100 of the ok record tools.worlds' table keeps) and runs answer mode
+against it through the replay path: `zerobench run --answer` in this process, its replay executor serving
+synthetic records made from the truth (SimRecording, a bench.execute.replay.Recording). The search sees the
+models' prior on that machine, as a real answer there would. Like a real answer on lent machines, the search runs
+in two calls on two machines: the first with --budget FIRST_CALL_S, then, unless that settled it, `--resume` on a
+second machine (a new block, tied by anchors) until it is settled or CAP_S of cell time is spent (`--calls 1`:
+the first call alone, on one machine). Nothing here ran on a GPU: every figure it prints is a simulation's.
 
-The truth, all on the log scale, with the magnitudes taken from committed records:
+`--errors measured` (the default): the truth is what the records show (tools.worlds' table, tools/measured_world.json,
+made from the committed results files and the H200 and H100 answers' records, per GPU model):
+
+- a cell's speed on the first machine: the step-time model's prediction missed by its family's held-out residual
+  (the family: PEFT mode, offload, optimizer kind; the residual: ln measured over a prediction by constants not
+  fitted on that record), bootstrapped (World._measured_miss): the family's mean residual, moved by how well its
+  records pin it, plus a cell's own draw of the spread about family means, tails and all. The first machine's offset
+  is in the residuals; the second's host differs from it by the difference of two of HOST_OFFSETS;
+- a measurement is flagged with its family's share of flagged records on that GPU;
+- a cell's start and setup: the prediction times a draw of its family's ln(measured over predicted).
+
+The rest as in the model's world below: a cell's deviation per machine (CROSS_OWN), a measurement's noise and the
+steps it runs (flagged or not), memory, failures.
+
+`--errors model` (the world the search's widths were set on), all on the log scale, with the magnitudes taken from
+committed records:
 
 - a cell's speed on the typical host: the step-time model's prediction (bench.estimate.steptime), missed by an
   effect per axis value (sd MAIN, drawn once per trial and shared by every cell with that value), an effect per
@@ -71,6 +88,7 @@ import re
 import statistics
 import sys
 import tempfile
+import types
 import zlib
 from pathlib import Path
 
@@ -89,6 +107,7 @@ from bench.records import quality
 from bench.records.record import machine_of, parse
 from bench.records.status import Status
 from bench.records.store import Store
+from tools import worlds
 
 TEMPLATE = "results/7b-answer-h200.jsonl"
 MAIN, PAIR, OWN = 0.05, 0.01, 0.02
@@ -103,6 +122,7 @@ MEMORY_MAIN, MEMORY_PAIR, MEMORY_OWN = 0.01, 0.006, 0.01
 FIRST_CALL_S = 330.0
 CAP_S = 3600.0
 SETTLE = answer.Settings().settle
+ERRORS = ("measured", "model")
 
 
 _DRAWN: dict[tuple, float] = {}
@@ -125,16 +145,21 @@ class Machine:
 
 
 class World:
-    """One trial's truth."""
+    """One trial's truth. errors: "measured" draws the step-time model's misses, the fixed costs and the flags from
+    the records (tools.worlds' table, for the GPU `gpu`); "model" from the model's own prediction moved by effects."""
 
-    def __init__(self, seed: int, hw, template: dict, optimizers: list[str]):
-        self.seed, self.hw = seed, hw
+    def __init__(self, seed: int, hw, template: dict, optimizers: list[str], errors: str = "measured", table=None):
+        self.seed, self.hw, self.errors = seed, hw, errors
+        self.table = table  # the GPU's section of tools.worlds' table (measured)
         rng = np.random.default_rng(seed)
-        offsets = rng.choice(len(HOST_OFFSETS), size=2, replace=False)
-        self.machines = [self._machine(k, HOST_OFFSETS[i], template) for k, i in enumerate(offsets)]
+        offsets = [HOST_OFFSETS[i] for i in rng.choice(len(HOST_OFFSETS), size=2, replace=False)]
+        if errors == "measured":  # the first machine's own offset is in the residuals: the second differs by two's
+            offsets = [0.0, offsets[1] - offsets[0]]
+        self.machines = [self._machine(k, host, template) for k, host in enumerate(offsets)]
         picked = [str(o) for o in rng.choice(optimizers, size=min(2, len(optimizers)), replace=False)]
         self.diverges, self.rejected = (picked + [None, None])[:2]  # a matrix of fewer optimizers: fewer failures
         self._base: dict[str, tuple] = {}
+        self._shift: dict[tuple, float] = {}
 
     @staticmethod
     def _machine(k: int, host: float, template: dict) -> Machine:
@@ -147,17 +172,37 @@ class World:
         """(log tokens/s on the typical host, host share, log peak bytes, start + setup s) of a cell."""
         if cell.hash not in self._base:
             log, share, mem, fixed, terms = _model(cell, self.hw)
-            miss = sum(MAIN * _draw(self.seed, "main", t) for t in terms)
-            miss += sum(PAIR * _draw(self.seed, "pair", a, b) for i, a in enumerate(terms) for b in terms[i + 1 :])
-            miss += OWN * _draw(self.seed, "own", cell.hash)
+            if self.errors == "measured":
+                miss, fixed = self._measured_miss(cell), fixed * math.exp(self._pick("fixed", cell))
+            else:
+                miss = sum(MAIN * _draw(self.seed, "main", t) for t in terms)
+                miss += sum(PAIR * _draw(self.seed, "pair", a, b) for i, a in enumerate(terms) for b in terms[i + 1 :])
+                miss += OWN * _draw(self.seed, "own", cell.hash)
+                fixed *= math.exp(SETUP_SD * _draw(self.seed, "setup", cell.hash))
             peak = mem + MEMORY_OWN * _draw(self.seed, "memory", cell.hash)
             peak += sum(MEMORY_MAIN * _draw(self.seed, "memory", t) for t in terms)
             peak += sum(
                 MEMORY_PAIR * _draw(self.seed, "memory", a, b) for i, a in enumerate(terms) for b in terms[i + 1 :]
             )
-            fixed *= math.exp(SETUP_SD * _draw(self.seed, "setup", cell.hash))
             self._base[cell.hash] = (log + miss, share, peak, fixed)
         return self._base[cell.hash]
+
+    def _pick(self, kind: str, cell, *key) -> float:
+        """One entry of the cell's family's pool of `kind` (tools.worlds.pool), picked by the seed and the key."""
+        got = worlds.pool(self.table[kind], worlds.family(cell))
+        return got[_index(self.seed, len(got), kind, cell.hash, *key)]
+
+    def _measured_miss(self, cell) -> float:
+        """The cell's held-out residual, bootstrapped: its family's mean residual (the structural miss) moved by the
+        mean of as many draws of the family's spread as the mean rests on (at least one: how well the records pin
+        it; once per family and trial), plus a draw of that spread of its own (tails and all)."""
+        table, fam = self.table["step"], worlds.family(cell)
+        devs = worlds.deviations(table, fam)
+        if fam not in self._shift:
+            mean, n = worlds.center(table, fam)
+            again = [devs[_index(self.seed, len(devs), "shift", fam, k)] for k in range(max(n, 1))]
+            self._shift[fam] = mean + statistics.fmean(again)
+        return self._shift[fam] + devs[_index(self.seed, len(devs), "step", cell.hash)]
 
     def speed(self, cell, m: Machine) -> float:
         """True log tokens/s of the cell on machine m."""
@@ -186,9 +231,19 @@ class World:
         return None
 
     def flag_rate(self, cell, m: Machine) -> float:
+        """The chance a measurement of the cell on machine m is flagged: its family's share of flagged records
+        (measured), else by its host share on that host (FLAG_RATE)."""
+        if self.errors == "measured":
+            got = worlds.pool(self.table["flags"], worlds.family(cell))
+            return min(max(statistics.fmean(got), 0.001), 0.999)
         share = self.base(cell)[1]
         here = share * math.exp(m.host) / (1 - share + share * math.exp(m.host))  # the share on this host
         return next(rate for top, rate in FLAG_RATE if here < top)
+
+
+def _index(seed: int, n: int, *key) -> int:
+    """An index below n fixed by the trial's seed and the key (as _draw)."""
+    return int(np.random.default_rng([seed, zlib.crc32(repr(key).encode())]).integers(n))
 
 
 _MODELS: dict[str, tuple] = {}
@@ -293,10 +348,21 @@ class Trial:
     misses: dict[str, tuple[int, int, int, float]] = dataclasses.field(default_factory=dict)  # per group (`_misses`)
 
 
-def _templates() -> tuple[dict, dict, dict]:
+def _templates(gpu: str = "H200") -> tuple[dict, dict, dict]:
+    """The records the simulated ones are made from (ok, error, cuda_oom): the H200's from TEMPLATE; another GPU's ok
+    one from tools.worlds' table, its failures the H200's on its machine."""
     recs = [json.loads(line) for line in open(TEMPLATE)]
     first = {st: next(r for r in recs if r["status"] == st) for st in ("ok", "error", "cuda_oom")}
+    if gpu != "H200":
+        first["ok"] = worlds.load()["gpus"][gpu]["template"]
+        for st in ("error", "cuda_oom"):
+            first[st] = first[st] | {"provenance": first["ok"]["provenance"]}
     return first["ok"], first["error"], first["cuda_oom"]
+
+
+def _platform(template: dict):
+    """The machine a record was made on, as a replay of it plans for (bench.execute.replay.Recording.platform)."""
+    return Recording.platform(types.SimpleNamespace(first=template))
 
 
 def _call(matrix: str, path: Path, sim: SimRecording, budget: float, resume: bool, settle: float) -> list[str]:
@@ -325,30 +391,40 @@ def _settled(path: Path) -> bool:
 
 
 def trial(
-    matrix: str, seed: int, workdir: Path, first_s: float = FIRST_CALL_S, cap_s: float = CAP_S, settle: float = SETTLE
+    matrix: str,
+    seed: int,
+    workdir: Path,
+    first_s: float = FIRST_CALL_S,
+    cap_s: float = CAP_S,
+    settle: float = SETTLE,
+    errors: str = "measured",
+    gpu: str = "H200",
+    calls: int = 2,
 ) -> Trial:
-    """One synthetic truth, answered in up to two calls on two machines (at the `--settle` level), and scored."""
-    ok, failed, oom = _templates()
-    platform = Recording([TEMPLATE]).platform()
+    """One synthetic truth on `gpu` (its misses drawn as `errors` says), answered in up to `calls` calls on two
+    machines (at the `--settle` level), and scored."""
+    ok, failed, oom = _templates(gpu)
+    platform = _platform(ok)
     hw = hardware(platform)
     items = _runnable(matrix, platform, hw)
     optimizers = sorted({it.cell.optimizer for it in items} - {"adamw", "fusedadam"})
-    world = World(seed, hw, ok, optimizers)
+    table = worlds.load()["gpus"][gpu] if errors == "measured" else None
+    world = World(seed, hw, ok, optimizers, errors, table)
     sim = SimRecording(world, ok, failed, oom)
     path = workdir / f"trial-{seed}.jsonl"
     printed = _call(matrix, path, sim, first_s, resume=False, settle=settle)
-    calls = 1
-    if not _settled(path):
+    made = 1
+    if calls > 1 and not _settled(path):
         sim.machine = world.machines[1]
         printed = _call(matrix, path, sim, cap_s, resume=True, settle=settle)
-        calls = 2
+        made = 2
     recs = Store(path).records()
     s = _search(items, hw, recs)
     wrong, called, wrong_fx = _score(s, world, recs)
     ended = [r for r in recs if r["status"] not in ("started", "unmeasured", "skipped")]
     spent = sum(r.get("wall_s") or 0.0 for r in ended)
     roles, stated = _roles(ended), _stated(printed)
-    return Trial(seed, wrong, called, wrong_fx, spent, _settled(path), calls, roles, stated, _misses(s, world))
+    return Trial(seed, wrong, called, wrong_fx, spent, _settled(path), made, roles, stated, _misses(s, world))
 
 
 def _roles(ended: list[dict]) -> dict[str, float]:
@@ -439,10 +515,10 @@ def _score(s: answer.Search, world: World, recs: list[dict]) -> tuple[list[str],
 
 
 def _one(args: tuple) -> Trial:
-    matrix, seed, first_s, cap_s, settle = args
+    matrix, seed, first_s, cap_s, settle, errors, gpu, calls = args
     shm = "/dev/shm" if Path("/dev/shm").is_dir() else None  # every record is fsynced: memory is faster
     with tempfile.TemporaryDirectory(prefix="answer-sim-", dir=shm) as d:
-        return trial(matrix, seed, Path(d), first_s, cap_s, settle)
+        return trial(matrix, seed, Path(d), first_s, cap_s, settle, errors, gpu, calls)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -454,6 +530,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first-call", type=float, default=FIRST_CALL_S, help="the first call's --budget, seconds")
     ap.add_argument("--cap", type=float, default=CAP_S, help="cell seconds after which a trial counts as not settled")
     ap.add_argument("--settle", default=f"{SETTLE:.0%}", help="answer mode's --settle level (default %(default)s)")
+    ap.add_argument(
+        "--errors",
+        choices=ERRORS,
+        default="measured",
+        help="the truth's misses: drawn from the records (measured), or from the model's own effects",
+    )
+    ap.add_argument(
+        "--gpu",
+        choices=worlds.GPUS,
+        default="H200",
+        help="the GPU the machines have: the search's prior is the models' on it, the world its records'",
+    )
+    ap.add_argument(
+        "--calls",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="calls per trial: 1 ends a trial when the first call's budget is spent",
+    )
     a = ap.parse_args(argv)
     if not a.matrix:
         ap.error("MATRIX is needed")
@@ -463,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         settle = chance_level(a.settle)
     except ValueError as e:
         ap.error(str(e))
-    jobs = [(a.matrix, a.seed + k, a.first_call, a.cap, settle) for k in range(a.trials)]
+    jobs = [(a.matrix, a.seed + k, a.first_call, a.cap, settle, a.errors, a.gpu, a.calls) for k in range(a.trials)]
     if a.jobs > 1:  # one BLAS thread per process: 16 processes of 16 threads each on 16 cores hardly moved
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(var, "1")
@@ -536,7 +631,7 @@ def misses(done: list[Trial]) -> str:
 
 
 def summary(done: list[Trial]) -> str:
-    """The last line: wrong leaders, wrong effect signs, cell time to settle (median, p90)."""
+    """The last line: wrong leaders, wrong effect signs, cell time to settle (median, p90), trials not settled."""
     if not done:
         return "answer_sim: no trial ran (--trials 0)"
     minutes = sorted(t.spent_s / 60 for t in done)
@@ -544,7 +639,8 @@ def summary(done: list[Trial]) -> str:
     return (
         f"answer_sim: wrong leader in {sum(bool(t.wrong_leaders) for t in done)} of {len(done)}; wrong effect sign in "
         f"{sum(len(t.wrong_effects) for t in done)} of {sum(t.effects for t in done)}; cell time to settle median "
-        f"{statistics.median(minutes):.1f} min, p90 {p90:.1f} min"
+        f"{statistics.median(minutes):.1f} min, p90 {p90:.1f} min; not settled in "
+        f"{sum(not t.settled for t in done)} of {len(done)}"
     )
 
 
