@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from bench.execute.probe import _join, _merge, _split
+from bench.execute.probe import _join, _merge, _split, run_shape
 from bench.host.rates import Rates, line
+from bench.matrix.cells import Cell
 from bench.records.store import read_records
 from tests.conftest import TINY, copy_built_ops, write_matrix, zerobench
 
@@ -125,6 +126,18 @@ def test_probe_on_a_gpu_measures_every_gpu_figure(tmp_path):
     assert rates["matmul_bf16"] > rates["matmul_fp32"] and rates["matmul_tf32"] > rates["matmul_fp32"]
     assert rates["h2d_pinned"] > rates["h2d_pageable"] and rates["hbm"] > rates["host_mem"]
     assert rates.get("dequant_4bit", 0) > 0 or "dequant_4bit: bitsandbytes does not import" in rates["notes"]
+
+
+def test_a_run_is_probed_at_its_largest_preset_and_its_most_tokens():
+    cells = [
+        Cell(model="llama-tiny", micro_batch=8, seq_len=512),
+        Cell(model="llama-small", micro_batch=2, seq_len=64),
+        Cell(model="llama-small", micro_batch=4, seq_len=64),
+        Cell(model="llama-small", micro_batch="auto", seq_len=512),
+        Cell(model="/a/local/model", micro_batch=64, seq_len=4096),
+    ]
+    assert run_shape(cells) == (512, 512, 1408)
+    assert run_shape(cells[-1:]) == (2048, 4096, 11008)  # no preset: the default 7B shape
 
 
 def test_a_later_part_replaces_the_note_that_said_it_was_missing():

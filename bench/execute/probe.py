@@ -38,12 +38,16 @@ def shape(model: str, tokens: int) -> tuple[int, int, int] | None:
 
 
 def run_shape(cells: Iterable[Cell]) -> tuple[int, int, int]:
-    """The shape a run is probed at: its largest preset's MLP at that preset's most tokens per micro-batch (the
-    default 7B shape where no cell's model is a preset)."""
-    shapes = [s for c in cells if (s := shape(c.model, c.micro_batch * c.seq_len)) is not None]
+    """The shape a run is probed at: its largest preset's MLP at that preset's most tokens per micro-batch (a
+    micro-batch searched for, "auto", counts as 1; the default 7B shape where no cell's model is a preset)."""
+    shapes = [s for c in cells if (s := shape(c.model, _micro(c) * c.seq_len)) is not None]
     if not shapes:
         return shape(DEFAULT_MODEL, DEFAULT_TOKENS)  # type: ignore[return-value]
     return max(shapes, key=lambda s: (s[1] * s[2], s[0]))
+
+
+def _micro(cell: Cell) -> int:
+    return cell.micro_batch if isinstance(cell.micro_batch, int) else 1
 
 
 def _cpu_adam_built(environ: Mapping[str, str], platform: env.Platform) -> bool:
