@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from bench.execute.probe import _join, _split
+from bench.execute.probe import _join, _merge, _split, run_shape
 from bench.host.rates import Rates, line
+from bench.matrix.cells import Cell
 from bench.records.store import read_records
 from tests.conftest import TINY, copy_built_ops, write_matrix, zerobench
 
@@ -89,8 +90,11 @@ def test_cpu_adam_is_timed_once_its_op_is_built_and_never_compiled_by_the_probe(
     tiny = ("--model", "llama-tiny", "--tokens", "64")
     without, _, _ = _probe(e, *tiny, cwd=tmp_path)
     assert "cpu_adam" not in without and "cpu_adam: its op is not built" in without["notes"]
+    # Once built, CPU Adam alone is timed; the rest comes from the cache.
     built, said, _ = _probe(e, *tiny, "--build-cpu-adam", cwd=tmp_path)
-    assert built["cpu_adam"] > 0 and " CPU Adam " in said and not built["cached"]
+    said = [ln for ln in said.splitlines() if ln.startswith("probe: ")]  # after the build's lines
+    assert built["cpu_adam"] > 0 and said[0].startswith("probe: cached, CPU Adam timed: ") and " CPU Adam " in said[0]
+    assert built["host_mem"] == without["host_mem"] and "cpu_adam" not in built["notes"]
     again, said, _ = _probe(e, *tiny, cwd=tmp_path)
     assert again["cached"] and again["cpu_adam"] == built["cpu_adam"]
 
@@ -122,6 +126,30 @@ def test_probe_on_a_gpu_measures_every_gpu_figure(tmp_path):
     assert rates["matmul_bf16"] > rates["matmul_fp32"] and rates["matmul_tf32"] > rates["matmul_fp32"]
     assert rates["h2d_pinned"] > rates["h2d_pageable"] and rates["hbm"] > rates["host_mem"]
     assert rates.get("dequant_4bit", 0) > 0 or "dequant_4bit: bitsandbytes does not import" in rates["notes"]
+
+
+def test_a_run_is_probed_at_its_largest_preset_and_its_most_tokens():
+    cells = [
+        Cell(model="llama-tiny", micro_batch=8, seq_len=512),
+        Cell(model="llama-small", micro_batch=2, seq_len=64),
+        Cell(model="llama-small", micro_batch=4, seq_len=64),
+        Cell(model="llama-small", micro_batch="auto", seq_len=512),
+        Cell(model="/a/local/model", micro_batch=64, seq_len=4096),
+    ]
+    assert run_shape(cells) == (512, 512, 1408)
+    assert run_shape(cells[-1:]) == (2048, 4096, 11008)  # no preset: the default 7B shape
+
+
+def test_a_later_part_replaces_the_note_that_said_it_was_missing():
+    cached = {"hbm": 2e9, "notes": "pcie: no GPU; cpu_adam: its op is not built"}
+    assert _merge(cached, {"cpu_adam": 3e8, "source": "cpu"}) == {
+        "hbm": 2e9,
+        "cpu_adam": 3e8,
+        "source": "cpu",
+        "notes": "pcie: no GPU",
+    }
+    failed = _merge(cached, {"notes": "cpu_adam: RuntimeError: no"})
+    assert failed["notes"] == "pcie: no GPU; cpu_adam: RuntimeError: no"
 
 
 def test_the_cache_keeps_the_machine_and_each_shape_apart():

@@ -112,9 +112,9 @@ def line(r: Rates, cached: str | None = None) -> str:
     if r.host_mem is not None:
         parts.append(f"host mem {_si(r.host_mem, 'B/s')}")
     if r.cpu_adam is not None:
-        parts.append(f"CPU Adam {r.cpu_adam / 1e6:.3g} Mparam/s")
+        parts.append(f"CPU Adam {_si(r.cpu_adam, 'param/s')}")
     if r.dequant_4bit is not None:
-        parts.append(f"NF4 dequant {r.dequant_4bit / 1e9:.3g} Gparam/s")
+        parts.append(f"NF4 dequant {_si(r.dequant_4bit, 'param/s')}")
     if r.host_overhead_s is not None:
         parts.append(f"host overhead {_si(r.host_overhead_s, 's')}")
     lacking = [f.name for f in fields(Rates) if f.type.startswith("float") and getattr(r, f.name) is None]

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.probe:
         from . import probe
 
-        return probe.main(args.probe, args.shape, args.cpu_adam, args.matmul_only)
+        return probe.main(args.probe, args.shape, args.cpu_adam, args.only)
     if not args.spec:
         ap.error("--spec is required")
     t_start = time.time()
@@ -105,7 +105,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --probe: DeepSpeed's CPU Adam op is built (the probe never compiles it): time it",
     )
-    ap.add_argument("--matmul-only", action="store_true", help="with --probe: time the matmuls alone")
+    ap.add_argument(
+        "--only",
+        action="append",
+        choices=("matmul", "memory", "cpu_adam"),
+        help="with --probe: time only this part (repeatable; default: all)",
+    )
     return ap
 
 

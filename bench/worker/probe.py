@@ -17,7 +17,11 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["measure"]
+__all__ = ["PARTS", "measure"]
+
+PARTS = frozenset({"matmul", "memory", "cpu_adam"})
+"""What a probe times, each part alone where the others are known: the matmuls (per shape), memory (device, PCIe,
+host, NF4 dequantize and the host's overhead), DeepSpeed's CPU Adam (once its op is built)."""
 
 _REPEATS = 5
 _REPEAT_S = 0.02  # each timed repeat on a GPU: long against the events' resolution, short for the budget
@@ -212,21 +216,27 @@ class _Probe:
 
 
 def measure(
-    tokens: int, hidden: int, inter: int, *, budget_s: float = 20.0, cpu_adam: bool = False, matmul_only: bool = False
+    tokens: int, hidden: int, inter: int, *, budget_s: float = 20.0, cpu_adam: bool = False, parts=PARTS
 ) -> dict:
     """The machine's rates as a bench.host.rates.Rates dict. cpu_adam: DeepSpeed's CPU Adam op loads without a
     compile (installed with DeepSpeed, or built and in the op cache: bench.records.cache): time it; it is never
-    compiled here. matmul_only: the matmuls alone (the rest of this machine's figures are known)."""
+    compiled here. parts: which of PARTS to time (the others' figures are known)."""
     t0 = time.perf_counter()
     p = _Probe(budget_s)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    if cuda:
-        _gpu_matmuls(p, tokens, hidden, inter, device)
-    else:
-        _cpu_matmuls(p, tokens, hidden, inter)
-    if not matmul_only:
-        _rest(p, device, hidden, inter, cpu_adam)
+    if "matmul" in parts:
+        (_gpu_matmuls if cuda else _cpu_matmuls)(p, tokens, hidden, inter, device)
+    if "memory" in parts:
+        _memory(p, device, hidden, inter)
+    if "cpu_adam" in parts and cpu_adam:
+        p.take("cpu_adam", lambda: _cpu_adam(p.deadline))
+    elif "cpu_adam" in parts:
+        p.lacks(
+            "cpu_adam",
+            "its op is not built on this machine (a run with a CPU-offload cell builds it once; "
+            "the probe compiles nothing)",
+        )
     out = {k: v for k, v in p.figures.items() if v is not None}
     out.update(
         source="probe" if cuda else "cpu",
@@ -240,8 +250,8 @@ def measure(
     return out
 
 
-def _rest(p: _Probe, device, hidden: int, inter: int, cpu_adam: bool) -> None:
-    """Every figure but the matmuls."""
+def _memory(p: _Probe, device, hidden: int, inter: int) -> None:
+    """Every figure but the matmuls and CPU Adam: memory, PCIe, NF4 dequantize, the host's overhead."""
     if device.type == "cuda":
         _copies(p, device)
         torch.cuda.empty_cache()
@@ -252,14 +262,6 @@ def _rest(p: _Probe, device, hidden: int, inter: int, cpu_adam: bool) -> None:
     p.take("host_mem", lambda: _host_mem(p.deadline))
     if device.type != "cuda":  # a CPU's device memory is the host's
         p.figures["hbm"] = p.figures.get("host_mem")
-    if cpu_adam:
-        p.take("cpu_adam", lambda: _cpu_adam(p.deadline))
-    else:
-        p.lacks(
-            "cpu_adam",
-            "its op is not built on this machine (a run with a CPU-offload cell builds it once; "
-            "the probe compiles nothing)",
-        )
     p.take("host_overhead_s", lambda: _overhead(device))
 
 
@@ -299,8 +301,7 @@ def _copies(p: _Probe, device) -> None:
     p.take("pcie", lambda: _pcie(dev, p.deadline))
 
 
-def _cpu_matmuls(p: _Probe, tokens: int, hidden: int, inter: int) -> None:
-    cpu = torch.device("cpu")
+def _cpu_matmuls(p: _Probe, tokens: int, hidden: int, inter: int, cpu) -> None:
     for dtype, name in (
         (torch.float32, "matmul_fp32"),
         (torch.bfloat16, "matmul_bf16"),
@@ -313,12 +314,12 @@ def _cpu_matmuls(p: _Probe, tokens: int, hidden: int, inter: int) -> None:
     p.lacks("matmul_tf32", "no TF32 on a CPU")
 
 
-def main(report: str, shape: list[int], cpu_adam: bool, matmul_only: bool) -> int:
+def main(report: str, shape: list[int], cpu_adam: bool, parts: list[str] | None) -> int:
     """The helper's entry (bench.worker.main --probe): measure, print the figures, write them to report as JSON."""
     import json
 
     tokens, hidden, inter = shape
-    out = measure(tokens, hidden, inter, cpu_adam=cpu_adam, matmul_only=matmul_only)
+    out = measure(tokens, hidden, inter, cpu_adam=cpu_adam, parts=frozenset(parts or PARTS))
     print(json.dumps(out), flush=True)
     tmp = f"{report}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
