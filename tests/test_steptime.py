@@ -148,36 +148,46 @@ H100 = datasheet("H100")
 ON_H100 = Hardware(gpu_name="NVIDIA H100 80GB HBM3", gpu_memory_bytes=85_520_809_984, host_cores=16, rates=H100)
 
 
+NO_SHEET = "Some GPU no data sheet names"
+
+
 def _with(**rates) -> Hardware:
-    return dataclasses.replace(ON_H100, rates=dataclasses.replace(H100, **rates))
+    """A probed machine of a GPU model no data sheet names (its probe's rates are the step's denominators),
+    at the H100's rates but for `rates`."""
+    probe = dataclasses.replace(H100, source="probe", device=NO_SHEET, **rates)
+    return dataclasses.replace(ON_H100, gpu_name=NO_SHEET, rates=probe)
 
 
 def test_the_steps_terms_move_with_the_machines_rates(monkeypatch):
     from bench.estimate import steptime
 
+    base = _with()
     half_pcie = _with(h2d_pinned=H100.h2d_pinned / 2, d2h_pinned=H100.d2h_pinned / 2)
     # ZeRO-3 offloading the optimizer and the parameters: its copies cross PCIe.
     offload = Cell(model="llama-7b", seq_len=2048, micro_batch=4, zero_stage=3, offload="optimizer+params")
     offload = dataclasses.replace(offload, optimizer="cpuadam", peft="lora", lora=Lora(r=16), grad_ckpt=True)
-    assert predict_step(offload, half_pcie) > 1.05 * predict_step(offload, ON_H100)
+    assert predict_step(offload, half_pcie) > 1.05 * predict_step(offload, base)
     # A 7B full fine-tune with paged AdamW: 54 GB of state beyond an 80 GB GPU, paged in and out every step.
     paged = Cell(model="llama-7b", seq_len=2048, micro_batch=1, grad_accum=4, optimizer="paged_adamw")
-    assert paged_excess(paged, ON_H100) > 50 * 2**30
-    assert predict_step(paged, half_pcie) > 1.4 * predict_step(paged, ON_H100)
+    assert paged_excess(paged, base) > 50 * 2**30
+    assert predict_step(paged, half_pcie) > 1.4 * predict_step(paged, base)
     # The same cell fits on an H200's 141 GB: nothing pages.
     assert paged_excess(paged, Hardware(gpu_name="NVIDIA H200", gpu_memory_bytes=150_754_820_096)) == 0
     # A 1B full fine-tune at micro-batch 16 waits on its matmuls: twice the matmul rate, a much faster step.
     dense = Cell(model="llama-1b", seq_len=2048, micro_batch=16)
     fast = _with(matmul_bf16=2 * H100.matmul_bf16)
-    assert predict_step(dense, fast) < 0.75 * predict_step(dense, ON_H100)
+    assert predict_step(dense, fast) < 0.75 * predict_step(dense, base)
+    # At the H100's own rates, the probed machine of an unnamed GPU predicts as the H100's data sheet does.
+    assert predict_step(dense, base) == pytest.approx(predict_step(dense, ON_H100))
+    # A GPU with a data sheet is predicted at it (the fitted efficiencies are relative to the sheets), whatever its
+    # probe's device figures; its probe's host figures count.
+    sheet_gpu = dataclasses.replace(half_pcie, gpu_name="NVIDIA H100 80GB HBM3")
+    assert predict_step(offload, sheet_gpu) == pytest.approx(predict_step(offload, ON_H100))
     # A probed host overhead twice the fitting hosts' doubles the host's parts (where no op prebuild timed it).
     monkeypatch.setattr(steptime, "REF_HOST_OVERHEAD_S", 20e-6)
     probed = dataclasses.replace(ON_H100, rates=dataclasses.replace(H100, source="probe", host_overhead_s=40e-6))
     for part in HOST_PARTS:
         assert step_parts(dense, probed)[part][0] == pytest.approx(2 * step_parts(dense, ON_H100)[part][0])
-    # A probe's rates take the data sheet's place: a GPU whose name no data sheet knows predicts at them.
-    unknown = Hardware(gpu_name="Some Future GPU", rates=H100)
-    assert predict_step(dense, unknown) == pytest.approx(predict_step(dense, ON_H100))
 
 
 def test_cross_validated_step_time_error_is_pinned(cv):
