@@ -81,7 +81,10 @@ def _frontier_block(out: str) -> list[str]:
 def test_dry_run_ends_with_the_gpu_time_and_the_frontier_as_estimate_prints_them():
     dry = _zerobench("run", "matrices/7b.yaml", "--dry-run")
     block = _frontier_block(dry)
-    assert dry.index("predicted GPU time") < dry.index(block[0]) and dry.splitlines()[-len(block) :] == block
+    # The frontier ends the plan; only the full run's cost beside what answer mode would do follows it.
+    tail = dry.splitlines()[-len(block) - 1 :]
+    assert dry.index("predicted GPU time") < dry.index(block[0]) and tail[:-1] == block
+    assert tail[-1].startswith("the full run: ") and "--answer --budget 20m" in tail[-1], tail[-1]
     assert [line for line in block if line.startswith("  model=llama-7b, peft=")]
     # estimate counts the same runnable cells and draws the same frontier
     assert _frontier_block(_zerobench("estimate", "matrices/7b.yaml")) == block

@@ -93,7 +93,10 @@ axes: {zero_stage: [0], optimizer: [fusedadam], precision: [bf16]}
     print(rec["status"], rec["reason"])
     assert rec["status"] == "cuda_oom", rec["reason"]
     alloc = rec["worker"]["allocator_at_failure"]
-    assert alloc["device_total_bytes"] > 100 * 2**30 and alloc["reserved_bytes.all.peak"] > 50 * 2**30
+    # A 13B's bf16 weights alone are 24 GiB: the allocator held a large share of the GPU when it failed (on an
+    # H200 over a third, on an 80 GB card more).
+    total = alloc["device_total_bytes"]
+    assert total > 40 * 2**30 and alloc["reserved_bytes.all.peak"] > 0.3 * total
     after = list(rec["gpu_after"].values())[0]["used_bytes"]
     assert after < 2 * 2**30, "the GPU is back to baseline after the failed cell"
     # And the harness carries on: a small run right after succeeds.

@@ -143,7 +143,9 @@ def test_logs_on_a_read_only_mount(tmp_path):
 def test_ctrl_c_during_report(tmp_path, recs):
     """Ctrl-C once the report runs (an event, not a guess in seconds: on a loaded machine the imports alone can
     take longer than any wait): exit 130, no traceback."""
-    p = _write(tmp_path / "r.jsonl", recs * 15000)  # a report that takes well over the wait below
+    # A report that takes well over the wait below: 30,000 records, each a line of its own (a repeated line is
+    # the same record and read once).
+    p = _write(tmp_path / "r.jsonl", [{**r, "attempt": i + 1} for i in range(15000) for r in recs])
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     # `zerobench report` as `python -m bench` runs it, with a mark once the imports are done and main() is next.
     code = "import pathlib, sys, bench.cli; pathlib.Path('imported').touch(); sys.exit(bench.cli.main(sys.argv[1:]))"

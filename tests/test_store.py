@@ -176,3 +176,19 @@ def test_a_record_repeated_byte_for_byte_is_one_attempt_and_named(tmp_path, caps
     err = capsys.readouterr().err
     assert f"skipping 6,000 lines that repeat an earlier record byte for byte (lines {len(lines) + 1}, " in err, err
     assert peak < 4 * 2**20, peak
+
+
+def test_a_gzipped_results_file_is_never_appended_to(tmp_path):
+    import gzip
+
+    from bench.records.store import check_writable
+
+    gz = tmp_path / "r.jsonl.gz"
+    gz.write_bytes(gzip.compress(json.dumps(started(0, "first").to_dict()).encode() + b"\n"))
+    before = gz.read_bytes()
+    with pytest.raises(InputError, match="gzip-compressed"):
+        check_writable(gz)
+    with pytest.raises(InputError, match="gzip-compressed"):
+        with Store(gz).hold("second"):
+            pass
+    assert gz.read_bytes() == before

@@ -39,7 +39,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from bench.estimate import check, heldout, timecheck
-from bench.estimate.fitted import FIT, FITTED
+from bench.estimate.fitted import FIT
 from bench.estimate.steptime import REF_OPS_S, STEP_BAND, STEP_BAND_HOST
 from bench.estimate.verdict import DEFAULT_MARGIN
 from bench.matrix import axes, cells, rules, spec
@@ -374,9 +374,7 @@ def _shipped() -> dict[str, dict[str, int]]:
 def memory_report(m: dict[str, Any]) -> str:
     """reports/memory-model.md, as `zerobench estimate --check results --held-out ... --markdown` writes it."""
     tables = [(name, heldout.memory_table(m["groups"][by])) for by, name in heldout.BY.items()]
-    return check.markdown(
-        ["results"], m["files"], m["rows"], m["cv"], FITTED, DEFAULT_MARGIN, m["held"], m["unfit"], tables
-    )
+    return check.markdown(["results"], m["files"], m["rows"], m["cv"], DEFAULT_MARGIN, m["held"], m["unfit"], tables)
 
 
 def memory_blocks(m: dict[str, Any]) -> dict[str, str]:

@@ -236,13 +236,11 @@ def _estimate_check(args) -> int:
         print(check.text_table(check.held_out_table([h for _, h in held])))
     _time_check(files, args.gpu_name or "", _rates(args.rates))
     if args.markdown:
-        from ..estimate.fitted import FITTED
-
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
         from ..estimate import heldout
 
         tables = [(name, heldout.memory_table(groups[by])) for by, name in heldout.BY.items()]
-        text = check.markdown(args.check, files, rows, cv, FITTED, args.margin, held, unfit_rows, tables)
+        text = check.markdown(args.check, files, rows, cv, args.margin, held, unfit_rows, tables)
         Path(args.markdown).write_text(text)
         print(f"report: {args.markdown}")
     return 0
@@ -326,10 +324,10 @@ def _refit_memory(files: list[str], command: str, gpu: str | None) -> None:
 
 def _refit_time(files: list[str], command: str, gpu: str | None) -> None:
     from ..estimate import fitdata, timecheck
+    from ..matrix.problems import InputError
 
     if not timecheck.time_cases(files, gpu=gpu or ""):
-        print("zerobench estimate: no ok record with a step time to fit the step-time model on", file=sys.stderr)
-        return
+        raise InputError(f"no ok record with a step time in {', '.join(files)} to fit the step-time model on")
     fit = timecheck.refit(files, command, gpu=gpu or "")
     print(
         f"# bench/estimate/{fitdata.FIT_FILE}, section 'step_time': written, fitted on {fit['records']} records "

@@ -594,20 +594,45 @@ _HELD_OUT_TEXT = (
 )
 
 
+def _markdown_intro(paths: Sequence[str], held_arg: str, margin: float) -> list[str]:
+    """What the check is, the command that made it, and what its margin means."""
+    return [
+        "# The memory model against the committed measurements",
+        "",
+        "Made by `zerobench estimate --check` (the command below); every figure is a pure function of the "
+        "results files and the model (`bench/estimate/`). Each cell is predicted from the cell and the GPU's "
+        "memory alone: never from the record's own measurements. *measured* is NVML's per-process peak on the "
+        "cell's GPU (the largest rank's), *predicted* the model's; *held-out error* is the prediction with the "
+        "fitted constants refitted without the cell's results file (leave one file out).",
+        "",
+        f"    python -m bench estimate --check {' '.join(paths)}{held_arg} --markdown reports/memory-model.md",
+        "",
+        "What the model is: `bench/estimate/model.py` (each term read off DeepSpeed 0.19.6, PyTorch, "
+        "transformers, PEFT and bitsandbytes, the place named beside it); the constants below are the only "
+        "fitted numbers.",
+        "",
+        f"Margin {margin:.0%}: a cell *fits* when predicted at most {1 - margin:.0%} of the GPU's memory, is "
+        f"*pruned* (skipped by `zerobench run`) when predicted above {1 + margin:.0%} of it (or of the host's, "
+        "for host RSS), and is *uncertain* between. A false fit is a cell the model says fits that ran out of "
+        "memory; a false prune, one it would have skipped that ran.",
+        "",
+    ]
+
+
 def markdown(
     paths: Sequence[str],
     files: Sequence[str],
     rows: Sequence[Row],
     cv: Sequence[Row],
-    k: Constants,
     margin: float,
     held: Sequence[tuple[str, HeldOut]] = (),
     unfitted: Sequence[Row] = (),
     groups: Sequence[tuple[str, list[list[str]]]] = (),
 ) -> str:
-    """The check as Markdown: `paths` as given on the command line, `files` the results files read, `held` the
-    predictions files (as given, scored), `unfitted` the rows of the runs no constant was fitted on, `groups`
-    the held-out tables by GPU model and machine (title, table: bench.estimate.heldout.memory_table)."""
+    """The check of the shipped constants as Markdown: `paths` as given on the command line, `files` the results
+    files read, `held` the predictions files (as given, scored), `unfitted` the rows of the runs no constant was
+    fitted on, `groups` the held-out tables by GPU model and machine (title, table:
+    bench.estimate.heldout.memory_table)."""
     s_in, s_cv = summarize(rows), summarize(cv)
     only = sorted({r.case.file for r in unfitted} - {r.case.file for r in rows})  # held-out files
     fitted_files = [os.path.basename(p) for p in files if os.path.basename(p) not in only]
@@ -618,25 +643,7 @@ def markdown(
     gpus = ", ".join(sorted({r.case.gpu for r in (*rows, *unfitted)})) or "none"
     return "\n".join(
         [
-            "# The memory model against the committed measurements",
-            "",
-            "Made by `zerobench estimate --check` (the command below); every figure is a pure function of the "
-            "results files and the model (`bench/estimate/`). Each cell is predicted from the cell and the GPU's "
-            "memory alone: never from the record's own measurements. *measured* is NVML's per-process peak on the "
-            "cell's GPU (the largest rank's), *predicted* the model's; *held-out error* is the prediction with the "
-            "fitted constants refitted without the cell's results file (leave one file out).",
-            "",
-            f"    python -m bench estimate --check {' '.join(paths)}{held_arg} --markdown reports/memory-model.md",
-            "",
-            "What the model is: `bench/estimate/model.py` (each term read off DeepSpeed 0.19.6, PyTorch, "
-            "transformers, PEFT and bitsandbytes, the place named beside it); the constants below are the only "
-            "fitted numbers.",
-            "",
-            f"Margin {margin:.0%}: a cell *fits* when predicted at most {1 - margin:.0%} of the GPU's memory, is "
-            f"*pruned* (skipped by `zerobench run`) when predicted above {1 + margin:.0%} of it (or of the host's, "
-            "for host RSS), and is *uncertain* between. A false fit is a cell the model says fits that ran out of "
-            "memory; a false prune, one it would have skipped that ran.",
-            "",
+            *_markdown_intro(paths, held_arg, margin),
             "## Summary",
             "",
             f"- {summary_line(s_in, 'in-sample (the constants of bench/estimate/fit.json)')}",
@@ -659,7 +666,7 @@ def markdown(
             "",
             "## The fitted constants",
             "",
-            md_table(constants_table(k)),
+            md_table(constants_table(FITTED)),
             "",
             "## Every cell",
             "",

@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 
-from ..host.rates import Rates
+from ..host.rates import Rates, datasheet
 from ..matrix.shapes import shape_of
 from ..records.record import Record
 from ..records.status import Status
@@ -623,9 +623,11 @@ def _probed_overhead(cs: Sequence[TimeCase]) -> float | None:
 def _rates_source(hw: Hardware) -> str:
     """Where a case's rates came from: its machine's probe, else its GPU's data sheet (the H200's where none is
     known)."""
-    if hw.rates is not None and hw.rates.source == "probe":
+    probed = hw.rates is not None and hw.rates.source == "probe"
+    sheet = datasheet(hw.gpu_name)
+    if probed and sheet is None:
         return "probe"
-    return f"datasheet ({rates_of(hw).device})"
+    return f"datasheet ({rates_of(hw).device})" + ("; probe: host figures" if probed else "")
 
 
 def refit(paths: Iterable[str | os.PathLike], command: str, gpu: str | None = None) -> dict:

@@ -201,6 +201,9 @@ class StoreWriteError(OSError):
     failed, ends in a torn line that readers skip)."""
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
 class ResultsInUse(InputError):
     """Another process holds the results file's lock (a run, a --resume, a selfcheck)."""
 
@@ -275,7 +278,7 @@ def _open_results(path: str | os.PathLike) -> typing.BinaryIO | None:
             f"cannot read the results file {path}: {e.strerror}; give a readable results .jsonl file"
         ) from None
     f = os.fdopen(fd, "rb")
-    if f.peek(2)[:2] != b"\x1f\x8b":
+    if f.peek(2)[:2] != GZIP_MAGIC:
         return f
     gz = gzip.GzipFile(fileobj=f)  # a gzipped results file (records carried between machines are kept so)
     gz.myfileobj = f  # closed with it
@@ -416,11 +419,27 @@ def check_writable(path: str | os.PathLike) -> None:
         raise InputError(f"results file {p}: {above} is a file, not a folder; give --results a path in a folder")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
+        _refuse_gzip(p)
         os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK, 0o644))
     except OSError as e:
         raise InputError(
             f"cannot write the results file {p}: {e.strerror}; give --results a path in a writable folder"
         ) from None
+
+
+def _refuse_gzip(path) -> None:
+    """A gzipped results file is read, never appended to: a run's plain lines after the compressed data would leave
+    a file no reader takes."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError:  # absent, or unreadable: what opening it to append says
+        return
+    if head == GZIP_MAGIC:
+        raise InputError(
+            f"results file {path} is gzip-compressed: runs append plain lines; `gunzip -k` it and give --results "
+            "the .jsonl (or a new file)"
+        )
 
 
 class Store:
@@ -561,6 +580,7 @@ class Store:
             raise InputError(f"cannot create the results folder {self.path.parent}: {e.strerror}") from None
         try:
             check_regular(self.path, missing_ok=True)
+            _refuse_gzip(os.path.realpath(self.path))
             return open_append(os.path.realpath(self.path))  # --results may be a link the user made
         except NotRegularFile as e:
             raise InputError(f"results file {self.path} {e.strerror}; give --results a .jsonl file path") from None

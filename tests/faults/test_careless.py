@@ -84,8 +84,11 @@ def test_a_replay_without_results_writes_beside_its_source(tmp_path, ledger):
     shutil.copy(A1, src)
     r = zerobench("run", MATRIX, "--answer", "--replay", "results/compare-h200.jsonl", "--no-report", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert src.read_bytes() == A1.read_bytes() and "results: results/compare-h200.replay.jsonl" in r.stdout
-    assert all(x.get("replay") for x in _lines(tmp_path / "results/compare-h200.replay.jsonl") if x["status"] == "ok")
+    # The matrix's default results file is results/local/M.jsonl: the replay's records go beside it, not beside
+    # (or into) the replayed file.
+    assert src.read_bytes() == A1.read_bytes() and "results: results/local/compare-h200.replay.jsonl" in r.stdout
+    replayed = _lines(tmp_path / "results/local/compare-h200.replay.jsonl")
+    assert all(x.get("replay") for x in replayed if x["status"] == "ok")
 
 
 def test_replay_into_measured_results_is_refused(tmp_path, ledger):
