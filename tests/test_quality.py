@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import copy
 import json
+import statistics
 from pathlib import Path
+
+import pytest
 
 from bench.records import quality
 from bench.records.record import parse
-from tools import answer_sim, noise
+from tools import answer_sim, noise, step_spread
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,3 +82,23 @@ def test_cpu_measurements_carry_no_flag_and_the_cpus_noise():
                if json.loads(x)["status"] == "ok")  # fmt: skip
     assert quality.kind(parse(rec)) == "cpu" and quality.flags(parse(rec)) == []
     assert quality.noise_sd(parse(rec)) == quality.NOISE["cpu"]
+
+
+def test_step_spread_reads_the_flags_own_window_and_a_first_look_that_converged_is_never_unstable():
+    """tools/step_spread.py (docs/answer-mode.md, why the H100 run flagged so many cells): its measured steps give the
+    record's own median and p90; and a measurement whose schedule converged on the range of its steps (the first
+    look: every step within the tolerance of the median) cannot pass UNSTABLE_TAIL, so a flag marks a cell the
+    schedule had to go on measuring."""
+    rows = step_spread.measured(str(ROOT / "results/7b-answer-h200.jsonl"))
+    assert len(rows) == 30
+    first_looks = 0
+    for r, steps in rows:
+        assert statistics.median(steps) == pytest.approx(r.metrics.step_time_median_s)
+        assert step_spread.pct(steps, 0.9) == pytest.approx(r.metrics.step_time_p90_s)
+        s = r.steps
+        if s.ended == "converged" and s.ci_low_s == min(steps) and s.ci_high_s == max(steps):
+            first_looks += 1
+            assert s.half_width <= s.tolerance < quality.UNSTABLE_TAIL
+            assert not any(f.startswith("unstable") for f in quality.flags(r))
+    assert first_looks >= 5
+    assert sum(any(f.startswith("unstable") for f in quality.flags(r)) for r, _ in rows) == 10
