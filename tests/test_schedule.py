@@ -209,11 +209,12 @@ def test_reports_compare_and_the_model_check_keep_implied_apart(tmp_path):
 
 
 def _with_cells(path) -> list[dict]:
-    """A results file's records, each with its cell (a compact record's from its matrix file, beside results/)."""
+    """A results file's records, each with its cell (a compact record's from its matrix file, beside results/, the
+    default results/local/'s parent)."""
     from bench.judge.results import with_cells
     from bench.records.store import read_records
 
-    return [r.to_dict() for r in with_cells(read_records(path), near=[path.parent.parent])]
+    return [r.to_dict() for r in with_cells(read_records(path), near=[path.parent.parent.parent, path.parent.parent])]
 
 
 @pytest.mark.slow
