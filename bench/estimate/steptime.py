@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
-from ..host.rates import Rates, datasheet
+from ..host.rates import DEVICE_RATES, Rates, datasheet
 from ..matrix import dsconfig
 from ..matrix.axes import AUTO, optimizer_offloaded, params_offloaded
 from ..matrix.shapes import Shape, adapted, shape_of, trainable_params
@@ -93,21 +93,6 @@ bytes of bf16 written."""
 UPDATE_BYTES = 32
 """Bytes a fused Adam step moves per trainable parameter on the GPU: fp32 master, momentum and variance read and
 written (24), the fp32 gradient read (4), the 16-bit parameter written (2) and its gradient read (2)."""
-
-
-DEVICE_RATES = (
-    "matmul_bf16",
-    "matmul_fp16",
-    "matmul_fp32",
-    "matmul_tf32",
-    "hbm",
-    "h2d_pinned",
-    "d2h_pinned",
-    "h2d_pageable",
-    "d2h_pageable",
-    "dequant_4bit",
-)
-"""The GPU's and its link's rates (Rates' fields a data sheet may give); the rest are the host's."""
 
 
 def rates_of(hw: Hardware | None) -> Rates:

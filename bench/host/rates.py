@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-__all__ = ["DATASHEETS", "Rates", "datasheet", "line"]
+__all__ = ["DATASHEETS", "DEVICE_RATES", "Rates", "datasheet", "line"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -219,6 +219,21 @@ DATASHEETS: tuple[tuple[str, Rates], ...] = (
         ),
     ),
 )
+
+
+DEVICE_RATES = (
+    "matmul_bf16",
+    "matmul_fp16",
+    "matmul_fp32",
+    "matmul_tf32",
+    "hbm",
+    "h2d_pinned",
+    "d2h_pinned",
+    "h2d_pageable",
+    "d2h_pageable",
+    "dequant_4bit",
+)
+"""The GPU's and its link's rates (Rates' fields a data sheet may give); the rest are the host's."""
 
 
 def datasheet(gpu_name: str | None) -> Rates | None:
