@@ -19,7 +19,8 @@ import pytest
 from bench import stats
 from bench.cli import main as cli
 from bench.estimate.online import Online
-from bench.execute import answer, answer_text
+from bench.execute import answer
+from bench.execute.answer import text as answer_text
 from bench.execute.plan import Planned, hardware, plan
 from bench.execute.replay import Recording
 from bench.judge import blocks, effects

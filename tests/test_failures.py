@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main as cli
-from bench.execute.failures import TEACHES_AT, Lessons, attempts, shared, signature
+from bench.execute.answer.failures import TEACHES_AT, Lessons, attempts, shared, signature
 from bench.judge import effects, results
 from bench.records.record import parse
 from bench.records.status import Status

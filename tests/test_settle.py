@@ -8,7 +8,7 @@ import numpy as np
 from bench.cli import main as cli
 from bench.estimate.online import Online
 from bench.execute import answer
-from bench.execute.settle import exceed
+from bench.execute.answer.settle import exceed
 from bench.judge import results
 from bench.records.store import Store
 from bench.report import markdown

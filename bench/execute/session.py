@@ -32,7 +32,8 @@ from ..records import quality
 from ..records.record import AttemptContext, Record, Search, machine_of, parse
 from ..records.status import Status
 from ..records.store import Store, StoreWriteError
-from . import answer, answer_text, launch, local, schedule
+from . import answer, launch, local, schedule
+from .answer import text as answer_text
 from .attempt import HARNESS_ERRNOS, HarnessError, ended, now
 from .executor import WAIT, Attempt, Finished, Handle, Job, Shape, dispatch
 from .launch import telemetry

@@ -24,9 +24,9 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from ..matrix.axes import AXIS
-from ..records.record import Record
-from ..records.status import Status
+from ...matrix.axes import AXIS
+from ...records.record import Record
+from ...records.status import Status
 
 __all__ = ["FAILED", "TEACHES_AT", "signature", "shared", "Lessons", "attempts"]
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from ..estimate import DEFAULT_MARGIN
+from ...estimate import DEFAULT_MARGIN
 
 __all__ = ["park", "wontfit", "ALIVE"]
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..judge import blocks
+from ...judge import blocks
 
 __all__ = ["DRAWS", "FLOOR", "Chances", "chances", "exceed"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import collections
 import math
 
-from ..matrix.axes import AXIS
-from .answer import Candidate, Search, _group, _hms, _mem, _tps
+from ...matrix.axes import AXIS
+from .search import Candidate, Search, _group, _hms, _mem, _tps
 
 __all__ = ["summary"]
 

@@ -40,21 +40,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..estimate import Hardware, predict
-from ..estimate.band import band_group, bands_for
-from ..estimate.online import SHARE, Online
-from ..estimate.steptime import STEP_BAND, predict_wall, step_and_share
-from ..judge import blocks, compare, effects, results
-from ..judge.blocks import Obs
-from ..matrix.axes import AXIS
-from ..matrix.cells import Cell
-from ..records import quality
-from ..records.record import Record
-from ..records.status import Status
+from ...estimate import Hardware, predict
+from ...estimate.band import band_group, bands_for
+from ...estimate.online import SHARE, Online
+from ...estimate.steptime import STEP_BAND, predict_wall, step_and_share
+from ...judge import blocks, compare, effects, results
+from ...judge.blocks import Obs
+from ...matrix.axes import AXIS
+from ...matrix.cells import Cell
+from ...records import quality
+from ...records.record import Record
+from ...records.status import Status
+from ..plan import Planned
+from ..settings import AnswerSettings as Settings
 from .failures import Lessons, shared
 from .families import park, wontfit
-from .plan import Planned
-from .settings import AnswerSettings as Settings
 from .settle import Chances, chances
 
 __all__ = ["Settings", "Candidate", "Request", "Search", "rung_cell"]
