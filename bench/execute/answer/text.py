@@ -9,9 +9,16 @@ from __future__ import annotations
 
 import collections
 import math
+from typing import TYPE_CHECKING
 
+from ...judge import blocks, compare
 from ...matrix.axes import AXIS
-from .search import Candidate, Search, _group, _hms, _mem, _tps
+from ...records.record import Record
+from ..settings import AnswerSettings as Settings
+from .candidate import Candidate, Z
+
+if TYPE_CHECKING:
+    from .search import Search
 
 __all__ = ["summary"]
 
@@ -156,3 +163,57 @@ def _flagged(s: Search) -> list[str]:
         return []
     shown = "; ".join(f"{c.cell.name}: {', '.join(c.flags)}" for c in weak)
     return [f"  weaker evidence ({len(weak)} cell(s), their noise taken about three times wider): {shown}"]
+
+
+def _where(rec: Record) -> str:
+    """The machine of a record, in a few words: its GPUs (UUIDs shortened) or its host."""
+    m = rec.machine
+    if m is None:
+        return "an unknown machine"
+    gpus = ", ".join(u[:12] for u in m.gpus)
+    host = compare.clip(m.host, 60)
+    return f"{gpus} (host {host})" if gpus else f"host {host} ({m.cpu_count} CPUs)"
+
+
+def _group(s: Settings, g: tuple) -> str:
+    return ",".join(f"{AXIS[a].short}={v}" for a, v in zip(s.group_by, g)) or "all cells"
+
+
+def _tps(search: Search, c: Candidate) -> str:
+    """Its tokens/s with the interval at 95%: measured (on the reference block's scale, where anchors tie its
+    block to it; else as its own block measured it, which that block's name says), or predicted."""
+    lo, hi = search.interval(c)
+    mid = search.speed(c)[0]
+    if c.obs and not set(c.obs) & search.offsets.tied:
+        block = max(c.obs, key=lambda b: len(c.obs[b]))
+        mid, var = blocks.mean_var(c.obs[block])
+        lo, hi = mid - Z * math.sqrt(var), mid + Z * math.sqrt(var)
+        where = f" in B{search.order.index(block) + 1}"
+    else:
+        where = ""
+    if not math.isfinite(mid):
+        return "tokens/s unknown"
+    if not c.obs and c.band and not any(o.obs for o in search.candidates):
+        # Nothing measured yet: the prediction's band is the model's held-out error for its family (a slower step
+        # than predicted is fewer tokens/s).
+        lo, hi = c.base_tps - c.band[1], c.base_tps - c.band[0]
+    how = "measured" if c.obs else "predicted"
+    return f"{how} {_k(math.exp(mid))} tok/s [{_k(math.exp(lo))}, {_k(math.exp(hi))}] at 95%{where}"
+
+
+def _mem(search: Search, c: Candidate) -> str:
+    lo, hi = search.memory_interval(c)
+    if not math.isfinite(lo):
+        return "memory unknown"
+    how = "measured" if c.mem is not None else "predicted"
+    return f"{how} {math.exp((lo + hi) / 2) / 2**30:.1f} GiB"
+
+
+def _k(x: float) -> str:
+    return f"{x / 1000:.1f}k" if x >= 1000 else f"{x:.0f}"
+
+
+def _hms(seconds: float) -> str:
+    m, sec = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s"

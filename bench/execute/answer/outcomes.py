@@ -1,0 +1,126 @@
+"""What the search learns from the run's outcomes: attempts started, ended, implied, and the budget spent."""
+
+from __future__ import annotations
+
+import math
+
+from ...judge import results
+from ...judge.blocks import Obs
+from ...records import quality
+from ...records.record import Record
+from ...records.status import Status
+from .candidate import Candidate, Request
+from .families import park, wontfit
+from .text import _where
+
+
+class Outcomes:
+    """The run's outcomes as the search takes them (a part of bench.execute.answer.Search)."""
+
+    @property
+    def spent_at_start(self) -> bool:
+        """A resumed call whose budget afforded no attempt: it measured nothing, so it settled nothing either."""
+        return self.resumed and self.over_budget and not self.started_here
+
+    def unaffordable(self) -> bool:
+        """The budget left pays for no attempt: each cell that may still be measured costs more, even on the short
+        schedule, than is left (a resumed call whose earlier ones spent it). Nothing will be measured."""
+        if self.s.budget_s is None:
+            return False
+        left = self.s.budget_s - self.spent_s
+        return not any(self.cost_s(c, 0) <= left for c in self.candidates if not self.exhausted(c))
+
+    def started(self, c: Candidate, rung: int, request: Request | None = None) -> None:
+        c.tries += 1
+        self.started_here += 1
+        c.tries_in[self.here] += 1
+        if request is not None and request.effect:
+            self._effect_of[c.cell.hash] = request.effect
+        if request is not None:
+            self._role_of[c.cell.hash] = request.role
+        self.in_flight[c.cell.hash] = rung
+        self._memo.clear()
+
+    def earlier(self, rec: Record) -> None:
+        """An attempt an earlier part of the run made (--resume): its outcome, and a try in its block. The budget is
+        the whole search's: a cell that is no candidate now (another --gpu-mem put it out of the plan) spent its
+        time too."""
+        self.observe(rec, rec.answer.rung if rec.answer else None)
+        c = self.by_hash.get(rec.cell_hash)
+        if c is None:
+            self.spent_s += rec.wall_s or 0.0
+            return
+        c.tries += 1
+        c.tries_in[rec.block] += 1
+
+    def observe(self, rec: Record, rung: int | None = None) -> None:
+        """An attempt of a candidate ended (or, on --resume, had ended before)."""
+        c = self.by_hash.get(rec.cell_hash)
+        if c is None:
+            return
+        self._memo.clear()
+        self.in_flight.pop(rec.cell_hash, None)
+        self._role_of.pop(rec.cell_hash, None)
+        self.spent_s += rec.wall_s or 0.0
+        if rec.wall_s and c.base_cost is not None:
+            predicted = c.base_cost + (c.short if rung == 0 else 0.0)
+            self.cost.observe({}, predicted, math.log(rec.wall_s))
+        if rec.status is Status.OK and rec.metrics and rec.metrics.tokens_per_s:
+            self._measured(c, rec, rung)
+        elif rec.status is Status.INTERRUPTED or rec.status is Status.KILLED:
+            # No outcome: it may run again, unless an error learnt while it ran says it would repeat.
+            self._effect_of.pop(rec.cell_hash, None)
+            self._expect()
+            park(self)
+            self._memo.clear()
+            return
+        elif c.state != "measured":
+            c.state = "failed"
+        else:
+            c.failed_in.add(rec.block)  # measured elsewhere, failed here: not an anchor here
+        effect = self._effect_of.pop(rec.cell_hash, None)
+        if effect and rec.status is not Status.OK:
+            self._pair_failures[effect] += 1
+        if self.lessons.observe(rec, c.cell.name, c.features):
+            self._expect()
+        if rec.status is (Status.CUDA_OOM if self.cuda else Status.HOST_OOM) and c.base_mem and self.capacity:
+            self.memory.observe(c.model, c.base_mem, math.log(self.capacity))  # it needed at least all there is
+            self._memo.clear()
+            for w in wontfit(self):
+                self.wont[w.cell.hash] = c.cell.name
+        park(self)
+        self._memo.clear()
+
+    def _expect(self) -> None:
+        """Errors teach the search (bench.execute.failures): a cell not yet measured is left while it is expected
+        to repeat an error, and open again once a cell that ran says otherwise."""
+        for c in self.candidates:
+            if c.state in ("open", "parked", "expected") and c.cell.hash not in self.in_flight:
+                if self.lessons.expected(c.features):
+                    c.state = "expected"
+                elif c.state == "expected":
+                    c.state = "open"  # families.park parks it again where its family measures another micro-batch
+
+    def _measured(self, c: Candidate, rec: Record, rung: int | None) -> None:
+        c.state = "measured"
+        block, sd = rec.block, quality.noise_sd(rec)
+        if block not in self.order:
+            self.order.append(block)
+            self.where[block] = _where(rec)
+        log = math.log(rec.metrics.tokens_per_s)
+        c.obs.setdefault(block, []).append(Obs(log, sd))
+        c.flags += [f for f in quality.flags(rec) if f.split(":")[0] not in {x.split(":")[0] for x in c.flags}]
+        c.rungs.append(1 if rung is None else rung)
+        if c.base_tps is not None:
+            self.tps.observe(c.model, c.base_tps, log, block=block, noise_sd=sd, cell=c.cell.hash)
+        peak, _ = results.peak_memory(rec)
+        if peak:
+            c.mem = max(c.mem or -math.inf, math.log(peak))
+            if c.base_mem is not None:
+                self.memory.observe(c.model, c.base_mem, math.log(peak))
+
+    def implied(self, cell_hash: str) -> None:
+        c = self.by_hash.get(cell_hash)
+        if c is not None and c.state in ("open", "expected", "parked", "wontfit"):
+            c.state = "implied"
+            self._memo.clear()
