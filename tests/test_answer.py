@@ -100,7 +100,7 @@ def test_a_setting_only_some_cells_have_stays_in_the_model():
          "compile": False}
         for p in ("none", "lora") for o in ("adamw", "paged") for mb in (1, 2)
     ]  # fmt: skip
-    kept = answer._distinct(cells)
+    kept = answer.distinct(cells)
     assert {k for f in kept for k in f} == {"peft", "lora_r", "optimizer", "micro_batch", "grad_accum"}
 
     # Why it matters: an optimizer's effect measured on LoRA cells alone speaks less surely of a full fine-tune when

@@ -1,5 +1,5 @@
-"""Micro-batch in answer mode (bench.execute.families): with batch.size each configuration's micro-batches hold the
-tokens per optimizer step; the search measures the largest the memory model fits within the margin and the
+"""Micro-batch in answer mode (bench.execute.answer.families): with batch.size each configuration's micro-batches hold
+the tokens per optimizer step; the search measures the largest the memory model fits within the margin and the
 neighbours that could be faster, and an out-of-memory end corrects the memory model and the family."""
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def test_each_configuration_holds_its_batch_and_measures_the_largest_micro_batch
             assert c.state == "parked" and c.parked_by is fit
         parked += sum(c.state == "parked" for c in fam)
     assert parked > len(s.families) / 2  # most configurations measure one or two of their three micro-batches
-    why = s._aside(next(c for c in s.candidates if c.state == "parked"))
+    why = s.aside(next(c for c in s.candidates if c.state == "parked"))
     assert "the largest the memory model fits within the margin" in why
 
 
@@ -79,7 +79,7 @@ def test_an_out_of_memory_end_drops_the_micro_batch_corrects_the_memory_model_an
     assert s.memory_interval(twin)[1] > before[1]  # a cell that shares its settings is now predicted heavier
     # Cells now predicted past the memory are set aside, each record saying which end put them there.
     for c in (c for c in s.candidates if c.state == "wontfit"):
-        assert big.cell.name in s._aside(c)
+        assert big.cell.name in s.aside(c)
 
 
 def test_a_searched_micro_batch_becomes_one_cell_per_divisor_of_the_batch(tmp_path):
@@ -114,7 +114,7 @@ def test_batch_size_is_checked_against_the_micro_batches_and_the_accumulation(tm
 def test_a_parked_micro_batch_expected_to_repeat_an_error_is_not_opened_again():
     """Two cells fail alike, one the configuration's twin but for its engine, one but for its checkpointing: every
     micro-batch of the configuration has what they share, so each is expected to repeat the error
-    (bench.execute.failures), the parked ones too, and none is opened again when its family has no other left."""
+    (bench.execute.answer.failures), the parked ones too, and none is opened again when its family has no other left."""
     s = _search_7b()
     flip = {"deepspeed": "hf_trainer", "hf_trainer": "deepspeed"}
     for fam in (f for f in s.families.values() if [c.state for c in f] == ["parked", "parked", "open"]):
@@ -166,4 +166,4 @@ def test_before_anything_is_measured_a_predicted_cells_range_is_its_familys_band
     lo, _, hi = step_time_band(c.cell, fresh.hw)
     tokens = c.cell.tokens_per_step
     # A slower step than predicted is fewer tokens/s: the band's high edge is the range's low one.
-    assert f"[{answer._k(tokens / hi)}, {answer._k(tokens / lo)}] at 95%" in answer._tps(fresh, c)
+    assert f"[{answer.kilo(tokens / hi)}, {answer.kilo(tokens / lo)}] at 95%" in answer.speed_text(fresh, c)

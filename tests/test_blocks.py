@@ -166,7 +166,7 @@ def _search(records: list[dict]) -> answer.Search:
 
 
 def _answer(s: answer.Search) -> tuple[dict, dict]:
-    leaders = {g: s.leader(g).cell.name for g in s._groups() if s.leader(g)}
+    leaders = {g: s.leader(g).cell.name for g in s.groups() if s.leader(g)}
     fx = {(axis, value): (round(e.ratio, 6), e.verdict) for axis, value, _, e in s.effects() if e.n}
     return leaders, fx
 
@@ -202,7 +202,7 @@ def test_two_overlapping_cells_take_another_short_look_and_each_measurement_name
     # again to tell two overlapping cells apart runs the short schedule; the step-time correction keys each
     # measurement by its cell, so a cell measured again shares one misfit.
     s = _search(list(_smoke().values()))
-    again = list(s._overlap())
+    again = list(s.overlap())
     assert again and all(r.role == "contender" and r.rung == 0 for r in again)
     lead = s.leader(("none",))
     s.observe(parse(_smoke()[lead.cell.name]))
@@ -219,11 +219,11 @@ def test_a_flagged_measurement_makes_no_tie_that_clean_ones_could_settle():
     m = next(c for c in s.candidates if c.group == lead.group and c is not lead and c.obs)
     block, level, wide = next(iter(lead.obs)), lead.logs[0], 3 * s.noise
     lead.obs, m.obs = {block: [Obs(level, wide)]}, {block: [Obs(level - 0.25, wide)]}
-    s._memo.clear()
+    s.forget()
     assert not s.tie(m, lead)
     lead.obs[block] += [Obs(level, wide)] * 2
     m.obs[block] += [Obs(level - 0.25, wide)] * 2
-    s._memo.clear()
+    s.forget()
     assert s.tie(m, lead)
 
 
@@ -236,12 +236,12 @@ def test_a_new_block_measures_anchors_first_and_is_then_tied():
     for r in earlier:
         s.earlier(parse(r))
     asked = []
-    for _ in range(len(s._groups()) + answer.EXTRA_ANCHORS):
+    for _ in range(len(s.groups()) + answer.EXTRA_ANCHORS):
         req = s.next()
         assert req is not None and req.role == "anchor", req
         s.started(req.candidate, req.rung, req)
         asked.append(req.candidate.cell.name)
-    leaders = {s.leader(g).cell.name for g in s._groups()}
+    leaders = {s.leader(g).cell.name for g in s.groups()}
     assert leaders <= set(asked) and len(set(asked)) == len(asked)
     for name in asked:  # B measures them 1.6x as fast
         s.observe(parse(_on(_smoke()[name], "machine-B", FAST)))
@@ -265,10 +265,10 @@ def test_the_report_gives_the_consoles_fastest_cells_ties_and_verdicts(tmp_path)
     a = analyse(records_to_frame(recs))
     (section,) = a.sections
     got = {g["group"]: g for g in section.answer["groups"]}
-    for g in s._groups():
+    for g in s.groups():
         lead = s.leader(g)
         tied, apart = s.ties(lead)
-        mine = got[answer._group(s.s, g)]
+        mine = got[answer.group_name(s.settings, g)]
         assert mine["cell_name"] == lead.cell.name
         assert sorted(mine["ties"]) == sorted(m.cell.name for m in tied)
         assert sorted(mine["apart"]) == sorted(m.cell.name for m in apart)

@@ -1,5 +1,5 @@
-"""Errors teach answer mode (bench.execute.failures): an error's signature, the failing settings of a repeated one,
-and on the 7B answer's committed H200 records, no signature attempted more than twice while a full run still
+"""Errors teach answer mode (bench.execute.answer.failures): an error's signature, the failing settings of a repeated
+one, and on the 7B answer's committed H200 records, no signature attempted more than twice while a full run still
 runs every cell."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The joint stopping rule (bench.execute.settle) and what it stands on: the online model's misfit learned from
+"""The joint stopping rule (bench.execute.answer.settle) and what it stands on: the online model's misfit learned from
 the measured cells' residuals, and its joint draws (bench.estimate.online)."""
 
 from __future__ import annotations
@@ -131,5 +131,5 @@ def test_a_measured_cell_that_may_still_beat_its_leader_counts_and_is_measured_a
     assert req.role == "contender" and req.candidate in (rival, lead) and rival.cell.name in req.why
     for c in full.candidates:
         c.tries = c.limit  # measured as often as they may be: a tie the answer names, outside the chance
-    full._memo.clear()
+    full.forget()
     assert full.chances.lead == 0.0 and rival.cell.hash not in full.chances.cell_lead

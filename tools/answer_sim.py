@@ -374,7 +374,7 @@ def _call(matrix: str, path: Path, sim: SimRecording, budget: float, resume: boo
 
 
 STATED = re.compile(r"settled: the chance that one of .* beats its group's fastest by more than \d+% is ([\d.]+)%")
-"""The lead chance in the answer a call prints (bench.execute.answer_text._settled)."""
+"""The lead chance in the answer a call prints (bench.execute.answer.text._settled)."""
 
 
 def _stated(printed: list[str]) -> float | None:
@@ -453,13 +453,13 @@ def _misses(s: answer.Search, world: World) -> dict[str, tuple[int, int, int, fl
     one trial share effects, so their z move together: the mean per trial says how much."""
     ref = _reference(s, world)
     out = {}
-    for g in s._groups():
+    for g in s.groups():
         cells = [c for c in s.candidates if c.group == g and not c.obs and c.base_tps is not None]
         cells = [c for c in cells if world.fate(c.cell) is None]
         if cells:
             mean, sd = s.tps.marginals([(c.model, c.base_tps) for c in cells])
             z = (np.array([world.speed(c.cell, ref) for c in cells]) - mean) / sd
-            out[answer._group(s.s, g)] = (len(z), int((z > 2).sum()), int((z > 3).sum()), float(z.mean()))
+            out[answer.group_name(s.settings, g)] = (len(z), int((z > 2).sum()), int((z > 3).sum()), float(z.mean()))
     return out
 
 
@@ -487,16 +487,16 @@ def _score(s: answer.Search, world: World, recs: list[dict]) -> tuple[list[str],
     """The groups whose fastest cell is wrong in truth, the effects called, those called the wrong way."""
     machine = {m.id: m for m in world.machines}
     ref = _reference(s, world)
-    tol = math.log(1 + s.s.speed_tolerance)
+    tol = math.log(1 + s.settings.speed_tolerance)
     wrong = []
-    for g in s._groups():
+    for g in s.groups():
         runs = [c for c in s.candidates if c.group == g and world.fate(c.cell) is None]
         if not runs:
             continue
         best = max(world.speed(c.cell, ref) for c in runs)
         lead = s.leader(g)
         if lead is None or best - world.speed(lead.cell, ref) > tol:
-            wrong.append(answer._group(s.s, g))
+            wrong.append(answer.group_name(s.settings, g))
     called, wrong_fx = 0, []
     for (axis, value, _, pairs, _), (_, _, _, e) in zip(s.effect_pairs(), s.effects()):
         if e.verdict not in (effects.FASTER, effects.SLOWER):

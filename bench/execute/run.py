@@ -23,7 +23,7 @@ from ..matrix.problems import InputError
 from ..records import cache
 from ..records.store import Store, check_writable, read_records
 from . import launch, local, schedule
-from .answer import Search
+from .answer import Search, State
 from .plan import (
     Plan,
     Planned,
@@ -228,7 +228,7 @@ def answer_items(p: Plan, platform: env.Platform) -> Plan:
     (the cell but its micro-batch and accumulation), and a micro_batch: auto cell becomes one cell per micro-batch
     that divides batch.size, its accumulation holding the batch (bench.estimate.search.ladder), each judged by the
     rules; the search measures of each family the largest the memory model fits and the neighbours that could be
-    faster (bench.execute.families). Without batch.size there is no batch to hold: micro_batch: auto is refused
+    faster (bench.execute.answer.families). Without batch.size there is no batch to hold: micro_batch: auto is refused
     (InputError)."""
     size = p.matrix.batch.size
     auto = [it.cell.name for it in p.items if it.cell.micro_batch == AUTO]
@@ -284,8 +284,8 @@ def answer_preview(p: Plan, s: RunSettings, platform: env.Platform) -> list[str]
     if search.families:
         size = p.matrix.batch.size
         mbs = sorted({c.cell.micro_batch for c in search.candidates})
-        first = {mb: sum(c.state == "open" for c in search.candidates if c.cell.micro_batch == mb) for mb in mbs}
-        parked = sum(c.state == "parked" for c in search.candidates)
+        first = {mb: sum(c.state == State.OPEN for c in search.candidates if c.cell.micro_batch == mb) for mb in mbs}
+        parked = sum(c.state == State.PARKED for c in search.candidates)
         lines.append(
             f"  {len(search.families)} configurations x micro-batch {', '.join(map(str, mbs))} at {size} sequences per "
             f"optimizer step (the accumulation makes up the rest); open to measure: "

@@ -62,7 +62,8 @@ class AnswerSettings:
     """First measurements on the short schedule (rung 0), the contenders again on the full one."""
     settle: float = 0.05
     """The answer is settled when the chance that some unmeasured cell beats its group's leader by more than the
-    speed tolerance, and the chance that one adds a frontier point, are both below this (bench.execute.settle)."""
+    speed tolerance, and the chance that one adds a frontier point, are both below this
+    (bench.execute.answer.settle)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -698,11 +698,11 @@ class AnswerNote(BaseModel):
     predicted_wall_s: float | None = None
     """What measuring it once on the full schedule would take (the step-time model, corrected by the run)."""
     expected_error: str | None = None
-    """Unmeasured only: the error signature (bench.execute.failures) it was expected to repeat, as cells that
+    """Unmeasured only: the error signature (bench.execute.answer.failures) it was expected to repeat, as cells that
     share its failing settings ended twice or more; a run without --answer measures it."""
     chance: list[float] | None = None
     """Unmeasured only: [its chance of beating its group's fastest by more than the minimum effect, of adding a
-    frontier point], under the models corrected by the run (bench.execute.settle)."""
+    frontier point], under the models corrected by the run (bench.execute.answer.settle)."""
     settled: list[float] | None = None
     """Unmeasured only, when the search ended: [the chance that some unmeasured cell of its group beats the group's
     fastest by more than the minimum effect, that some unmeasured cell adds a frontier point, the level below

@@ -1095,7 +1095,7 @@ def _answer(cells: pd.DataFrame, attempts: pd.DataFrame) -> dict | None:
     the cells not told apart from it and those no block or anchor ties to it; each knob's effect over pairs measured
     in one block; the cells measured and what each role cost (wall seconds of every attempt); the cells left
     unmeasured, those the budget (or a stop) left that could still change the answer, those expected to repeat
-    an error (bench.execute.failures), and the predicted time measuring them once would add. "measured" counts
+    an error (bench.execute.answer.failures), and the predicted time measuring them once would add. "measured" counts
     the cells with an ok record; "attempts" every attempt answer mode made, failures included."""
     if "answer_role" not in cells or cells["answer_role"].isna().all():
         return None
@@ -1176,7 +1176,7 @@ _ANSWER_FIELDS = [
 
 
 def _answer_chances(left: pd.DataFrame) -> tuple[float, float, float] | None:
-    """The joint stopping rule's figures as the search ended (bench.execute.settle): the largest group's chance
+    """The joint stopping rule's figures as the search ended (bench.execute.answer.settle): the largest group's chance
     that an unmeasured cell beats its fastest by more than the minimum effect, the chance that one adds a frontier
     point, and the level; None where the records carry none."""
     if "answer_p_lead" not in left or left["answer_p_lead"].isna().all():

@@ -19,7 +19,7 @@ has fewer measurements (up to MAX_MEASUREMENTS), another short look; a cell not 
 frontier); a pair partner for a knob effect (--pairs per value). A cell is left unmeasured only when its
 throughput interval lies below its group leader's AND a measured cell needs no more memory (within the
 tolerance) and is surely faster; when it is expected to repeat an error that two attempts of cells sharing its
-settings ended in (bench.execute.failures); or when the budget (--budget) is spent. Its record says which.
+settings ended in (bench.execute.answer.failures); or when the budget (--budget) is spent. Its record says which.
 
 Successive halving over measured steps: a cell's measurements run the short schedule (rung 0, a short look:
 rung_cell, whose median lands within a fraction of one measurement's noise of the full schedule's); only each
@@ -34,9 +34,9 @@ judging, picking and ending), the joint stopping rule (settle), a configuration'
 errors that teach it (failures) and the answer as the console prints it (text).
 """
 
-from .candidate import EXTRA_ANCHORS, MAX_MEASUREMENTS, SHORT_LOOK, Candidate, Request, Z, rung_cell
-from .search import Search, Settings, _distinct, agreement
-from .text import _group, _k, _tps
+from .candidate import EXTRA_ANCHORS, MAX_MEASUREMENTS, SHORT_LOOK, Candidate, Request, State, Z, rung_cell
+from .search import Search, Settings, agreement, distinct
+from .text import group_name, kilo, speed_text
 
 __all__ = [
     "EXTRA_ANCHORS",
@@ -45,12 +45,13 @@ __all__ = [
     "Z",
     "Candidate",
     "Request",
+    "State",
     "Search",
     "Settings",
-    "_distinct",
-    "_group",
-    "_k",
-    "_tps",
+    "distinct",
+    "group_name",
+    "kilo",
+    "speed_text",
     "agreement",
     "rung_cell",
 ]

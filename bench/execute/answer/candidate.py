@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import enum
 from dataclasses import dataclass, field
 
 from ...judge import effects, results
@@ -19,6 +20,25 @@ MAX_MEASUREMENTS = 3  # per cell and block: past this, two cells that still over
 EXTRA_ANCHORS = 2  # anchors a new block measures besides the groups' leaders
 
 
+class State(enum.StrEnum):
+    """Where a candidate stands in the search."""
+
+    OPEN = "open"
+    """Not measured yet; it may be."""
+    MEASURED = "measured"
+    """Measured at least once."""
+    FAILED = "failed"
+    """Its attempts ended without a measurement."""
+    IMPLIED = "implied"
+    """Not measured: an out-of-memory end of a lighter cell implies its end (bench.execute.schedule)."""
+    EXPECTED = "expected"
+    """Not measured while it is expected to repeat an error (bench.execute.answer.failures)."""
+    PARKED = "parked"
+    """Not measured: another micro-batch of its configuration is measured instead (bench.execute.answer.families)."""
+    WONTFIT = "wontfit"
+    """Not measured: out-of-memory ends put it past the memory (bench.execute.answer.families)."""
+
+
 @dataclass(eq=False)
 class Candidate:
     """One runnable cell as the search sees it."""
@@ -28,10 +48,7 @@ class Candidate:
     base_tps: float | None  # log tokens/s the step-time model predicts
     base_mem: float | None  # log bytes the memory model predicts (GPU peak; host RSS on a CPU host)
     base_cost: float | None  # log wall seconds the step-time model predicts on the full schedule
-    # open, measured, failed, implied, expected (to repeat an error: bench.execute.failures), parked (another
-    # micro-batch of its configuration is measured instead) or wontfit (out-of-memory ends put it past the memory:
-    # bench.execute.families)
-    state: str = "open"
+    state: State = State.OPEN
     parked_by: Candidate | None = None  # parked: the micro-batch of its configuration measured instead
     obs: dict[str, list[Obs]] = field(default_factory=dict)  # block -> measured log tokens/s and its noise
     flags: list[str] = field(default_factory=list)  # bench.records.quality's flags of its measurements

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from .candidate import Candidate, Z
-from .text import _group, _mem, _tps
+from .candidate import Candidate, State, Z
+from .text import group_name, memory_text, speed_text
 
 
 class Ending:
@@ -47,10 +47,10 @@ class Ending:
             out.append(
                 (c, self.note(c, needed=self.needed(c), why=self._why(c, stopped), chance=[p_lead, p_front], **extra))
             )
-        for c in (c for c in self.candidates if c.state == "expected"):
+        for c in (c for c in self.candidates if c.state == State.EXPECTED):
             sig = self.lessons.expected(c.features)
             out.append((c, self.note(c, needed=False, why=self.lessons.why(sig), expected_error=sig)))
-        out += [(c, self.note(c, needed=False, why=self._aside(c))) for c in self.candidates if c.state == "wontfit"]
+        out += [(c, self.note(c, needed=False, why=self.aside(c))) for c in self.candidates if c.state == State.WONTFIT]
         return out
 
     def _why(self, c: Candidate, stopped: bool) -> str:
@@ -58,38 +58,41 @@ class Ending:
         ch, (p_lead, p_front) = self.chances, self.chance(c)
         budget = f"{self.s.budget_s:.0f} s" if self.s.budget_s is not None else "none"
         odds = (
-            f"its chance of beating the leader of {_group(self.s, c.group)} by more than {self.s.speed_tolerance:.0%} "
-            f"{p_lead:.1%}" + (f", of adding a frontier point {p_front:.1%}" if c.state == "open" else "")
+            f"its chance of beating the leader of {group_name(self.s, c.group)} "
+            f"by more than {self.s.speed_tolerance:.0%} "
+            f"{p_lead:.1%}" + (f", of adding a frontier point {p_front:.1%}" if c.state == State.OPEN else "")
         )
-        head = f"{self._aside(c)}; " if c.state == "parked" else ""
+        head = f"{self.aside(c)}; " if c.state == State.PARKED else ""
         if self.needed(c):
             cut = "the run was stopped first" if stopped else f"the budget ({budget}) was spent"
-            return f"not measured: {cut}; {head}it could still change the answer ({_tps(self, c)}; {odds})"
+            return f"not measured: {cut}; {head}it could still change the answer ({speed_text(self, c)}; {odds})"
         left = f"of every cell left together {ch.lead:.1%} and {ch.frontier:.1%}"
-        why = f"not needed: {head}{_tps(self, c)}; {odds}; {left}"
+        why = f"not needed: {head}{speed_text(self, c)}; {odds}; {left}"
         why += f", below the {self.s.settle:.0%} the search stops at" if all(self.settled()) else ""
         if self.spent_at_start:  # this call measured nothing: it settled nothing either
             why = f"not measured: the budget ({budget}) was spent before this call measured anything; {why}"
         return why
 
-    def _aside(self, c: Candidate) -> str:
+    def aside(self, c: Candidate) -> str:
         """Why a parked micro-batch, or a cell out-of-memory ends put past the memory, was not measured."""
-        if c.state == "wontfit":
+        if c.state == State.WONTFIT:
             return (
-                f"not measured: predicted past the memory ({_mem(self, c)} against {self.capacity / 2**30:.1f} GiB and "
+                f"not measured: predicted past the memory ({memory_text(self, c)} "
+                f"against {self.capacity / 2**30:.1f} GiB and "
                 f"the margin) once the out-of-memory end of {self.wont.get(c.cell.hash)} corrected the memory model"
             )
         by = c.parked_by
         how = "smaller and predicted slower" if c.cell.micro_batch < by.cell.micro_batch else "beyond the next larger"
         return (
-            f"its configuration is measured at micro-batch {by.cell.micro_batch} ({_mem(self, by)}), the largest the "
+            f"its configuration is measured at micro-batch {by.cell.micro_batch} ({memory_text(self, by)}), "
+            "the largest the "
             f"memory model fits within the margin, and its neighbours that could be faster; micro-batch "
             f"{c.cell.micro_batch} is {how} (no frontier point)"
         )
 
     def group_of(self, c: Candidate) -> str:
         """Its group as its records' answer notes name it (`--group-by` values as key=value)."""
-        return _group(self.s, c.group)
+        return group_name(self.s, c.group)
 
     def note(self, c: Candidate, **fields) -> dict:
         """The record's answer note for a cell left unmeasured: its group and predicted figures."""
@@ -99,7 +102,7 @@ class Ending:
         return {
             **fields,
             "settled": [ch.by_group.get(c.group, 0.0), ch.frontier, self.s.settle],
-            "group": _group(self.s, c.group),
+            "group": group_name(self.s, c.group),
             "predicted_tokens_per_s": [math.exp(m - Z * sd), math.exp(m), math.exp(m + Z * sd)]
             if math.isfinite(m)
             else None,

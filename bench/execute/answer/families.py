@@ -22,10 +22,11 @@ from __future__ import annotations
 import math
 
 from ...estimate import DEFAULT_MARGIN
+from .candidate import State
 
 __all__ = ["park", "wontfit", "ALIVE"]
 
-ALIVE = ("open", "measured", "parked")
+ALIVE = (State.OPEN, State.MEASURED, State.PARKED)
 """The states of a family member that may still run (failed, implied, expected and wontfit ones may not)."""
 
 
@@ -49,10 +50,10 @@ def park(s) -> None:
         if i > 0 and tps[id(live[i - 1])] + slower >= tps[id(fit)]:
             keep.add(id(live[i - 1]))
         for c in live:
-            if c.state == "parked" and id(c) in keep:
-                c.state, c.parked_by = "open", None
-            elif c.state == "open" and id(c) not in keep and c.cell.hash not in s.in_flight:
-                c.state, c.parked_by = "parked", fit
+            if c.state == State.PARKED and id(c) in keep:
+                c.state, c.parked_by = State.OPEN, None
+            elif c.state == State.OPEN and id(c) not in keep and c.cell.hash not in s.in_flight:
+                c.state, c.parked_by = State.PARKED, fit
 
 
 def wontfit(s) -> list:
@@ -60,12 +61,12 @@ def wontfit(s) -> list:
     capacity plus the margin; each is set "wontfit" and returned."""
     if not s.capacity:
         return []
-    pool = [c for c in s.candidates if c.state in ("open", "parked") and c.base_mem is not None]
+    pool = [c for c in s.candidates if c.state in (State.OPEN, State.PARKED) and c.base_mem is not None]
     pool = [c for c in pool if c.cell.hash not in s.in_flight]
     past = math.log(s.capacity * (1 + DEFAULT_MARGIN))
     out = [c for c, m in zip(pool, _memory(s, pool)) if m > past]
     for c in out:
-        c.state = "wontfit"
+        c.state = State.WONTFIT
     return out
 
 

@@ -7,7 +7,7 @@ import math
 
 from ...judge import blocks, effects
 from ...judge.blocks import Obs
-from .candidate import MAX_MEASUREMENTS, Z1, Candidate, Z
+from .candidate import MAX_MEASUREMENTS, Z1, Candidate, State, Z
 from .settle import Chances, chances
 
 
@@ -28,7 +28,7 @@ class Judging:
         key = ("leader", group)
         if key not in self._memo:
             ok = [c for c in self.candidates if c.group == group and c.obs]
-            i = blocks.leading([c.obs for c in ok], self.offsets, self.cross, self._parts())
+            i = blocks.leading([c.obs for c in ok], self.offsets, self.cross, self.parts())
             self._memo[key] = ok[i] if i is not None else None
         return self._memo[key]
 
@@ -77,7 +77,7 @@ class Judging:
     def versus(self, m: Candidate, lead: Candidate) -> effects.Effect | None:
         """m against its group's fastest by the one rule (bench.judge.effects.against): None where no block or anchor
         ties them."""
-        return effects.against(m.obs, lead.obs, self.offsets, self.cross, self._parts())
+        return effects.against(m.obs, lead.obs, self.offsets, self.cross, self.parts())
 
     def ties(self, lead: Candidate) -> tuple[list[Candidate], list[Candidate]]:
         """The measured cells of the leader's group not told apart from it (not surely slower: the 95% interval of
@@ -112,7 +112,7 @@ class Judging:
     @property
     def chances(self) -> Chances:
         """What the cells not yet measured, and the measured ones that may still beat their leader, could still
-        change, jointly (bench.execute.settle)."""
+        change, jointly (bench.execute.answer.settle)."""
         if "chances" not in self._memo:
             self._memo["chances"] = chances(self)
         return self._memo["chances"]
@@ -124,8 +124,8 @@ class Judging:
 
     def chance(self, c: Candidate) -> tuple[float, float]:
         """A cell's own chances: of beating its group's leader by more than the speed tolerance (an unmeasured cell, or
-        a measured one that may still be measured again: bench.execute.settle.rivals), and of adding a frontier point
-        (an unmeasured cell); 0 where its prediction alone puts it below bench.execute.settle.FLOOR."""
+        a measured one that may still be measured again: bench.execute.answer.settle.rivals), and of adding a frontier
+        point (an unmeasured cell); 0 where its prediction alone puts it below bench.execute.answer.settle.FLOOR."""
         ch = self.chances
         return ch.cell_lead.get(c.cell.hash, 0.0), ch.cell_frontier.get(c.cell.hash, 0.0)
 
@@ -137,26 +137,26 @@ class Judging:
         return (not lead and p_lead > 0) or (not front and p_front > 0)
 
     def open(self) -> list[Candidate]:
-        return [c for c in self.candidates if c.state == "open" and c.cell.hash not in self.in_flight]
+        return [c for c in self.candidates if c.state == State.OPEN and c.cell.hash not in self.in_flight]
 
     def parked(self) -> list[Candidate]:
-        """The micro-batches the search leaves beside their configuration's (bench.execute.families): no frontier
+        """The micro-batches the search leaves beside their configuration's (bench.execute.answer.families): no frontier
         points, but each may still lead its group if the joint chances say so."""
-        return [c for c in self.candidates if c.state == "parked" and c.cell.hash not in self.in_flight]
+        return [c for c in self.candidates if c.state == State.PARKED and c.cell.hash not in self.in_flight]
 
     def waiting(self) -> list[Candidate]:
         """The cells not measured yet: open, expected to repeat an error, parked or past the memory (an
         out-of-memory end implies each)."""
-        states = ("open", "expected", "parked", "wontfit")
+        states = (State.OPEN, State.EXPECTED, State.PARKED, State.WONTFIT)
         return [c for c in self.candidates if c.state in states and c.cell.hash not in self.in_flight]
 
     def measurable(self, c: Candidate) -> bool:
         """Whether an attempt of c could start now: open, or measured only in other blocks than this one's."""
         if c.cell.hash in self.in_flight or self.exhausted(c):
             return False
-        return c.state in ("open", "parked") or (
+        return c.state in (State.OPEN, State.PARKED) or (
             self.here is not None
-            and c.state == "measured"
+            and c.state == State.MEASURED
             and not c.obs.get(self.here)
             and self.here not in c.failed_in
         )

@@ -80,10 +80,10 @@ class Knowledge:
 
     def comparable(self, c: Candidate, m: Candidate) -> bool:
         """Whether two measured cells compare at all: one block, or blocks the anchors tie together."""
-        part = self._parts()
+        part = self.parts()
         return bool({part[b] for b in c.obs} & {part[b] for b in m.obs})
 
-    def _parts(self) -> dict[str, int]:
+    def parts(self) -> dict[str, int]:
         """Each block's set of blocks tied by anchors, numbered (bench.judge.blocks.parts)."""
         if "parts" not in self._memo:
             measured = {c.cell.hash: c.obs for c in self.candidates if c.obs}
@@ -92,7 +92,7 @@ class Knowledge:
 
     def untied(self) -> list[Candidate]:
         """The measured cells of blocks no anchor ties to the reference block: compared with no cell of it, and left
-        out of the chances (bench.execute.settle)."""
+        out of the chances (bench.execute.answer.settle)."""
         tied = self.offsets.tied
         return [c for c in self.candidates if c.obs and not set(c.obs) & tied]
 

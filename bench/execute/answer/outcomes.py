@@ -9,9 +9,9 @@ from ...judge.blocks import Obs
 from ...records import quality
 from ...records.record import Record
 from ...records.status import Status
-from .candidate import Candidate, Request
+from .candidate import Candidate, Request, State
 from .families import park, wontfit
-from .text import _where
+from .text import machine_text
 
 
 class Outcomes:
@@ -74,8 +74,8 @@ class Outcomes:
             park(self)
             self._memo.clear()
             return
-        elif c.state != "measured":
-            c.state = "failed"
+        elif c.state != State.MEASURED:
+            c.state = State.FAILED
         else:
             c.failed_in.add(rec.block)  # measured elsewhere, failed here: not an anchor here
         effect = self._effect_of.pop(rec.cell_hash, None)
@@ -92,21 +92,21 @@ class Outcomes:
         self._memo.clear()
 
     def _expect(self) -> None:
-        """Errors teach the search (bench.execute.failures): a cell not yet measured is left while it is expected
+        """Errors teach the search (bench.execute.answer.failures): a cell not yet measured is left while it is expected
         to repeat an error, and open again once a cell that ran says otherwise."""
         for c in self.candidates:
-            if c.state in ("open", "parked", "expected") and c.cell.hash not in self.in_flight:
+            if c.state in (State.OPEN, State.PARKED, State.EXPECTED) and c.cell.hash not in self.in_flight:
                 if self.lessons.expected(c.features):
-                    c.state = "expected"
-                elif c.state == "expected":
-                    c.state = "open"  # families.park parks it again where its family measures another micro-batch
+                    c.state = State.EXPECTED
+                elif c.state == State.EXPECTED:
+                    c.state = State.OPEN  # families.park parks it again where its family measures another micro-batch
 
     def _measured(self, c: Candidate, rec: Record, rung: int | None) -> None:
-        c.state = "measured"
+        c.state = State.MEASURED
         block, sd = rec.block, quality.noise_sd(rec)
         if block not in self.order:
             self.order.append(block)
-            self.where[block] = _where(rec)
+            self.where[block] = machine_text(rec)
         log = math.log(rec.metrics.tokens_per_s)
         c.obs.setdefault(block, []).append(Obs(log, sd))
         c.flags += [f for f in quality.flags(rec) if f.split(":")[0] not in {x.split(":")[0] for x in c.flags}]
@@ -121,6 +121,6 @@ class Outcomes:
 
     def implied(self, cell_hash: str) -> None:
         c = self.by_hash.get(cell_hash)
-        if c is not None and c.state in ("open", "expected", "parked", "wontfit"):
-            c.state = "implied"
+        if c is not None and c.state in (State.OPEN, State.EXPECTED, State.PARKED, State.WONTFIT):
+            c.state = State.IMPLIED
             self._memo.clear()

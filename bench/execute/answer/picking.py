@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ...judge import effects
 from ...matrix.axes import AXIS
-from .candidate import EXTRA_ANCHORS, MAX_MEASUREMENTS, Candidate, Request
-from .text import _group, _mem, _tps
+from .candidate import EXTRA_ANCHORS, MAX_MEASUREMENTS, Candidate, Request, State
+from .text import group_name, memory_text, speed_text
 
 
 def _first(t: tuple):
@@ -45,14 +45,14 @@ class Picking:
     def _contest(self):
         """Who leads: the leader on the full schedule, overlapping cells again, then cells that could lead."""
         yield from self._leader_again()
-        yield from self._overlap()
+        yield from self.overlap()
         yield from self._contender()
 
     def done(self) -> bool:
         return not self.in_flight and self.next() is None
 
     def _req(self, c: Candidate, rung: int, role: str, why: str) -> Request:
-        return Request(c, rung, role, why, _group(self.s, c.group))
+        return Request(c, rung, role, why, group_name(self.s, c.group))
 
     def _affordable(self, r: Request) -> bool:
         if self.s.budget_s is None:
@@ -60,7 +60,7 @@ class Picking:
         flying = sum(self.cost_s(self.by_hash[h], rung) for h, rung in self.in_flight.items())
         return self.spent_s + flying + self.cost_s(r.candidate, r.rung) <= self.s.budget_s
 
-    def _groups(self) -> list[tuple]:
+    def groups(self) -> list[tuple]:
         return list(dict.fromkeys(c.group for c in self.candidates))
 
     def _seeding(self) -> bool:
@@ -76,7 +76,7 @@ class Picking:
         if self.here is None:
             return
         elsewhere = [c for c in self.candidates if any(b != self.here for b in c.obs)]
-        leaders = [lead for g in self._groups() if (lead := self.leader(g)) is not None and lead in elsewhere]
+        leaders = [lead for g in self.groups() if (lead := self.leader(g)) is not None and lead in elsewhere]
         want = min(len(leaders) + EXTRA_ANCHORS, len(elsewhere))
         flying = sum(1 for h in self.in_flight if self._role_of.get(h) == "anchor")
         if sum(1 for c in elsewhere if c.obs.get(self.here)) + flying >= want:
@@ -84,23 +84,26 @@ class Picking:
         rest = sorted((c for c in elsewhere if c not in leaders), key=lambda c: (bool(c.flags), self.cost_s(c, 0)))
         for c in leaders + rest:
             if self.measurable(c):
-                why = f"an anchor: measured in {len(c.obs)} other block(s) ({_tps(self, c)}); measured here too, it "
+                why = f"an anchor: measured in {len(c.obs)} other block(s) ({speed_text(self, c)}); "
+                why += "measured here too, it "
                 yield self._req(c, 0, "anchor", why + "ties this block's speed to theirs")
 
     def _seed(self):
         flying = {self.by_hash[h].group for h in self.in_flight}
-        for g in self._groups():
+        for g in self.groups():
             if g in self._led() or g in flying:
                 continue
             pool = sorted((c for c in self.open() if c.group == g), key=lambda c: -self.speed(c)[0])
             for c in pool:
-                yield self._req(c, 0, "leader", f"the predicted fastest of {_group(self.s, g)}: {_tps(self, c)}")
+                yield self._req(
+                    c, 0, "leader", f"the predicted fastest of {group_name(self.s, g)}: {speed_text(self, c)}"
+                )
 
     def _leader_again(self):
         """Each group's leader on the full schedule, once who leads is settled: the answer's own figure."""
         if not self.s.halving or not self.settled()[0]:
             return
-        for g in self._groups():
+        for g in self.groups():
             lead = self.leader(g)
             if (
                 lead is not None
@@ -108,19 +111,19 @@ class Picking:
                 and lead.cell.hash not in self.in_flight
                 and not self.exhausted(lead)
             ):
-                yield self._req(lead, 1, "leader", f"the leader of {_group(self.s, g)}, on the full schedule")
+                yield self._req(lead, 1, "leader", f"the leader of {group_name(self.s, g)}, on the full schedule")
 
-    def _overlap(self):
+    def overlap(self):
         """Of two measured cells that could each lead, the one with fewer measurements takes another short look
         (SHORT_LOOK says why that is enough)."""
-        for g in self._groups():
+        for g in self.groups():
             lead = self.leader(g)
             for m in self.candidates:
                 if m is lead or m.group != g or not m.obs or not self.could_lead(m) or self.tie(m, lead):
                     continue
                 again = self.again(m, lead)
                 if again and again.cell.hash not in self.in_flight:
-                    why = f"its interval overlaps the other's: {_tps(self, m)} vs leader {_tps(self, lead)}"
+                    why = f"its interval overlaps the other's: {speed_text(self, m)} vs leader {speed_text(self, lead)}"
                     yield self._req(again, 0, "contender", f"{m.cell.name} against {lead.cell.name}: {why}")
 
     def again(self, m: Candidate, lead: Candidate) -> Candidate | None:
@@ -133,7 +136,7 @@ class Picking:
     def _contender(self):
         """Cells that could lead, while who leads is not settled: open ones, and measured ones that may in truth
         beat their leader (one of the two measured again: `again`); the largest chance per predicted second first
-        (bench.execute.settle)."""
+        (bench.execute.answer.settle)."""
         if self.settled()[0]:
             return
         led, ch = self._led(), self.chances
@@ -154,7 +157,8 @@ class Picking:
                 continue
             lead = self.leader(c.group)
             why = (
-                f"could lead {_group(self.s, c.group)}: {_tps(self, c)}, the leader {_tps(self, lead)}; its chance of "
+                f"could lead {group_name(self.s, c.group)}: {speed_text(self, c)}, "
+                f"the leader {speed_text(self, lead)}; its chance of "
                 f"beating it by more than {self.s.speed_tolerance:.0%} {self.chance(c)[0]:.1%}, of every cell "
                 f"that could still lead {ch.lead:.1%}"
             )
@@ -172,7 +176,8 @@ class Picking:
             pool, key=lambda c: (-share.get(c.cell.hash, 0.0) / max(self.cost_s(c, 0), 1e-3), -self.chance(c)[1])
         ):
             why = (
-                f"could be on the frontier: {_mem(self, c)}, {_tps(self, c)}; its chance of adding a point "
+                f"could be on the frontier: {memory_text(self, c)}, {speed_text(self, c)}; "
+                "its chance of adding a point "
                 f"{self.chance(c)[1]:.1%}, of every cell left {ch.frontier:.1%}"
             )
             yield self._req(c, 0, "frontier", why)
@@ -194,7 +199,7 @@ class Picking:
         for _, axis, value, ref, c, partner in sorted(halves, key=_first) + sorted(news, key=_first):
             short = AXIS[axis].short
             why = f"a pair for {short}={value} against {short}={ref} (with {partner.cell.name})"
-            yield Request(c, 0, "effect", why, _group(self.s, c.group), effect=(axis, value))
+            yield Request(c, 0, "effect", why, group_name(self.s, c.group), effect=(axis, value))
 
     # -- knob effects ----------------------------------------------------------------------------------------
 
@@ -205,8 +210,8 @@ class Picking:
         if "pairs" in self._memo:
             return self._memo["pairs"]
         out = []
-        # A parked micro-batch (bench.execute.families) is no contender, but may complete a knob's pair.
-        live = [c for c in self.candidates if c.state in ("open", "measured", "parked")]
+        # A parked micro-batch (bench.execute.answer.families) is no contender, but may complete a knob's pair.
+        live = [c for c in self.candidates if c.state in (State.OPEN, State.MEASURED, State.PARKED)]
         sig = tuple(id(c) for c in live)
         if self._knobs[0] != sig:  # which cells pair changes only when a cell leaves or rejoins the live ones
             self._knobs = (sig, effects.knob_pairs([c.features for c in live]))

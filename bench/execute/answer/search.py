@@ -21,7 +21,7 @@ from .judging import Judging
 from .knowledge import Knowledge
 from .outcomes import Outcomes
 from .picking import Picking
-from .text import _group
+from .text import group_name
 
 __all__ = ["Settings", "Search", "agreement"]
 
@@ -45,7 +45,10 @@ MEMORY_SD_CPU = {"offset": 1.0, "main": 0.1, "pair": 0.0, "misfit": 0.05}
 
 
 class Search(Knowledge, Outcomes, Judging, Picking, Ending):
-    """The search's state: candidates, what the run measured (by block), and the fitted corrections."""
+    """The search's state: candidates, what the run measured (by block), and the fitted corrections. Its methods come
+    in parts, one concern each, that read and set the state made here: what it knows of a cell (Knowledge), what the
+    run's outcomes teach it (Outcomes), its judgements (Judging), what to measure next (Picking) and the answer as it
+    ends (Ending)."""
 
     def __init__(
         self,
@@ -88,11 +91,11 @@ class Search(Knowledge, Outcomes, Judging, Picking, Ending):
             c.limit = min(MAX_MEASUREMENTS, len(ends.get(c.cell.hash, ())))
         self.by_hash = {c.cell.hash: c for c in self.candidates}
         # What tells the cells apart for the models: axis values some candidates have and others not.
-        for c, model in zip(self.candidates, _distinct([c.features for c in self.candidates])):
+        for c, model in zip(self.candidates, distinct([c.features for c in self.candidates])):
             c.model = model | ({SHARE: c.share} if c.share else {})
         self.tps.declare([c.model for c in self.candidates])
         self.memory.declare([c.model for c in self.candidates])
-        # A configuration's micro-batches (micro_batch: auto, bench.execute.families), smallest first.
+        # A configuration's micro-batches (micro_batch: auto, bench.execute.answer.families), smallest first.
         self.capacity = (hw.gpu_memory_bytes if cuda else hw.host_memory_bytes) or None
         self.families: dict[str, list[Candidate]] = {}
         for c in sorted(self.candidates, key=lambda c: c.cell.micro_batch):
@@ -115,6 +118,16 @@ class Search(Knowledge, Outcomes, Judging, Picking, Ending):
         # Errors teach the search: cells that share a repeated error's failing settings are not measured.
         self.lessons = Lessons(shared(c.features for c in self.candidates))
         park(self)
+
+    @property
+    def settings(self) -> Settings:
+        """What the call asked of the answer (--budget, --settle, --group-by, ...)."""
+        return self.s
+
+    def forget(self) -> None:
+        """Drop the figures worked out since the last outcome (speeds, offsets, chances): for a caller that changed a
+        candidate's measurements or tries itself."""
+        self._memo.clear()
 
     def _candidate(self, p: Planned, predicted: dict | None) -> Candidate:
         """The models' predictions for a cell, each made once: its step, its wall on each rung, its memory (the
@@ -153,7 +166,7 @@ class Search(Knowledge, Outcomes, Judging, Picking, Ending):
         return est.gpu_bytes if self.cuda else est.host_bytes
 
 
-def _distinct(feats: list[dict]) -> list[dict]:
+def distinct(feats: list[dict]) -> list[dict]:
     """Each cell's features as the models read them: an axis that every cell has with one value is left out (it
     tells no cells apart, and its pairs with the others are their main effects). A setting only some cells have
     (LoRA's rank, alpha and targets; QLoRA's quantisation and double quantisation) stays, though peft says which
@@ -179,13 +192,13 @@ def agreement(got: Search, full: Search) -> dict:
     slack = math.log(1 + full.s.memory_tolerance)
     mine = {c.cell.hash for c in got.candidates if c.obs}
     leaders = {}
-    for g in full._groups():
+    for g in full.groups():
         lead, pick = full.leader(g), got.leader(g)
         theirs = full.by_hash[pick.cell.hash] if pick is not None else None
         same = lead is None or (
             theirs is not None and full.gap(lead, theirs)[0] < math.log(1 + full.resolution(lead, theirs))
         )
-        leaders[_group(full.s, g)] = (pick.cell.name if pick else None, lead.cell.name if lead else None, same)
+        leaders[group_name(full.s, g)] = (pick.cell.name if pick else None, lead.cell.name if lead else None, same)
     measured = [full.by_hash[h] for h in mine if full.by_hash[h].mem is not None]
     frontier = full.frontier()
     found = [

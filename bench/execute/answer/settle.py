@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...judge import blocks
+from .candidate import State
 
 __all__ = ["DRAWS", "FLOOR", "Chances", "chances", "exceed"]
 
@@ -86,7 +87,7 @@ def chances(s) -> Chances:
     unknown = [c for c in s.open() if c.base_tps is None]  # a model the step-time model cannot read: anything
     offs = s.offsets
     measured = [c for c in s.candidates if c.obs and set(c.obs) & offs.tied]
-    leaders = {g: lead for g in s._groups() if (lead := s.leader(g)) is not None and lead in measured}
+    leaders = {g: lead for g in s.groups() if (lead := s.leader(g)) is not None and lead in measured}
     lead_m, lead_sd = s.tps.marginals([(c.model, c.base_tps) for c in open_])
     levels = [blocks.level(c.obs, offs, s.cross) for c in measured]
     bars = _bars(s, leaders, levels, measured)
@@ -104,7 +105,7 @@ def chances(s) -> Chances:
     out = _drawn(s, [open_[i] for i in drawn], measured, at, leaders, res, rivals(s, leaders, measured))
     left = sorted(set(range(len(open_))) - set(drawn))  # not drawn: their own chances are added
     by_group = {}
-    for g in s._groups():
+    for g in s.groups():
         rest = sum(p_lead[i] for i in left if open_[i].group == g)
         waiting = g not in leaders and any(c.group == g for c in s.open())  # nothing measured to lead it yet
         by_group[g] = 1.0 if waiting else min(1.0, out["by_group"].get(g, 0.0) + rest)
@@ -163,7 +164,7 @@ def _frontier_bounds(s, open_, measured, levels, tps_m, tps_sd):
         best.append(top)
         best_var.append(top_var)
     slack = math.log(1 + s.s.memory_tolerance)
-    p = np.array([0.0 if c.state == "parked" else 1.0 for c in open_])  # a parked micro-batch is no frontier point
+    p = np.array([0.0 if c.state == State.PARKED else 1.0 for c in open_])  # a parked micro-batch is no frontier point
     if len(mems):
         j = np.searchsorted(mems, mem_m - 2.5 * mem_sd + slack, side="right") - 1
         i = np.nonzero((j >= 0) & has_mem & (p > 0))[0]
@@ -243,7 +244,7 @@ def _adds(s, cells, measured, u, mem, lv, res) -> np.ndarray:
     them that are slower and need no less memory dominated; a tie at +inf would hand the share to whichever comes
     first). A cell whose memory the model cannot read: +inf."""
     with_mem = [i for i, m in enumerate(measured) if m.mem is not None]
-    parked = np.array([c.state == "parked" for c in cells], dtype=bool)
+    parked = np.array([c.state == State.PARKED for c in cells], dtype=bool)
     known = np.array([c.base_mem is not None for c in cells], dtype=bool)
     if not with_mem:
         return np.where(parked[None, :], -np.inf, np.where(known[None, :], LIGHTER + u, np.inf))

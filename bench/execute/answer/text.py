@@ -2,7 +2,7 @@
 and how anchors tie them, per group the fastest cell and the cells not told apart from it (the 95% interval
 of their ratio to it reaches within the minimum effect) or not compared with it (no block or anchor ties them),
 the frontier, each knob's effect (pairs measured in one block), the measurements flagged as weaker evidence,
-the errors that teach it (bench.execute.failures) and the cost. Every interval says its confidence (95%);
+the errors that teach it (bench.execute.answer.failures) and the cost. Every interval says its confidence (95%);
 every verdict follows from its interval (bench.judge.effects). Pure: the text of a Search."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ...judge import blocks, compare
 from ...matrix.axes import AXIS
 from ...records.record import Record
 from ..settings import AnswerSettings as Settings
-from .candidate import Candidate, Z
+from .candidate import Candidate, State, Z
 
 if TYPE_CHECKING:
     from .search import Search
@@ -31,25 +31,25 @@ def summary(s: Search) -> list[str]:
         f"measured in {len(names)} block(s), each one run part on one machine):"
     ]
     lines += _blocks(s, names) if len(names) > 1 else []
-    for g in s._groups():
+    for g in s.groups():
         lines.append(_fastest(s, g, names))
     lines.append(
         "  frontier (lightest first; a cell is off it only where a cell of a block tied to its own beats it): "
-        + "; ".join(f"{c.cell.name} {_mem(s, c)} {_tps(s, c)}" for c in s.frontier())
+        + "; ".join(f"{c.cell.name} {memory_text(s, c)} {speed_text(s, c)}" for c in s.frontier())
         if len(names) > 1
         else "  frontier (lightest first): "
-        + "; ".join(f"{c.cell.name} {_mem(s, c)} {_tps(s, c)}" for c in s.frontier())
+        + "; ".join(f"{c.cell.name} {memory_text(s, c)} {speed_text(s, c)}" for c in s.frontier())
     )
     lines += _effects(s)
     lines.append(_settled(s))
     lines += _flagged(s)
-    expected = collections.Counter(s.lessons.expected(c.features) for c in s.candidates if c.state == "expected")
+    expected = collections.Counter(s.lessons.expected(c.features) for c in s.candidates if c.state == State.EXPECTED)
     lines += s.lessons.summary(expected)
     measured = [c for c in s.candidates if c.tries]
-    rest = [c for c in s.candidates if c.state in ("open", "expected")]
+    rest = [c for c in s.candidates if c.state in (State.OPEN, State.EXPECTED)]
     lines.append(
         f"  cost: {s.spent_s:.0f} s of cell time for {len(measured)} of {len(s.candidates)} runnable cells; "
-        f"measuring the other {len(rest)} once would add about {_hms(s.full_run_s(rest))} (predicted)"
+        f"measuring the other {len(rest)} once would add about {hms(s.full_run_s(rest))} (predicted)"
     )
     if s.spent_at_start:
         lines.append("  the budget left afforded no attempt: this call measured nothing (a larger --budget goes on)")
@@ -57,11 +57,11 @@ def summary(s: Search) -> list[str]:
 
 
 def _settled(s: Search) -> str:
-    """The joint stopping rule's figures (bench.execute.settle): what the cells left unmeasured, and the measured ones
-    that may still beat their leader, could change."""
+    """The joint stopping rule's figures (bench.execute.answer.settle): what the cells left unmeasured, and the
+    measured ones that may still beat their leader, could change."""
     ch, level = s.chances, s.s.settle
     left = len(s.open() + s.parked())
-    rivals = sum(1 for c in s.candidates if c.obs and c.cell.hash in ch.cell_lead)  # bench.execute.settle.rivals
+    rivals = sum(1 for c in s.candidates if c.obs and c.cell.hash in ch.cell_lead)  # bench.execute.answer.settle.rivals
     also = f", or of the {rivals} measured one(s) that may still be measured again," if rivals else ""
     lead, front = s.settled()
     return (
@@ -119,15 +119,16 @@ def _blocks(s: Search, names: dict[str, str]) -> list[str]:
 def _fastest(s: Search, g: tuple, names: dict[str, str]) -> str:
     lead = s.leader(g)
     if lead is None:
-        return f"  {_group(s.s, g)}: no cell ran ok"
+        return f"  {group_name(s.s, g)}: no cell ran ok"
     tied, apart = s.ties(lead)
     among = ""
     if apart:  # the fastest of the blocks anchors tie together, not of the group
-        part = s._parts()
+        part = s.parts()
         tied_blocks = sorted((b for b in names if part[b] == min(part[x] for x in lead.obs)), key=list(names).index)
         among = f" among the cells of {', '.join(names[b] for b in tied_blocks)}"
     where = ", ".join(names.get(b, b) for b in lead.obs) if len(names) > 1 else ""
-    text = f"  fastest, {_group(s.s, g)}{among}: {lead.cell.name}: {_tps(s, lead)}, {len(lead.logs)} measurement(s)"
+    text = f"  fastest, {group_name(s.s, g)}{among}: {lead.cell.name}: "
+    text += f"{speed_text(s, lead)}, {len(lead.logs)} measurement(s)"
     text += f" in {where}" if where else ""
     if tied:
         text += f"; not told apart from it (within {s.s.speed_tolerance:.0%}): {', '.join(m.cell.name for m in tied)}"
@@ -165,7 +166,7 @@ def _flagged(s: Search) -> list[str]:
     return [f"  weaker evidence ({len(weak)} cell(s), their noise taken about three times wider): {shown}"]
 
 
-def _where(rec: Record) -> str:
+def machine_text(rec: Record) -> str:
     """The machine of a record, in a few words: its GPUs (UUIDs shortened) or its host."""
     m = rec.machine
     if m is None:
@@ -175,11 +176,11 @@ def _where(rec: Record) -> str:
     return f"{gpus} (host {host})" if gpus else f"host {host} ({m.cpu_count} CPUs)"
 
 
-def _group(s: Settings, g: tuple) -> str:
+def group_name(s: Settings, g: tuple) -> str:
     return ",".join(f"{AXIS[a].short}={v}" for a, v in zip(s.group_by, g)) or "all cells"
 
 
-def _tps(search: Search, c: Candidate) -> str:
+def speed_text(search: Search, c: Candidate) -> str:
     """Its tokens/s with the interval at 95%: measured (on the reference block's scale, where anchors tie its
     block to it; else as its own block measured it, which that block's name says), or predicted."""
     lo, hi = search.interval(c)
@@ -198,10 +199,10 @@ def _tps(search: Search, c: Candidate) -> str:
         # than predicted is fewer tokens/s).
         lo, hi = c.base_tps - c.band[1], c.base_tps - c.band[0]
     how = "measured" if c.obs else "predicted"
-    return f"{how} {_k(math.exp(mid))} tok/s [{_k(math.exp(lo))}, {_k(math.exp(hi))}] at 95%{where}"
+    return f"{how} {kilo(math.exp(mid))} tok/s [{kilo(math.exp(lo))}, {kilo(math.exp(hi))}] at 95%{where}"
 
 
-def _mem(search: Search, c: Candidate) -> str:
+def memory_text(search: Search, c: Candidate) -> str:
     lo, hi = search.memory_interval(c)
     if not math.isfinite(lo):
         return "memory unknown"
@@ -209,11 +210,11 @@ def _mem(search: Search, c: Candidate) -> str:
     return f"{how} {math.exp((lo + hi) / 2) / 2**30:.1f} GiB"
 
 
-def _k(x: float) -> str:
+def kilo(x: float) -> str:
     return f"{x / 1000:.1f}k" if x >= 1000 else f"{x:.0f}"
 
 
-def _hms(seconds: float) -> str:
+def hms(seconds: float) -> str:
     m, sec = divmod(int(round(seconds)), 60)
     h, m = divmod(m, 60)
     return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s"
