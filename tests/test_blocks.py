@@ -20,8 +20,8 @@ from bench import stats
 from bench.cli import main as cli
 from bench.estimate.online import Online
 from bench.execute import answer, answer_text
+from bench.execute.executors.replay import Recording
 from bench.execute.plan import Planned, hardware, plan
-from bench.execute.replay import Recording
 from bench.judge import blocks, effects
 from bench.judge.blocks import Obs
 from bench.judge.results import records_to_frame

@@ -22,8 +22,11 @@ from ..matrix.axes import AUTO
 from ..matrix.problems import InputError
 from ..records import cache
 from ..records.store import Store, check_writable, read_records
-from . import launch, local, schedule
+from . import launch, schedule
 from .answer import Search
+from .executors import local
+from .executors.registry import EXECUTORS
+from .executors.replay import Recording
 from .plan import (
     Plan,
     Planned,
@@ -35,13 +38,11 @@ from .plan import (
     host_platform,
     placed_by,
 )
-from .registry import EXECUTORS
-from .replay import Recording
 from .session import Options, Session
 from .settings import AnswerSettings, RunSettings, check_folder, check_settings
 
-if TYPE_CHECKING:  # the executors are imported only when chosen (bench.execute.registry)
-    from .slurm import Partition
+if TYPE_CHECKING:  # the executors are imported only when chosen (bench.execute.executors.registry)
+    from .executors.slurm import Partition
 
 __all__ = ["run", "new_run_id", "Target", "target", "answer_items", "answer_preview", "family_of"]
 
@@ -72,8 +73,8 @@ def run(
     written whole (a full disk): the run stops there, having printed what it wrote and what it lost. SIGINT and
     SIGTERM raise Stopped (with the results path) after the running cell is recorded as interrupted.
 
-    Where and how: s.executor (bench.execute.registry) runs the cells on this host's GPUs (local), a Ray cluster,
-    Slurm jobs or, replaying results files, nowhere (every record and report says it is a replay, written by
+    Where and how: s.executor (bench.execute.executors.registry) runs the cells on this host's GPUs (local), a Ray
+    cluster, Slurm jobs or, replaying results files, nowhere (every record and report says it is a replay, written by
     default to results/local/<matrix name>.replay.jsonl). This process writes every record, whichever executor runs
     the cells."""
     _check_choices(s, recording)
@@ -117,7 +118,7 @@ def _check_choices(s: RunSettings, recording: Recording | None) -> None:
     if s.executor == "slurm" and not (s.replay or recording):
         if s.gpus_available or s.pack:
             raise InputError("--gpus-available and --pack place cells on this host; a Slurm run's width is --max-jobs")
-        from . import slurm
+        from .executors import slurm
 
         slurm.require()
 
@@ -151,7 +152,7 @@ def target(s: RunSettings, m: spec.Matrix, recording: Recording | None = None) -
     if recording is not None:
         platform = recording.platform()
     elif s.executor == "slurm":
-        from . import slurm
+        from .executors import slurm
 
         block = m.slurm.model_copy(update={k: v for k, v in (s.slurm or {}).items() if v is not None})
         part = slurm.partition(block.partition)
@@ -216,7 +217,7 @@ def _placing(s: RunSettings, t: Target, logs: Path):
     in Slurm at once, and its settings."""
     if t.partition is None:
         return _slots(t.platform, s.gpus_available, s.pack), None
-    from .slurm import Settings
+    from .executors.slurm import Settings
 
     settings = Settings.of(t.slurm, t.partition, t.platform.cuda, logs)
     check_folder(settings.folder, "the Slurm folder (--slurm-folder)")

@@ -3,7 +3,7 @@ drawn-but-waiting (pending) and implied out of memory, the attempts in flight an
 
 The session is the source of attempts (source), writes each start when an executor has placed it (admit)
 and each end when it comes back (done), all in this thread: only the session writes to the results file.
-The executor (bench.execute.registry) decides where and when each attempt's job runs.
+The executor (bench.execute.executors.registry) decides where and when each attempt's job runs.
 """
 
 from __future__ import annotations
@@ -32,16 +32,17 @@ from ..records import quality
 from ..records.record import AttemptContext, Record, Search, machine_of, parse
 from ..records.status import Status
 from ..records.store import Store, StoreWriteError
-from . import answer, answer_text, launch, local, schedule
+from . import answer, answer_text, launch, schedule
 from .attempt import HARNESS_ERRNOS, HarnessError, ended, now
-from .executor import WAIT, Attempt, Finished, Handle, Job, Shape, dispatch
+from .executors import local
+from .executors.executor import WAIT, Attempt, Finished, Handle, Job, Shape, dispatch
+from .executors.registry import executor_for
+from .executors.replay import Recording
 from .launch import telemetry
 from .plan import Plan, Planned, arrange, hardware, prediction, prune_skip
 from .prepare import prepare
 from .probe import probe_machine, run_shape
 from .progress import Progress, line
-from .registry import executor_for
-from .replay import Recording
 from .settings import RunSettings, stall_s
 from .signals import Stopped, stop_on_signals
 
@@ -79,9 +80,9 @@ class Options:
     repeats: int
     platform: env.Platform
     slots: local.Slots
-    executor: str = "local"  # a name in bench.execute.registry.EXECUTORS ("replay" for a recording)
-    replay: Recording | None = None  # the replay executor's recorded ends (bench.execute.replay)
-    slurm: Any = None  # the slurm executor's settings (bench.execute.slurm.Settings)
+    executor: str = "local"  # a name in bench.execute.executors.registry.EXECUTORS ("replay" for a recording)
+    replay: Recording | None = None  # the replay executor's recorded ends (bench.execute.executors.replay)
+    slurm: Any = None  # the slurm executor's settings (bench.execute.executors.slurm.Settings)
 
 
 class Session:

@@ -102,7 +102,7 @@ class RunSettings:
     margin: float = DEFAULT_MARGIN
     """The memory model's margin: pruned beyond (1 + margin) of the memory, unsure within it."""
     executor: str = "local"
-    """What runs the cells: a name in bench.execute.registry.EXECUTORS (local, ray, slurm, replay)."""
+    """What runs the cells: a name in bench.execute.executors.registry.EXECUTORS (local, ray, slurm, replay)."""
     gpus_available: int | None = None
     """This host's first N GPUs (default: every GPU NVML shows); on a CPU host, N slots side by side (default 1)."""
     pack: bool | None = None
@@ -116,7 +116,8 @@ class RunSettings:
     answer: AnswerSettings | None = None
     """Answer mode (bench.execute.answer): measure only the cells that settle the answer; None: every cell."""
     replay: tuple[str, ...] = ()
-    """Results files whose recorded ends are served as if the cells ran (bench.execute.replay); nothing runs."""
+    """Results files whose recorded ends are served as if the cells ran (bench.execute.executors.replay); nothing
+    runs."""
     progress: bool = True
     """A progress bar (one line per cell is printed regardless)."""
     extra_env: Mapping[str, str] | None = None
