@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..estimate import Hardware
 from ..estimate.search import ladder
 from ..host import env
 from ..matrix import dsconfig, rules, spec
@@ -38,7 +39,7 @@ from .plan import (
     host_platform,
     placed_by,
 )
-from .session import Options, Session
+from .session import Run, Session
 from .settings import AnswerSettings, RunSettings, check_folder, check_settings
 
 if TYPE_CHECKING:  # the executors are imported only when chosen (bench.execute.executors.registry)
@@ -91,17 +92,17 @@ def run(
     if not s.other_matrix:
         check_same_matrix(store.path, p.matrix.name, s.matrix, s.resume)
     slots, slurm_settings = _placing(s, t, logs)
-    o = Options(
-        s, logs=logs, printer=printer, on_record=on_record, repeats=s.repeats or p.matrix.repeats,
-        platform=t.platform, slots=slots, executor="replay" if recording else s.executor, replay=recording,
-        slurm=slurm_settings,
+    resolved = dataclasses.replace(
+        s, results=str(store.path), logs=str(logs), repeats=s.repeats or p.matrix.repeats, platform=t.platform,
+        executor="replay" if recording else s.executor,
     )  # fmt: skip
+    how = Run(resolved, slots, recording=recording, slurm=slurm_settings, printer=printer, on_record=on_record)
     # One run per results file: a second run (or a --resume) beside this one would measure every cell
     # twice, number both attempts 1, share their log files and take each other's started cells for dead.
     with store.hold("zerobench run --resume" if s.resume else "zerobench run"):
-        session = Session(p, store, o, new_run_id())
+        session = Session(p, store, how, new_run_id())
         launch.sweep_attempt_folders()  # what a SIGKILLed run before this one could not remove
-        _say_hardware(o, session)
+        _say_hardware(how, session.hw)
         session.load()
         session.go()
     return p, store.path, [r.to_dict() for r in session.written]
@@ -309,20 +310,19 @@ def family_of(cell) -> str:
     return dataclasses.replace(cell, micro_batch=AUTO, grad_accum=1).hash
 
 
-def _say_hardware(o: Options, s: Session) -> None:
-    if o.platform.cuda and not o.platform.nvml:
-        o.printer(
+def _say_hardware(r: Run, hw: Hardware) -> None:
+    if r.platform.cuda and not r.platform.nvml:
+        r.printer(
             "warning: this GPU host has no NVML (pip install nvidia-ml-py): records will "
             "carry the torch allocator's memory only, not NVML's process and device memory, power or utilisation"
         )
-    hw = s.hw
     if hw.gpu_memory_bytes:
-        o.printer(
+        r.printer(
             f"memory model: judging cells against {hw.gpu_memory_bytes / 2**30:.1f} GiB of GPU memory"
             + (f" and {hw.host_memory_bytes / 2**30:.1f} GiB of host memory" if hw.host_memory_bytes else "")
             + (
-                f", margin {o.s.margin:.0%}; cells predicted not to fit are skipped (--no-prune runs them)"
-                if o.s.prune
+                f", margin {r.settings.margin:.0%}; cells predicted not to fit are skipped (--no-prune runs them)"
+                if r.settings.prune
                 else ""
             )
         )

@@ -68,7 +68,9 @@ class AnswerSettings:
 @dataclass(frozen=True, kw_only=True)
 class RunSettings:
     """What a run was asked (`zerobench run`'s options): built once, read alike by its dry run
-    (bench.execute.plan.preview, bench.execute.run.answer_preview) and the run (bench.execute.run.run)."""
+    (bench.execute.plan.preview, bench.execute.run.answer_preview) and the run (bench.execute.run.run), which fills
+    in what it resolves (the results file, the logs folder, the repeats, the platform, the executor) for its session
+    (bench.execute.session.Run)."""
 
     matrix: str
     """The matrix file."""
