@@ -40,8 +40,8 @@ def full_search(matrix_path: str, files: list[str], settings):
     """The answer a recorded grid gives: an answer-mode search (bench.execute.answer.Search) that has observed every
     recorded end."""
     from bench.execute import answer
+    from bench.execute.executors.replay import Recording
     from bench.execute.plan import hardware, plan
-    from bench.execute.replay import Recording
     from bench.records.record import parse
 
     rec = Recording(files)

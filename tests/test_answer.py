@@ -1,4 +1,4 @@
-"""Answer mode (bench.execute.answer) and the replay executor (bench.execute.replay): the online correction of
+"""Answer mode (bench.execute.answer) and the replay executor (bench.execute.executors.replay): the online correction of
 the models, the short schedule, the CLI's checks,
 and answer mode replayed over committed H200 grids against the answers the full grids give."""
 
@@ -14,8 +14,8 @@ import pytest
 from bench.cli import main as cli
 from bench.estimate.online import SHARE, Online
 from bench.execute import answer
+from bench.execute.executors.replay import Recording
 from bench.execute.plan import plan
-from bench.execute.replay import Recording
 from bench.matrix import spec
 from bench.matrix.cells import Cell
 from bench.records.record import parse

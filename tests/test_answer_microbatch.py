@@ -12,8 +12,8 @@ import pytest
 
 from bench.estimate import DEFAULT_MARGIN
 from bench.execute import answer
+from bench.execute.executors.replay import Recording
 from bench.execute.plan import hardware, plan
-from bench.execute.replay import Recording
 from bench.execute.run import answer_items, family_of
 from bench.matrix import spec
 from bench.matrix.problems import ConfigError, InputError

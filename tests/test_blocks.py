@@ -21,8 +21,8 @@ from bench.cli import main as cli
 from bench.estimate.online import Online
 from bench.execute import answer
 from bench.execute.answer import text as answer_text
+from bench.execute.executors.replay import Recording
 from bench.execute.plan import Planned, hardware, plan
-from bench.execute.replay import Recording
 from bench.judge import blocks, effects
 from bench.judge.blocks import Obs
 from bench.judge.results import records_to_frame

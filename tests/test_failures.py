@@ -188,8 +188,8 @@ def test_answer_mode_attempts_no_cell_its_lessons_expect_to_repeat_an_error(repl
 
 
 def _plan_7b():
+    from bench.execute.executors.replay import Recording
     from bench.execute.plan import plan
-    from bench.execute.replay import Recording
 
     rec = Recording([str(ROOT / SEVEN_B)])
     return [it for it in rec.restrict(plan("matrices/7b.yaml", platform=rec.platform())).items if it.skip is None]

@@ -28,7 +28,7 @@ def test_alone_then_beside_a_copy_gives_a_ratio(tmp_path, monkeypatch, capsys):
     assert len(packed) == 2 and all(r["placement"]["beside"] == [r["cell_hash"]] for r in packed)
     text = (tmp_path / "i.md").read_text()
     assert "ratio beside/alone: tokens/s " in text and "| beside | 2 |" in text, text
-    # Each copy gets its share of the two cores (bench.execute.local): without it both sized their thread
+    # Each copy gets its share of the two cores (bench.execute.executors.local): without it both sized their thread
     # pools to the whole host and ran 16x slower than alone; with it, about 1.2x.
     ratio = float(text.split("step time ")[-1].split()[0])
     assert ratio < 4, text

@@ -1,5 +1,5 @@
-"""Packing cells on one host (bench.execute.local): disjoint GPU sets, first come first served, stops that reach
-every running cell; and what it relies on (ports held per running cell, serialized appends)."""
+"""Packing cells on one host (bench.execute.executors.local): disjoint GPU sets, first come first served, stops that
+reach every running cell; and what it relies on (ports held per running cell, serialized appends)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.execute import local as pool
-from bench.execute.executor import WAIT, Attempt, Job, Shape, dispatch
+from bench.execute.executors import local as pool
+from bench.execute.executors.executor import WAIT, Attempt, Job, Shape, dispatch
 from bench.execute.launch import Launch, ports
 from bench.matrix.cells import Cell
 from bench.records.record import AttemptContext, Record

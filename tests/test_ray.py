@@ -22,9 +22,9 @@ import ray
 from ray.cluster_utils import Cluster
 
 from bench.cli import DEFAULT_MATRIX
-from bench.execute.executor import Attempt, Handle, Job, Shape
+from bench.execute.executors.executor import Attempt, Handle, Job, Shape
+from bench.execute.executors.ray import SLOT, _Held, _killed, _Node, _per_node
 from bench.execute.launch import Launch
-from bench.execute.ray import SLOT, _Held, _killed, _Node, _per_node
 from bench.matrix.cells import Cell
 from bench.matrix.problems import InputError
 from bench.records.status import Status

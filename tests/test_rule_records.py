@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from bench.execute.replay import Recording
+from bench.execute.executors.replay import Recording
 from bench.host import env
 from bench.matrix import rules
 from bench.matrix.axes import OPTIMIZERS

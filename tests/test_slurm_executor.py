@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench.execute.slurm import LIVE
+from bench.execute.executors.slurm import LIVE
 from bench.matrix.spec import expand, loads
 from bench.records.store import read
 from tests.conftest import (

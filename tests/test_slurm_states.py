@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.execute import slurm
-from bench.execute.executor import Attempt, Job, Shape
+from bench.execute.executors import slurm
+from bench.execute.executors.executor import Attempt, Job, Shape
 from bench.execute.launch import Launch, NodeEnd, Outcome
 from bench.matrix.cells import Cell
 from bench.matrix.problems import InputError

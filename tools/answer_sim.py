@@ -7,7 +7,7 @@ wrong sign of an effect, and how much cell time it takes to settle.
 Each trial draws a truth for every runnable cell of the matrix (as planned on the machine of `--gpu`: the H200
 of results/7b-answer-h200.jsonl, or the H100 of the ok record tools.worlds' table keeps) and runs answer mode
 against it through the replay path: `zerobench run --answer` in this process, its replay executor serving
-synthetic records made from the truth (SimRecording, a bench.execute.replay.Recording). The search sees the
+synthetic records made from the truth (SimRecording, a bench.execute.executors.replay.Recording). The search sees the
 models' prior on that machine, as a real answer there would. Like a real answer on lent machines, the search runs
 in two calls on two machines: the first with --budget FIRST_CALL_S, then, unless that settled it, `--resume` on a
 second machine (a new block, tied by anchors) until it is settled or CAP_S of cell time is spent (`--calls 1`:
@@ -98,8 +98,8 @@ from bench.cli.run_options import chance_level
 from bench.estimate import predict
 from bench.estimate.steptime import predict_setup, predict_start, step_and_share, steps_of
 from bench.execute import answer
+from bench.execute.executors.replay import Recording, Replayed
 from bench.execute.plan import Planned, arrange, hardware, plan
-from bench.execute.replay import Recording, Replayed
 from bench.execute.run import run
 from bench.execute.settings import RunSettings
 from bench.judge import effects, results
@@ -361,7 +361,8 @@ def _templates(gpu: str = "H200") -> tuple[dict, dict, dict]:
 
 
 def _platform(template: dict):
-    """The machine a record was made on, as a replay of it plans for (bench.execute.replay.Recording.platform)."""
+    """The machine a record was made on, as a replay of it plans for
+    (bench.execute.executors.replay.Recording.platform)."""
     return Recording.platform(types.SimpleNamespace(first=template))
 
 

@@ -70,7 +70,7 @@ def _add_plan(r: argparse.ArgumentParser) -> None:
 
 def _add_where(r: argparse.ArgumentParser) -> None:
     """Where the cells run: this host's GPUs, packed or not; a Ray cluster; Slurm; one shard of them."""
-    from ..execute.registry import EXECUTORS
+    from ..execute.executors.registry import EXECUTORS
 
     r.add_argument(
         "--gpus-available",

@@ -293,7 +293,7 @@ def _check_faults(p: Plan, text: str | None) -> None:
 def placed_by(platform: env.Platform, executor: str) -> env.Platform:
     """The platform the rules judge cells by under `executor`: under `ray`, a cell's nodes are nodes of a cluster
     the plan does not count (hosts None), and the executor refuses, before any cell, what its cluster cannot
-    place (bench.execute.ray)."""
+    place (bench.execute.executors.ray)."""
     if executor != "ray":
         return platform
     import dataclasses

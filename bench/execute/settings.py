@@ -69,7 +69,9 @@ class AnswerSettings:
 @dataclass(frozen=True, kw_only=True)
 class RunSettings:
     """What a run was asked (`zerobench run`'s options): built once, read alike by its dry run
-    (bench.execute.plan.preview, bench.execute.run.answer_preview) and the run (bench.execute.run.run)."""
+    (bench.execute.plan.preview, bench.execute.run.answer_preview) and the run (bench.execute.run.run), which fills
+    in what it resolves (the results file, the logs folder, the repeats, the platform, the executor) for its session
+    (bench.execute.session.Run)."""
 
     matrix: str
     """The matrix file."""
@@ -103,7 +105,7 @@ class RunSettings:
     margin: float = DEFAULT_MARGIN
     """The memory model's margin: pruned beyond (1 + margin) of the memory, unsure within it."""
     executor: str = "local"
-    """What runs the cells: a name in bench.execute.registry.EXECUTORS (local, ray, slurm, replay)."""
+    """What runs the cells: a name in bench.execute.executors.registry.EXECUTORS (local, ray, slurm, replay)."""
     gpus_available: int | None = None
     """This host's first N GPUs (default: every GPU NVML shows); on a CPU host, N slots side by side (default 1)."""
     pack: bool | None = None
@@ -117,7 +119,8 @@ class RunSettings:
     answer: AnswerSettings | None = None
     """Answer mode (bench.execute.answer): measure only the cells that settle the answer; None: every cell."""
     replay: tuple[str, ...] = ()
-    """Results files whose recorded ends are served as if the cells ran (bench.execute.replay); nothing runs."""
+    """Results files whose recorded ends are served as if the cells ran (bench.execute.executors.replay); nothing
+    runs."""
     progress: bool = True
     """A progress bar (one line per cell is printed regardless)."""
     extra_env: Mapping[str, str] | None = None

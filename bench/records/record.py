@@ -562,7 +562,7 @@ class FixedCosts(BaseModel):
 
 class Placement(BaseModel):
     """Where the cell ran (on a cluster: which node, which job), and beside which cells (cells packed side by
-    side on one host, bench.execute.local, or on one node of a cluster)."""
+    side on one host, bench.execute.executors.local, or on one node of a cluster)."""
 
     model_config = _CLOSED
     gpus: list[int] | None = None
@@ -710,7 +710,7 @@ class AnswerNote(BaseModel):
 
 
 class Replay(BaseModel):
-    """A replayed end (`zerobench run --replay`, bench.execute.replay): nothing ran; the measurement is the
+    """A replayed end (`zerobench run --replay`, bench.execute.executors.replay): nothing ran; the measurement is the
     recorded one named here, with its provenance."""
 
     model_config = _CLOSED
@@ -1026,7 +1026,7 @@ class Record(BaseModel):
         beside: list[str] | None = None,
     ) -> "Record":
         """The attempt as the launcher classified it (a bench.execute.launch.Outcome) with the ranks' documents;
-        beside: the cells that ran during its measured phase, where it ran in a pool (bench.execute.local)."""
+        beside: the cells that ran during its measured phase, where it ran in a pool (bench.execute.executors.local)."""
         docs, bad = [], []
         for d in sorted(out.ranks, key=lambda d: d.get("rank", 0) if isinstance(d.get("rank"), int) else 0):
             try:

@@ -445,8 +445,8 @@ def _refuse_gzip(path) -> None:
 class Store:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        # Cells packed side by side (bench.execute.local) append from their threads: one append at a time, or a
-        # failed one's cut back to "its" previous end would cut off a neighbour's record.
+        # Cells packed side by side (bench.execute.executors.local) append from their threads: one append at a time,
+        # or a failed one's cut back to "its" previous end would cut off a neighbour's record.
         self._lock = threading.Lock()
         self._held: int | None = None
         """While held (hold()), the locked descriptor every append writes through."""

@@ -48,7 +48,7 @@ class StopRequest(threading.Event):
 @dataclass(frozen=True)
 class Launch:
     """How an attempt's worker(s) are launched, whatever cell they run: built once where the attempt is prepared
-    and handed down whole (bench.execute.executor.Job, launch.run_cell, each node's NodeLaunch). Plain
+    and handed down whole (bench.execute.executors.executor.Job, launch.run_cell, each node's NodeLaunch). Plain
     picklable values: a cluster executor ships it to the node that runs it."""
 
     log_path: Path

@@ -20,14 +20,14 @@ import queue
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..host import env
-from ..matrix import rules
-from ..matrix.problems import InputError
-from ..records import store
-from ..records.record import Provenance
+from ...host import env
+from ...matrix import rules
+from ...matrix.problems import InputError
+from ...records import store
+from ...records.record import Provenance
+from ..plan import Plan
 from .executor import Attempt, Finished, Handle
 from .local import Slots
-from .plan import Plan
 
 __all__ = ["NOT_RECORDED", "Recording", "Replayed", "ReplayExecutor"]
 

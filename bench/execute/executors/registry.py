@@ -1,4 +1,4 @@
-"""The executors `zerobench run --executor NAME` chooses from (each implements bench.execute.executor).
+"""The executors `zerobench run --executor NAME` chooses from (each implements bench.execute.executors.executor).
 
 Each entry imports its class only when chosen, so an executor's optional dependencies (a cluster's
 client library) load only when it is used. Each is built from the run's local.Slots, the host's platform
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..matrix.problems import InputError
+from ...matrix.problems import InputError
 
 __all__ = ["EXECUTORS", "executor_for"]
 

@@ -15,7 +15,7 @@ file has one writer whatever runs the cells, and `--resume` works whichever exec
 
 A Job is plain data (picklable): a remote executor ships it to the node that owns the GPUs and calls it
 there with the GPUs it holds, so the launcher (bench.execute.launch) runs on that node, the same for every
-executor. bench.execute.registry names the executors `--executor` chooses from.
+executor. bench.execute.executors.registry names the executors `--executor` chooses from.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..matrix.cells import Cell
-from . import launch
+from ...matrix.cells import Cell
+from .. import launch
 
 __all__ = ["Attempt", "Executor", "Finished", "Halted", "Handle", "Job", "Neighbours", "Shape", "dispatch", "stop_for"]
 

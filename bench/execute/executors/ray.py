@@ -17,7 +17,7 @@ with the node(s) it ran on and their provenance; the orchestrator writes every r
 (max_retries=0): a crashed or killed cell is recorded once, as what happened to it. On a cluster without GPUs,
 CPU cells are placed on a custom resource (SLOT) each node declares.
 
-Attempts are placed first come first served as on one host (bench.execute.executor.dispatch): the first
+Attempts are placed first come first served as on one host (bench.execute.executors.executor.dispatch): the first
 that cannot be placed waits in its placement group, and none behind it is drawn meanwhile.
 
 Signals: Ray turns an exception that a signal handler raises inside its calls into a plain KeyboardInterrupt,
@@ -48,10 +48,10 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from ..host import env
-from ..matrix.problems import InputError
-from ..records.status import Status
-from . import launch
+from ...host import env
+from ...matrix.problems import InputError
+from ...records.status import Status
+from .. import launch
 from .executor import Attempt, Finished, Halted, Handle, Job, Neighbours, stop_for
 
 __all__ = ["RayExecutor", "SLOT", "FORKSERVERS"]
@@ -619,7 +619,7 @@ class RayExecutor:
     def cancel(self, why: BaseException) -> list[Finished]:
         """Stop every task (ray.cancel: each stops its worker tree as Ctrl-C does) and wait for them; a task
         still running after CANCEL_S is ended by force (its Ray worker killed; the cell's worker, which
-        watches its parent, stops itself). Each ends as `why` says (bench.execute.executor.stop_for), or
+        watches its parent, stops itself). Each ends as `why` says (bench.execute.executors.executor.stop_for), or
         with its Outcome where it finished whole meanwhile."""
         exc = stop_for(why)
         with launch.holding_signals():  # a second Ctrl-C waits for this cleanup (bench.execute.signals)

@@ -38,12 +38,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..host import env
-from ..matrix.cells import Cell
-from ..matrix.problems import InputError
-from ..matrix.spec import SlurmSettings, duration_s
-from ..records.status import Status
-from . import launch
+from ...host import env
+from ...matrix.cells import Cell
+from ...matrix.problems import InputError
+from ...matrix.spec import SlurmSettings, duration_s
+from ...records.status import Status
+from .. import launch
 from .executor import Attempt, Finished, Handle, Job, stop_for
 
 __all__ = ["Partition", "Settings", "SlurmExecutor", "Task", "TaskEnd", "judge", "partition", "platform_of", "run_task"]
@@ -413,7 +413,7 @@ class SlurmExecutor:
 
     def __init__(self, slots=None, cuda: bool = True, settings: Settings | None = None, printer=print):
         if settings is None:
-            raise ValueError("the slurm executor needs its settings (bench.execute.slurm.Settings)")
+            raise ValueError("the slurm executor needs its settings (bench.execute.executors.slurm.Settings)")
         self.submitit, self.cuda, self.s = require(), cuda, settings
         self.slots = settings.max_jobs
         settings.folder.mkdir(parents=True, exist_ok=True)

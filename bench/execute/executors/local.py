@@ -7,7 +7,7 @@ The rule, first come first served: units start in the order they are given. The 
 start (fewer free GPUs than it needs, or the most cells already running) waits, and no unit behind it
 starts before it does. A 2-GPU cell behind a stream of 1-GPU cells therefore waits only for two of the
 running cells to end, never for the stream; the price is GPUs left idle while it waits, so an order that
-keeps cells of one width together packs best (bench.execute.executor.dispatch draws and places).
+keeps cells of one width together packs best (bench.execute.executors.executor.dispatch draws and places).
 
 Signals reach only the main thread: a stop there (Ctrl-C, SIGTERM as bench.execute.Stopped, or an error)
 cancels: every running cell is asked to stop (launch.StopRequest), and each one's end is handed back.
@@ -24,10 +24,10 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..launch import StopRequest
 from .executor import Attempt, Finished, Halted, Handle, Job, Neighbours, stop_for
-from .launch import StopRequest
 
-__all__ = ["Slots", "Lane", "LocalExecutor", "Neighbours", "Halted"]  # the last two: bench.execute.executor's
+__all__ = ["Slots", "Lane", "LocalExecutor", "Neighbours", "Halted"]  # the last two: bench.execute.executors.executor's
 
 
 class Slots:
