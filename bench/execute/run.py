@@ -21,6 +21,7 @@ from ..matrix import dsconfig, rules, spec
 from ..matrix.axes import AUTO
 from ..matrix.problems import InputError
 from ..records import cache
+from ..records.record import Record
 from ..records.store import Store, check_writable, read_records
 from . import launch, local, schedule
 from .answer import Search
@@ -53,7 +54,7 @@ def new_run_id() -> str:
 
 def run(
     s: RunSettings, *, printer=print, on_record=None, recording: Recording | None = None
-) -> tuple[Plan, Path, list[dict]]:
+) -> tuple[Plan, Path, list[Record]]:
     """Run a matrix as s asks (bench.execute.settings.RunSettings); return the plan, the results path and the
     records written by this call.
 
@@ -103,7 +104,7 @@ def run(
         _say_hardware(o, session)
         session.load()
         session.go()
-    return p, store.path, [r.to_dict() for r in session.written]
+    return p, store.path, list(session.written)
 
 
 def _check_choices(s: RunSettings, recording: Recording | None) -> None:

@@ -75,7 +75,7 @@ class Options:
     s: RunSettings
     logs: Path
     printer: Callable
-    on_record: Callable | None
+    on_record: Callable[[Record], Any] | None
     repeats: int
     platform: env.Platform
     slots: local.Slots
@@ -151,7 +151,7 @@ class Session:
         try:
             self.store.append(rec)
         except StoreWriteError as e:
-            e.record = rec.to_dict()  # what is lost, for the message that stops the run
+            e.record = rec  # what is lost, for the message that stops the run
             raise
         return rec
 
@@ -165,11 +165,10 @@ class Session:
     def recorded(self, i: int, rec: Record) -> None:
         """An outcome is stored: count it, print it, hand it to the exporter."""
         self.written.append(rec)
-        d = rec.to_dict()
-        self.prog.done(i, d, elapsed=time.time() - self.t_run, eta=self.left())
+        self.prog.done(i, rec, elapsed=time.time() - self.t_run, eta=self.left())
         if self.o.on_record is not None:
             try:
-                self.o.on_record(d)
+                self.o.on_record(rec)
             except Exception as e:  # noqa: BLE001 - an exporter must not stop a measurement
                 self.o.printer(f"warning: exporting the record of {rec.cell_name} failed: {type(e).__name__}: {e}")
 
@@ -187,23 +186,20 @@ class Session:
         if self.search is not None and self.o.s.resume:
             self._check_same_groups()  # before anything is written
         for rec in self.existing:
-            if rec.get("status") != Status.STARTED.value:
-                self.attempts[rec["cell_hash"]] = max(self.attempts.get(rec["cell_hash"], 0), rec.get("attempt", 1))
+            if rec.status is not Status.STARTED:
+                self.attempts[rec.cell_hash] = max(self.attempts.get(rec.cell_hash, 0), rec.attempt)
         if self.o.s.resume:
             self.stored, stale = self.store.resume_state(self.existing)
-            last = {r["cell_hash"]: r for r in self.existing if r.get("status") != Status.STARTED.value}
             self.said_skips = {
-                h: ((r.get("skip") or {}).get("rule"), r.get("reason"))
-                for h, r in last.items()
-                if r["status"] == Status.SKIPPED.value
+                h: (r.skip.rule if r.skip else None, r.reason)
+                for h, r in self._last().items()
+                if r.status is Status.SKIPPED
             }
             for s in stale:
-                why = f"run {s['run_id']} stopped while this cell ran (found by --resume)"
+                why = f"run {s.run_id} stopped while this cell ran (found by --resume)"
                 with launch.holding_signals():
-                    self.cut_off.append(
-                        self.save(Record.interrupted(parse(s), why, ended_at=now(), **self._ran_for(s)))
-                    )
-                self.attempts[s["cell_hash"]] = max(self.attempts.get(s["cell_hash"], 0), s.get("attempt", 1))
+                    self.cut_off.append(self.save(Record.interrupted(s, why, ended_at=now(), **self._ran_for(s))))
+                self.attempts[s.cell_hash] = max(self.attempts.get(s.cell_hash, 0), s.attempt)
         self.queue = self._todo()
         self.begun = {h for h, _ in self.stored}
         total = len(self.queue) if self.search is None else len(self.queue) + len(self.search.candidates)
@@ -215,8 +211,8 @@ class Session:
         """Answer mode on --resume: what the earlier part measured counts (attempts a kill cut off too), and its
         cells keep their outcome. A skip is no attempt: a cell the earlier plan skipped (predicted not to fit another
         --gpu-mem) is open here. The budget is the whole search's: said, with what is left."""
-        no_attempt = (Status.STARTED.value, Status.UNMEASURED.value, Status.SKIPPED.value)
-        ended = [parse(r) for r in self.existing if r.get("status") not in no_attempt]
+        no_attempt = (Status.STARTED, Status.UNMEASURED, Status.SKIPPED)
+        ended = [r for r in self.existing if r.status not in no_attempt]
         for r in ended + self.cut_off:
             self.search.earlier(r)
             self.begun.add(r.cell_hash)
@@ -240,31 +236,35 @@ class Session:
         """InputError when --group-by groups the cells otherwise than the answer being resumed did (its records'
         answer notes): the earlier measurements were chosen to settle its groups, not these."""
         for rec in self.existing:
-            group, c = (rec.get("answer") or {}).get("group"), self.search.by_hash.get(rec.get("cell_hash"))
+            group, c = rec.answer.group if rec.answer else None, self.search.by_hash.get(rec.cell_hash)
             if group is None or c is None or group == self.search.group_of(c):
                 continue
             short = {a.short: a.name for a in AXES}
             was = ",".join(short.get(k, k) for k in re.findall(r"(?:^|,)(\w+)=", group)) or "nothing (one group)"
             raise InputError(
                 f"--group-by {','.join(self.o.s.answer.group_by) or 'nothing'}: the answer in {self.store.path} was "
-                f"grouped by {was} ({rec['cell_name']} in {group!r}, now {self.search.group_of(c)!r}); resume with "
+                f"grouped by {was} ({rec.cell_name} in {group!r}, now {self.search.group_of(c)!r}); resume with "
                 f"--group-by {was}, or give a new --results to start another answer"
             )
 
-    def _ran_for(self, start: dict) -> dict:
+    def _ran_for(self, start: Record) -> dict:
         """An attempt cut off by a kill: how long it ran, as far as the evidence tells (its log's last write, the
         last record its run wrote), with a warning saying so; {} when nothing tells."""
-        t0 = _epoch(start.get("started_at"))
-        log = self.o.logs / f"{start['cell_hash']}.{start.get('attempt', 1)}.log"
+        t0 = _epoch(start.started_at)
+        log = self.o.logs / f"{start.cell_hash}.{start.attempt}.log"
         seen = [(log.stat().st_mtime, f"its log's last write ({log})")] if log.is_file() else []
-        same = [_epoch(r.get(k)) for r in self.existing if r.get("run_id") == start.get("run_id") for k in _TIMES]
+        same = [_epoch(getattr(r, k)) for r in self.existing if r.run_id == start.run_id for k in _TIMES]
         if any(t is not None for t in same):
-            seen.append((max(t for t in same if t is not None), f"the last record of run {start.get('run_id')}"))
+            seen.append((max(t for t in same if t is not None), f"the last record of run {start.run_id}"))
         t, how = max(seen, default=(None, ""))
         if t0 is None or t is None or t <= t0:
             return {}
         note = f"cut off by a kill: wall_s runs from its start to {how}, and counts against an answer's --budget"
         return {"wall_s": t - t0, "warnings": [note]}
+
+    def _last(self) -> dict[str, Record]:
+        """The last record of each cell (by hash) in the results file before this run, starts aside."""
+        return {r.cell_hash: r for r in self.existing if r.status is not Status.STARTED}
 
     def _todo(self) -> list[tuple[Planned, int]]:
         o, n = self.o, self.o.repeats
@@ -275,8 +275,8 @@ class Session:
         todo = [(it, r) for it, r in units if (it.cell.hash, r) not in self.stored and not self._skip_said(it)]
         if o.s.resume and o.s.prune:
             # An implied_oom record stands for every repeat of its cell (it is written once, as repeat 1).
-            ended = {r["cell_hash"]: r["status"] for r in self.existing if r.get("status") != Status.STARTED.value}
-            todo = [(it, r) for it, r in todo if ended.get(it.cell.hash) != Status.IMPLIED_OOM.value]
+            ended = {h: r.status for h, r in self._last().items()}
+            todo = [(it, r) for it, r in todo if ended.get(it.cell.hash) is not Status.IMPLIED_OOM]
         if o.s.resume and len(todo) < len(units):
             what = "cells" if n == 1 else f"cell repeats ({n} per runnable cell)"
             o.printer(
@@ -340,10 +340,9 @@ class Session:
         if not self.o.s.resume:
             return
         in_plan = {it.cell.hash: it.cell for it in self.p.items}
-        last = {r["cell_hash"]: r for r in self.existing if r.get("status") != Status.STARTED.value}
-        for rec in last.values():
-            if rec["cell_hash"] in in_plan and rec["status"] in schedule.WHERE:
-                self.imply(in_plan[rec["cell_hash"]], rec["status"], rec.get("run_id"))
+        for rec in self._last().values():
+            if rec.cell_hash in in_plan and rec.status.value in schedule.WHERE:
+                self.imply(in_plan[rec.cell_hash], rec.status.value, rec.run_id)
 
     # -- the attempts, as the executor asks for them ----------------------------------------------------
 
@@ -420,8 +419,7 @@ class Session:
 
     def unmeasured_before(self) -> dict[str, str]:
         """The cells whose last record in the results file (an earlier call's) is an unmeasured one, with its reason."""
-        last = {r["cell_hash"]: r for r in self.existing if r.get("status") != Status.STARTED.value}
-        return {h: r["reason"] for h, r in last.items() if r["status"] == Status.UNMEASURED.value}
+        return {h: r.reason for h, r in self._last().items() if r.status is Status.UNMEASURED}
 
     def against_recording(self) -> list[str]:
         """A replayed answer against the answer of every recorded end of the same cells (the full grid)."""
@@ -623,10 +621,10 @@ class Session:
         e.reported = True
         lost, printer = getattr(e, "record", None), self.o.printer
         printer(f"zerobench: stopped: {e.strerror}")
-        if lost is not None and lost.get("status") != Status.STARTED.value:
+        if lost is not None and lost.status is not Status.STARTED:
             printer(f"  lost: {line(self.i, self.prog.total, lost)}")
         elif lost is not None:
-            printer(f"  not started: {lost['cell_name']} (its start could not be recorded)")
+            printer(f"  not started: {lost.cell_name} (its start could not be recorded)")
         printer(
             f"  written to {self.store.path} by this run: {len(self.written)} outcome(s), each whole; "
             "once there is room, `--resume` runs the cells that have none"
