@@ -54,6 +54,14 @@ def full_search(matrix_path: str, files: list[str], settings):
     return full
 
 
+def as_written(path, **kw) -> list[dict]:
+    """A results file's records as their JSON lines say them (bench.records.record.Record.to_dict): for tests that
+    check what is written. kw: bench.records.store.read's."""
+    from bench.records.store import read
+
+    return [r.to_dict() for r in read(path, **kw)]
+
+
 @functools.cache
 def cuda_available() -> bool:
     # In a subprocess: importing torch here would slow every test session and hold a CUDA context.

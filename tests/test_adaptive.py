@@ -210,7 +210,7 @@ CURVE = [10.0 - 0.5 * i for i in range(12)]
 
 def test_loss_parity_compares_at_the_last_step_both_ran():
     short, long = _rec(1, CURVE[:8]), _rec(2, CURVE[:12])
-    df = records_to_frame([short, long])
+    df = records_to_frame(map(parse, [short, long]))
     assert list(df["measured_steps"]) == [6, 10] and list(df["warmup_steps"]) == [2, 2]
     pairs = analysis.analyse(df).loss_parity
     assert len(pairs) == 1
@@ -222,18 +222,18 @@ def test_loss_parity_compares_at_the_last_step_both_ran():
 def test_compare_judges_the_final_loss_at_the_common_step():
     base = [_rec(1, CURVE[:8]), _rec(1, CURVE[:9], repeat=2)]
     cur = [_rec(1, CURVE[:12])]
-    cmp = compare.compare(records_to_frame(base), records_to_frame(cur))
+    cmp = compare.compare(records_to_frame(map(parse, base)), records_to_frame(map(parse, cur)))
     j = cmp.cells[0].figures["loss_final"]
     assert j.verdict == compare.stats.NO_CHANGE and j.cur == 6.5 and "at step 8" in j.why
     # with the same steps on both sides, the recorded final loss stands
-    same = compare.compare(records_to_frame([_rec(1, CURVE[:8])]), records_to_frame([_rec(1, CURVE[:8])]))
+    same = compare.compare(records_to_frame([parse(_rec(1, CURVE[:8]))]), records_to_frame([parse(_rec(1, CURVE[:8]))]))
     assert "at step" not in same.cells[0].figures["loss_final"].why
 
 
 def test_a_cap_is_said_in_the_report_notes():
     r = _rec(1, CURVE[:8])
     r["steps"].update(ended="time cap", ci_level=0.75, half_width=0.08, tolerance=0.02, max_seconds=60.0)
-    notes = analysis.analyse(records_to_frame([r])).notes
+    notes = analysis.analyse(records_to_frame([parse(r)])).notes
     assert notes == [
         (
             "zero=1",

@@ -18,10 +18,9 @@ from bench.execute.executors.replay import Recording
 from bench.execute.plan import plan
 from bench.matrix import spec
 from bench.matrix.cells import Cell
-from bench.records.record import parse
+from bench.records.record import Record, parse
 from bench.records.status import Status
-from bench.records.store import Store
-from tests.conftest import GRIDS, full_search
+from tests.conftest import GRIDS, as_written, full_search
 
 # -- the constants and pieces -----------------------------------------------------------------------------
 
@@ -173,7 +172,7 @@ def test_answer_mode_replayed_recovers_the_answer_of_the_full_grid(tmp_path, cap
     printed = capsys.readouterr().out
     assert code == 0
     full = full_search(f"matrices/{name}.yaml", files, answer.Settings())
-    recs = [r for r in Store(out).records() if r["status"] != Status.STARTED.value]
+    recs = [r for r in as_written(out) if r["status"] != Status.STARTED.value]
     # Every cell of the matrix ends with a record; each measured one says why, each unmeasured one why not.
     p = plan(f"matrices/{name}.yaml", platform=Recording(files).platform())
     assert {r["cell_hash"] for r in recs} == {it.cell.hash for it in p.items}
@@ -206,10 +205,8 @@ def test_replayed_records_keep_the_cell_and_say_what_they_replay(tmp_path):
     out = tmp_path / "r.jsonl"
     assert cli(["run", "matrices/compare-h200.yaml", "--answer", "--replay", "results/compare-h200-a3.jsonl",
                 "--results", str(out), "--no-report", "--no-progress"]) == 0  # fmt: skip
-    recorded = {
-        (r["run_id"], r["cell_hash"], r["attempt"]): r for r in Store("results/compare-h200-a3.jsonl").records()
-    }
-    ran = [r for r in Store(out).records() if r["status"] == "ok"]
+    recorded = {(r["run_id"], r["cell_hash"], r["attempt"]): r for r in as_written("results/compare-h200-a3.jsonl")}
+    ran = [r for r in as_written(out) if r["status"] == "ok"]
     assert ran
     for r in ran:
         src = recorded[(r["replay"]["run_id"], r["cell_hash"], r["replay"]["attempt"])]
@@ -224,7 +221,7 @@ def test_a_budget_stops_the_search_and_each_cell_left_says_it_was_still_needed(t
     files = GRIDS["1b"]
     assert cli(["run", "matrices/1b.yaml", "--answer", "--budget", "40s", "--replay", *files,
                 "--results", str(out), "--no-report", "--no-progress"]) == 0  # fmt: skip
-    recs = [r for r in Store(out).records() if r["status"] != "started"]
+    recs = [r for r in as_written(out) if r["status"] != "started"]
     left = [r for r in recs if r["status"] == "unmeasured"]
     assert left and any(r["answer"]["needed"] for r in left)
     assert all("budget (40 s) was spent" in r["answer"]["why"] for r in left if r["answer"]["needed"])
@@ -233,9 +230,9 @@ def test_a_budget_stops_the_search_and_each_cell_left_says_it_was_still_needed(t
     # --resume with a larger budget goes on from what was measured, never measuring a cell twice needlessly.
     assert cli(["run", "matrices/1b.yaml", "--answer", "--budget", "20m", "--replay", *files, "--resume",
                 "--results", str(out), "--no-report", "--no-progress"]) == 0  # fmt: skip
-    again = [r for r in Store(out).records() if r["status"] == "ok"]
+    again = [r for r in as_written(out) if r["status"] == "ok"]
     assert len(again) > len([r for r in recs if r["status"] == "ok"])
-    last = {r["cell_hash"]: r for r in Store(out).records() if r["status"] != "started"}
+    last = {r["cell_hash"]: r for r in as_written(out) if r["status"] != "started"}
     assert not [r for r in last.values() if r["status"] == "unmeasured" and r["answer"]["needed"]]
     assert "resume" in capsys.readouterr().out
 
@@ -247,11 +244,11 @@ def test_a_stopped_answer_run_still_records_every_cell(tmp_path):
     import signal
 
     out = tmp_path / "r.jsonl"
-    seen: list[dict] = []
+    seen: list[Record] = []
 
     def stop_after_two(rec):
         seen.append(rec)
-        if rec["status"] == "ok" and sum(r["status"] == "ok" for r in seen) == 2:
+        if rec.status.value == "ok" and sum(r.status.value == "ok" for r in seen) == 2:
             os.kill(os.getpid(), signal.SIGTERM)
 
     from bench.execute import RunSettings, Stopped, run
@@ -260,7 +257,7 @@ def test_a_stopped_answer_run_still_records_every_cell(tmp_path):
                     progress=False)  # fmt: skip
     with pytest.raises(Stopped):
         run(s, on_record=stop_after_two, printer=lambda *a: None)
-    last = {r["cell_hash"]: r for r in Store(out).records() if r["status"] != "started"}
+    last = {r["cell_hash"]: r for r in as_written(out) if r["status"] != "started"}
     p = plan("matrices/1b.yaml", platform=Recording(GRIDS["1b"]).platform())
     assert set(last) == {it.cell.hash for it in p.items}
     stopped = [r for r in last.values() if r["status"] == "unmeasured" and r["answer"]["needed"]]
@@ -279,13 +276,13 @@ def test_a_cell_skipped_under_another_plan_is_open_on_resume(tmp_path, capsys):
     # candidates never attempted: the search measures the fastest of them (gc off), not "settled" without it.
     out = str(tmp_path / "r.jsonl")
     assert cli([*COMPARE, "--results", out, "--gpu-mem", "30GiB"]) == 0
-    skipped = {r["cell_hash"] for r in Store(out).records() if r["status"] == Status.SKIPPED.value}
+    skipped = {r["cell_hash"] for r in as_written(out) if r["status"] == Status.SKIPPED.value}
     assert len(skipped) == 4
     capsys.readouterr()
     assert cli([*COMPARE, "--results", out, "--resume"]) == 0
     printed = capsys.readouterr().out
     assert "goes on from 4 cell(s) already measured or failed" in printed
-    ran = {r["cell_hash"] for r in Store(out).records() if r["status"] == "ok" and r["cell_hash"] in skipped}
+    ran = {r["cell_hash"] for r in as_written(out) if r["status"] == "ok" and r["cell_hash"] in skipped}
     assert ran and "fastest, peft=none: the same" in printed
 
 
@@ -294,11 +291,11 @@ def test_the_budget_counts_earlier_cells_that_left_the_plan(tmp_path, capsys):
     # the budget is still spent; nothing more is measured.
     out = str(tmp_path / "r.jsonl")
     assert cli([*COMPARE, "--results", out, "--budget", "40s"]) == 0
-    before = sum(r.get("wall_s") or 0 for r in Store(out).records())
+    before = sum(r.get("wall_s") or 0 for r in as_written(out))
     capsys.readouterr()
     assert cli([*COMPARE, "--results", out, "--budget", "40s", "--resume", "--gpu-mem", "30GiB"]) == 0
     assert f"({before:.0f} s of cell time spent)" in capsys.readouterr().out
-    assert sum(r.get("wall_s") or 0 for r in Store(out).records()) == before
+    assert sum(r.get("wall_s") or 0 for r in as_written(out)) == before
 
 
 def test_a_resume_with_the_budget_spent_prepares_nothing(tmp_path, capsys, monkeypatch):
@@ -313,7 +310,7 @@ def test_a_resume_with_the_budget_spent_prepares_nothing(tmp_path, capsys, monke
     assert cli(["run", "matrices/compare-h200.yaml", "--answer", "--budget", "40s", "--resume", "--results", out,
                 "--no-report", "--no-progress"]) == 0  # fmt: skip
     assert "prepare: nothing built, the --budget left pays for no attempt" in capsys.readouterr().out
-    last = {r["cell_hash"]: r for r in Store(out).records() if r["status"] != "started"}
+    last = {r["cell_hash"]: r for r in as_written(out) if r["status"] != "started"}
     assert all(r["status"] != "unmeasured" or "budget" in r["answer"]["why"] for r in last.values())
 
 

@@ -24,7 +24,7 @@ from bench.execute.plan import arrange, hardware, host_platform, plan
 from bench.execute.run import answer_items
 from bench.records.record import parse
 from bench.records.status import Status
-from bench.records.store import Store
+from tests.conftest import as_written
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]  # alone: its verdicts are about throughput
 
@@ -54,7 +54,7 @@ def _search(records: list[dict], micro_batch: int | None = None) -> answer.Searc
 def _run(tmp_path, name: str, *extra: str) -> list[dict]:
     out = tmp_path / f"{name}.jsonl"
     assert cli(["run", MATRIX, "--results", str(out), "--no-report", "--no-progress", *extra]) == 0
-    return Store(out).records()
+    return as_written(out)
 
 
 def test_answer_mode_finds_the_full_runs_answer_for_half_its_cost(tmp_path, capsys, monkeypatch):

@@ -262,7 +262,7 @@ def test_the_report_gives_the_consoles_fastest_cells_ties_and_verdicts(tmp_path)
         recs.append(r)
     s = _search(recs)
     printed = "\n".join(answer_text.summary(s))
-    a = analyse(records_to_frame(recs))
+    a = analyse(records_to_frame(map(parse, recs)))
     (section,) = a.sections
     got = {g["group"]: g for g in section.answer["groups"]}
     for g in s.groups():
@@ -311,8 +311,8 @@ def test_the_7b_answer_replayed_pairs_no_cells_across_machines(tmp_path, capsys)
              if it.skip is None]  # fmt: skip
     s = answer.Search(items, hardware(rec.platform()), answer.Settings(), cuda=True)
     for r in Store(out).records():
-        if r["status"] not in ("started", "unmeasured", "skipped"):
-            s.observe(parse(r))
+        if r.status.value not in ("started", "unmeasured", "skipped"):
+            s.observe(r)
     for _, _, _, pairs, _ in s.effect_pairs():
         for x, y in pairs:
             assert set(x.obs) & set(y.obs)

@@ -204,7 +204,7 @@ def test_nothing_is_prepared_for_cells_predicted_not_to_fit(tmp_path, monkeypatc
     lines: list[str] = []
     s = RunSettings(matrix=str(m), results=str(tmp_path / "r.jsonl"), progress=False, gpu_mem=2 * 2**30)
     _, path, written = run(s, printer=lines.append)
-    assert [r["status"] for r in written] == ["skipped"] and written[0]["skip"]["rule"] == "predicted-oom"
+    assert [r.status.value for r in written] == ["skipped"] and written[0].skip.rule == "predicted-oom"
     assert not any("building" in line or "fixed costs" in line for line in lines), lines
     assert not (tmp_path / "ext").exists() and not (tmp_path / "logs").exists()
 

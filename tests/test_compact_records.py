@@ -15,7 +15,8 @@ from bench.judge import results
 from bench.matrix import cells, rules, spec
 from bench.records import record
 from bench.records.record import SCHEMA_VERSION, Record
-from bench.records.store import Store, read
+from bench.records.store import Store
+from tests.conftest import as_written
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_FILE = ROOT / "schema" / f"record-v{SCHEMA_VERSION}.schema.json"
@@ -66,7 +67,7 @@ def test_records_of_cells_that_did_not_run_are_compact(tmp_path):
     assert lines[0]["skip"] == {"rule": "r"} and lines[0]["reason"] == "no", "the rule's id and reason, said once"
     assert lines[1]["predicted"] == {"gpu_bytes": 9, "host_bytes": 1, "gpu_memory_bytes": 8, "gpu_verdict": "won't fit"}
     assert lines[3]["answer"]["predicted_tokens_per_s"] == [1235.0, 2346.0, 3457.0]
-    back = read(tmp_path / "r.jsonl")
+    back = as_written(tmp_path / "r.jsonl")
     assert [(b["cell_name"], b["cell_hash"]) for b in back] == [(CELL.name, CELL.hash)] * 4
     for d, r in zip(back, recs):
         _schema_valid(d)
@@ -106,7 +107,7 @@ def test_an_unmeasured_record_is_written_once_per_cell_across_resumed_calls(tmp_
 
 def test_committed_v2_records_read_as_they_did():
     # results/7b-answer-h200.jsonl was written at version 2: every line reads, whole.
-    recs = read(ROOT / "results" / "7b-answer-h200.jsonl")
+    recs = as_written(ROOT / "results" / "7b-answer-h200.jsonl")
     assert len(recs) == 130 and all(r["cell"] and r["provenance"] for r in recs)
     assert record.upgrade({"schema_version": 2, "x": 1}) == {"schema_version": SCHEMA_VERSION, "x": 1}
 

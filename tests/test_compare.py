@@ -14,6 +14,7 @@ from bench.judge import compare
 from bench.judge.results import records_to_frame
 from bench.matrix.spec import CompareSettings, MatrixError, loads
 from bench.records import quality
+from bench.records.record import parse
 from bench.records.store import read
 from tests.conftest import zerobench
 
@@ -55,7 +56,7 @@ def rec(cell: int, repeat: int, *, tps: float, status: str = "ok", alloc: float 
 
 
 def frame(recs):
-    return records_to_frame(recs)
+    return records_to_frame(map(parse, recs))
 
 
 def run_cmp(base, cur, **kw):

@@ -24,7 +24,7 @@ from bench.matrix import dsconfig, spec
 from bench.matrix.cells import Cell, Lora, Qlora
 from bench.matrix.problems import InputError
 from bench.matrix.shapes import shape_of
-from bench.records.store import Store
+from tests.conftest import as_written
 
 PSI = 7_000_000_000
 GiB = 2**30
@@ -363,7 +363,7 @@ def test_committed_predictions_find_their_records(cases):
         h = mcheck.held_out(p, every)
         assert h.commit and h.cells >= 4 and h.errors, p
         answered = all(
-            any(r.get("answer") for r in Store(f"results/{f}").records() if r.get("status") == "ok") for f in h.results
+            any(r.get("answer") for r in as_written(f"results/{f}") if r.get("status") == "ok") for f in h.results
         )
         assert answered or h.cells - 1 <= len(h.errors) <= h.cells, p
         assert all(abs(e) < 0.5 for e in h.errors), p

@@ -14,6 +14,7 @@ from bench.judge import effects, results
 from bench.records.record import parse
 from bench.records.status import Status
 from bench.records.store import Store
+from tests.conftest import as_written
 
 ROOT = Path(__file__).resolve().parent.parent
 SEVEN_B = "results/7b-answer-h200.jsonl"  # the 7B answer on H200s, 2026-12-03: 130 attempt records
@@ -160,14 +161,14 @@ def replays(tmp_path_factory):
             argv = ["run", "matrices/7b.yaml", *extra, "--replay", SEVEN_B, "--results", str(res), "--no-report",
                     "--no-progress"]  # fmt: skip
             assert cli(argv) == 0
-            out[name] = [r for r in Store(res).records() if r["status"] != Status.STARTED.value]
+            out[name] = [r for r in as_written(res) if r["status"] != Status.STARTED.value]
             out[f"{name}-file"] = res
     return out
 
 
 def test_answer_mode_attempts_no_cell_its_lessons_expect_to_repeat_an_error(replays):
     recs = replays["answer"]
-    counts = attempts(recs)
+    counts = attempts(map(parse, recs))
     assert counts and max(counts.values()) <= TEACHES_AT, counts
     # And no attempt of a cell its failing settings, as learnt by then, expected to repeat an error.
     cells = {it.cell.hash: it for it in _plan_7b()}
@@ -208,9 +209,9 @@ def test_the_report_counts_the_cells_left_to_repeat_an_error(replays):
 def test_a_full_run_still_runs_every_cell(replays):
     # Without --answer every recorded cell runs, whatever failed before it: each is a record.
     full = replays["full"]
-    counts = attempts(full)
+    counts = attempts(map(parse, full))
     assert max(counts.values()) > TEACHES_AT and not [r for r in full if r["status"] == "unmeasured"]
-    recorded = {r["cell_hash"] for r in Store(ROOT / SEVEN_B).records() if _ended(r)}
+    recorded = {r["cell_hash"] for r in as_written(ROOT / SEVEN_B) if _ended(r)}
     ran = {r["cell_hash"] for r in full if r["status"] not in ("skipped", "implied_oom")}
     skipped = {r["cell_hash"]: r["skip"]["rule"] for r in full if r["status"] == "skipped"}
     # Each recorded cell ran again, but for those the rules now stop before anything runs.

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.records.store import read
-from tests.conftest import write_matrix, zerobench
+from tests.conftest import as_written, write_matrix, zerobench
 
 pytestmark = pytest.mark.gpu
 
@@ -24,7 +23,7 @@ axes: {zero_stage: [0, 3], optimizer: [fusedadam], precision: [bf16], grad_ckpt:
 
 
 def _outcomes(path):
-    return [x for x in read(path) if x["status"] != "started"]
+    return [x for x in as_written(path) if x["status"] != "started"]
 
 
 def test_telemetry_side_by_side(tmp_path):

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.records.store import read
-from tests.conftest import TINY, write_matrix, zerobench
+from tests.conftest import TINY, as_written, write_matrix, zerobench
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +19,7 @@ def test_trainer_cells_run_and_are_comparable(tmp_path):
     res = tmp_path / "r.jsonl"
     r = zerobench("run", str(m), "--results", str(res), "--no-report", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    recs = [x for x in read(res) if x["status"] != "started"]
+    recs = [x for x in as_written(res) if x["status"] != "started"]
     assert len(recs) == 4 and all(x["status"] == "ok" for x in recs), [x["reason"] for x in recs]
     for x in recs:
         assert len(x["step_times_s"]) == len(x["losses"]) == 8, "same number of timed optimizer steps"

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.records.store import read
-from tests.conftest import TINY, write_matrix
+from tests.conftest import TINY, as_written, write_matrix
 from tools import interference
 
 
@@ -21,7 +20,7 @@ def test_alone_then_beside_a_copy_gives_a_ratio(tmp_path, monkeypatch, capsys):
         [str(m), "--filter", "zero=0", "--gpus", "2", "--repeats", "1", "--out", "out", "--md", "i.md"]
     )
     assert code == 0
-    alone, beside = read(tmp_path / "out" / "alone.jsonl"), read(tmp_path / "out" / "beside.jsonl")
+    alone, beside = as_written(tmp_path / "out" / "alone.jsonl"), as_written(tmp_path / "out" / "beside.jsonl")
     ends = [r for r in alone if r["status"] == "ok"]
     assert len(ends) == 1 and ends[0]["placement"]["beside"] == []
     packed = [r for r in beside if r["status"] == "ok"]

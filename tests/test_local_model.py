@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.records.store import read
-from tests.conftest import TINY, write_matrix, zerobench
+from tests.conftest import TINY, as_written, write_matrix, zerobench
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +22,7 @@ def _run_local(tmp_path, monkeypatch, axes: str) -> list[dict]:
     res = tmp_path / "r.jsonl"
     r = zerobench("run", str(m), "--results", str(res), "--no-report", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    return [x for x in read(res) if x["status"] != "started"]
+    return [x for x in as_written(res) if x["status"] != "started"]
 
 
 def test_local_checkpoint_trains_in_train_mode(tmp_path, monkeypatch):

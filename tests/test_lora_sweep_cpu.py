@@ -9,8 +9,7 @@ import pytest
 
 from bench.estimate import shape_of, trainable_params
 from bench.matrix.cells import Cell
-from bench.records.store import read
-from tests.conftest import zerobench
+from tests.conftest import as_written, zerobench
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +22,7 @@ def sweep(tmp_path_factory):
     d = tmp_path_factory.mktemp("lora")
     r = zerobench("run", str(MATRIX), "--results", str(d / "r.jsonl"), "--report", str(d / "r"), cwd=d, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return [x for x in read(d / "r.jsonl") if x["status"] != "started"], (d / "r.md").read_text()
+    return [x for x in as_written(d / "r.jsonl") if x["status"] != "started"], (d / "r.md").read_text()
 
 
 def test_twelve_cells_ran(sweep):

@@ -18,8 +18,15 @@ from bench.host import env
 from bench.matrix import dsconfig, faults, rules
 from bench.matrix.cells import Cell
 from bench.matrix.spec import MatrixError, expand, loads
-from bench.records.store import read
-from tests.conftest import TINY, ZERO3, agree_across_nodes, blamed_on_the_second_node, write_matrix, zerobench
+from tests.conftest import (
+    TINY,
+    ZERO3,
+    agree_across_nodes,
+    as_written,
+    blamed_on_the_second_node,
+    write_matrix,
+    zerobench,
+)
 
 GPU_HOST = env.Platform(
     gpus=tuple(env.Gpu(i, "NVIDIA H200", 141 * 2**30, f"GPU-{i}") for i in range(2)),
@@ -137,7 +144,7 @@ def _run(tmp_path, name, body, env=None) -> dict:
     res = tmp_path / f"{name}.jsonl"
     r = zerobench("run", str(m), "--results", str(res), "--no-report", cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
-    (rec,) = [x for x in read(res) if x["status"] != "started"]
+    (rec,) = [x for x in as_written(res) if x["status"] != "started"]
     return rec
 
 

@@ -11,9 +11,8 @@ import pytest
 
 from bench.matrix import dsconfig
 from bench.matrix.spec import expand, loads
-from bench.records.store import read
 from bench.worker.setup import gloo_safe
-from tests.conftest import TINY, write_matrix, zerobench
+from tests.conftest import TINY, as_written, write_matrix, zerobench
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +24,7 @@ def test_two_ranks_one_record(tmp_path):
     res = tmp_path / "r.jsonl"
     r = zerobench("run", str(m), "--results", str(res), "--no-report", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    (rec,) = [x for x in read(res) if x["status"] != "started"]
+    (rec,) = [x for x in as_written(res) if x["status"] != "started"]
     assert rec["status"] == "ok", rec["reason"]
     assert rec["world_size"] == 2 and rec["cell"]["gpus"] == 2
     # Throughput counts both ranks' tokens.
@@ -48,7 +47,7 @@ def test_one_failing_rank_fails_the_cell(tmp_path):
         env={"ZEROBENCH_FAULT": "raise@1#1", "ZEROBENCH_STALL_S": "120"},
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    (rec,) = [x for x in read(res) if x["status"] != "started"]
+    (rec,) = [x for x in as_written(res) if x["status"] != "started"]
     assert rec["status"] == "error", rec["reason"]
     assert rec["reason"].startswith("rank 1: RuntimeError") and "injected fault" in rec["reason"]
 
@@ -69,7 +68,7 @@ def test_a_rank_stopped_by_torchrun_does_not_hide_the_failing_rank(tmp_path):
         env={"ZEROBENCH_FAULT": "hang@1#0,raise@1#1", "ZEROBENCH_STALL_S": "120"},
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    (rec,) = [x for x in read(res) if x["status"] != "started"]
+    (rec,) = [x for x in as_written(res) if x["status"] != "started"]
     assert rec["status"] == "error", rec["reason"]
     assert rec["reason"].startswith("rank 1: RuntimeError") and "injected fault" in rec["reason"]
     assert {d["rank"]: d["status"] for d in rec["ranks"]} == {0: "interrupted", 1: "error"}

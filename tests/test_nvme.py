@@ -13,8 +13,7 @@ import pytest
 
 from bench.matrix import spec
 from bench.matrix.spec import MatrixError
-from bench.records.store import read
-from tests.conftest import ROOT, TINY, write_matrix, zerobench
+from tests.conftest import ROOT, TINY, as_written, write_matrix, zerobench
 
 # llama-small, not llama-tiny: DeepSpeed swaps only weights of 1 MiB or more, and none of llama-tiny's
 # is that large in bf16, so its nvme cells read no weight from the drive. llama-small's 14 swapped
@@ -94,7 +93,7 @@ def test_nvme_offload_swaps_and_matches_cpu_offload(tmp_path):
     res = tmp_path / "r.jsonl"
     r = zerobench("run", str(m), "--results", str(res), "--no-report", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    recs = {x["cell"]["offload"]: x for x in read(res) if x["status"] != "started"}
+    recs = {x["cell"]["offload"]: x for x in as_written(res) if x["status"] != "started"}
     nvme, cpu = recs["nvme"], recs["optimizer+params"]
     # Every step after the first runs on the recorded parameter trace, where DeepSpeed's default
     # reuse distance kept swapped weights (and their buffers) until none was left for the next one.
@@ -119,7 +118,7 @@ def test_failed_nvme_cell_leaves_no_swap_files(tmp_path):
     res = tmp_path / "r.jsonl"
     r = zerobench("run", str(m), "--results", str(res), "--no-report", cwd=tmp_path, env={"ZEROBENCH_FAULT": "raise@2"})
     assert r.returncode == 0, r.stderr[-2000:]
-    (rec,) = [x for x in read(res) if x["status"] != "started"]
+    (rec,) = [x for x in as_written(res) if x["status"] != "started"]
     assert rec["status"] == "error" and "injected fault" in rec["reason"]
     assert rec["worker"]["nvme_swap_bytes"] > 0, "it had swapped before failing"
     assert list(drive.iterdir()) == []

@@ -28,13 +28,13 @@ from bench.execute.launch import Launch
 from bench.matrix.cells import Cell
 from bench.matrix.problems import InputError
 from bench.records.status import Status
-from bench.records.store import read
 from tests.conftest import (
     EXECUTOR_CELLS,
     ROOT,
     TINY,
     ZERO3,
     agree_across_nodes,
+    as_written,
     blamed_on_the_second_node,
     ends_as_planned,
     write_matrix,
@@ -64,7 +64,7 @@ def cluster():
 
 
 def _outcomes(path: Path) -> list[dict]:
-    return [r for r in read(path) if r["status"] != "started"]
+    return [r for r in as_written(path) if r["status"] != "started"]
 
 
 def _tagged_workers(tag: str) -> list[psutil.Process]:
@@ -173,7 +173,7 @@ def test_a_cell_whose_worker_or_ray_worker_is_sigkilled_is_recorded_once_as_kill
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out[-3000:]
-    recs = read(tmp_path / "kill.jsonl")
+    recs = as_written(tmp_path / "kill.jsonl")
     assert [r["status"] for r in recs].count("started") == 2
     ends = {r["cell"]["zero_stage"]: r for r in recs if r["status"] != "started"}
     assert sorted(ends) == [0, 1] and len(recs) == 4  # one start and one end each: nothing ran twice
@@ -222,7 +222,7 @@ def test_a_stop_of_the_orchestrator_cancels_the_ray_tasks_and_leaves_no_worker(c
     assert not [p.cmdline() for p in _tagged_workers(tag) if not _a_fork_server(p)]
     _wait(lambda: not _tagged_workers(tag), 30, "the Ray workers' fork servers to end")
     assert not [p for p in psutil.process_iter(["cmdline"]) if "ray::_run_job" in " ".join(p.info["cmdline"] or [])]
-    recs = read(tmp_path / "long.jsonl")
+    recs = as_written(tmp_path / "long.jsonl")
     started = [r for r in recs if r["status"] == "started"]
     ends = [r for r in recs if r["status"] != "started"]
     assert len(started) == 2 and len(ends) == 2  # the third cell never started: no task, no record

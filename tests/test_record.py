@@ -22,7 +22,8 @@ from bench.matrix import cells
 from bench.records import record
 from bench.records.record import SCHEMA_VERSION, AttemptContext, Record, WorkerDoc, parse
 from bench.records.status import Status
-from bench.records.store import Store, read
+from bench.records.store import Store
+from tests.conftest import as_written
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = sorted((ROOT / "results").glob("*.jsonl"))
@@ -49,7 +50,7 @@ def test_committed_schema_is_the_models(tmp_path):
 @pytest.mark.parametrize("path", RESULTS, ids=[p.name for p in RESULTS])
 def test_every_committed_record_validates(path):
     validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text()))
-    recs = read(path)
+    recs = as_written(path)
     assert recs and len(recs) == len(_lines(path)), "every line is read"
     for i, rec in enumerate(recs, 1):
         assert rec["schema_version"] == SCHEMA_VERSION
@@ -62,7 +63,7 @@ def test_every_committed_record_validates(path):
 
 def test_fixture_records_validate():
     for path in (ROOT / "tests" / "data").glob("*.jsonl"):
-        for rec in read(path):
+        for rec in as_written(path):
             Record.model_validate(rec)
 
 
@@ -120,7 +121,7 @@ def test_newer_version_is_refused(tmp_path):
     p = tmp_path / "r.jsonl"
     p.write_text(json.dumps({"schema_version": SCHEMA_VERSION + 1, "cell_hash": "a", "status": "ok"}) + "\n")
     with pytest.raises(record.RecordVersionError, match=r"r.jsonl:1: .*newer"):
-        read(p)
+        as_written(p)
 
 
 # -- one constructor per status ---------------------------------------------------------------------

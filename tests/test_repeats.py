@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from bench.matrix import spec
-from bench.records.store import read
-from tests.conftest import TINY, write_matrix, zerobench
+from tests.conftest import TINY, as_written, write_matrix, zerobench
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +29,7 @@ def test_repeats_interleave_resume_and_targeted_faults(tmp_path):
         env={"ZEROBENCH_FAULT": fault},
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    first = [x for x in read(res) if x["status"] != "started"]
+    first = [x for x in as_written(res) if x["status"] != "started"]
     assert [(x["cell_hash"], x["repeat"]) for x in first] == [(a.hash, 1), (b.hash, 1), (a.hash, 2), (b.hash, 2)]
     assert all(x["status"] == "ok" and x["cell_id"] in (a.id, b.id) for x in first), [x["reason"] for x in first]
     assert [x["attempt"] for x in first] == [1, 1, 2, 2], "attempts count per cell, repeats included"
@@ -41,7 +40,7 @@ def test_repeats_interleave_resume_and_targeted_faults(tmp_path):
     r = zerobench("run", str(m), "--results", str(res), "--no-report", "--repeats", "3", "--resume", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "resume: 4 of 6 cell repeats" in r.stdout
-    recs = [x for x in read(res) if x["status"] != "started"]
+    recs = [x for x in as_written(res) if x["status"] != "started"]
     third = recs[len(first) :]
     assert [(x["cell_hash"], x["repeat"], x["worker"]["fault_injected"]) for x in third] == [
         (a.hash, 3, None),

@@ -15,6 +15,7 @@ import pytest
 
 from bench.judge import effects, results
 from bench.judge.results import records_to_frame
+from bench.records.record import parse
 from bench.report import fmt, html, markdown
 from bench.report.analysis import analyse
 from tests.test_compare import rec
@@ -129,7 +130,7 @@ def _gc_effect(true_ratio: float, pairs: int, seed: int, between: float = 0.04, 
         base = 30_000 * (1 + i / 4)  # the groups run at different speeds: only the ratio is shared
         for gc, f in ((False, 1.0), (True, true_ratio)):
             recs.append(_cell(i, gc, base * f * math.exp(rng.gauss(0, between)), within, rng))
-    a = analyse(records_to_frame(recs))
+    a = analyse(records_to_frame(map(parse, recs)))
     (s,) = a.sections
     (ab,) = [x for x in s.ablations if x.axis == "grad_ckpt"]
     (e,) = ab.effects

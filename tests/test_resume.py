@@ -18,8 +18,7 @@ import psutil
 import pytest
 
 from bench.cli import main as cli
-from bench.records.store import read
-from tests.conftest import ROOT, TINY, write_matrix, zerobench
+from tests.conftest import ROOT, TINY, as_written, write_matrix, zerobench
 from tests.faults.procs import cell_stepping, wait_for
 
 
@@ -63,7 +62,7 @@ def test_sigkill_then_resume(tmp_path):
     # Kill the orchestrator (not its group) while the third cell runs, as an OOM killer or a crash would.
     deadline = time.time() + 600
     while time.time() < deadline:
-        recs = read(res) if res.exists() else []
+        recs = as_written(res) if res.exists() else []
         if sum(r["status"] == "started" for r in recs) == 3:
             break
         time.sleep(0.2)
@@ -71,7 +70,7 @@ def test_sigkill_then_resume(tmp_path):
         pytest.fail("the run never reached its third cell")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    before = read(res)
+    before = as_written(res)
     assert sum(r["status"] == "ok" for r in before) == 2
 
     r = zerobench("run", str(m), "--results", str(res), "--resume", "--no-report", cwd=tmp_path)
@@ -79,7 +78,7 @@ def test_sigkill_then_resume(tmp_path):
     # The skipped cell (fp16 on CPU) is recorded first (the early order), then two ran: 3 have a result.
     assert [r["status"] for r in before if r["status"] != "started"] == ["skipped", "ok", "ok"]
     assert "resume: 3 of 5 cells already have a result" in r.stdout
-    recs = read(res)
+    recs = as_written(res)
     outcomes = [x for x in recs if x["status"] not in ("started", "interrupted")]
     hashes = [x["cell_hash"] for x in outcomes]
     assert len(hashes) == 5 and len(set(hashes)) == 5, "every cell exactly once"
@@ -95,7 +94,7 @@ def test_sigkill_then_resume(tmp_path):
     # A second --resume has nothing left to do.
     r2 = zerobench("run", str(m), "--results", str(res), "--resume", "--no-report", cwd=tmp_path)
     assert r2.returncode == 0 and "resume: 5 of 5 cells" in r2.stdout
-    assert len(read(res)) == len(recs)
+    assert len(as_written(res)) == len(recs)
 
 
 @pytest.mark.slow
@@ -127,11 +126,11 @@ def test_answer_mode_killed_mid_attempt_counts_its_time_on_resume(tmp_path):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # a failed wait leaves nothing running
-    assert [r["status"] for r in read(res)] == ["started"], "killed during the first attempt"
-    start = datetime.fromisoformat(read(res)[0]["started_at"]).timestamp()
+    assert [r["status"] for r in as_written(res)] == ["started"], "killed during the first attempt"
+    start = datetime.fromisoformat(as_written(res)[0]["started_at"]).timestamp()
     r = zerobench("run", *args[1:], "--resume", cwd=tmp_path, env={"ZEROBENCH_FAULT": ""})
     assert r.returncode == 0, r.stderr[-2000:]
-    cut = next(x for x in read(res) if x["status"] == "interrupted")
+    cut = next(x for x in as_written(res) if x["status"] == "interrupted")
     # From its start record to that write: past the kill (less a tick of the file system's clock), before the test
     # saw the write.
     assert killed - start - 0.05 <= cut["wall_s"] <= noticed - start + 0.5, (cut, killed - start, noticed - start)
@@ -153,7 +152,7 @@ def _replayed(matrix, out, *more: str) -> int:
 
 
 def _ended(out) -> list[dict]:
-    return [r for r in read(out) if r["status"] != "started"]
+    return [r for r in as_written(out) if r["status"] != "started"]
 
 
 def test_a_cell_pruned_under_another_gpu_mem_runs_on_resume(tmp_path):

@@ -14,7 +14,7 @@ from bench.matrix import rules
 from bench.matrix.axes import OPTIMIZERS
 from bench.matrix.cells import Cell, Lora
 from bench.records.status import Status
-from bench.records.store import Store
+from tests.conftest import as_written
 
 SEVEN_B = "results/7b-answer-h200.jsonl"  # the 7B answer on H200s, bitsandbytes 0.50.2, deepspeed 0.19.6
 
@@ -35,7 +35,7 @@ def _ends(files: tuple[str, ...], optimizers: tuple[str, ...]):
     rule that stops that cell on the machine the files were recorded on."""
     for f in files:
         platform = Recording([f]).platform()
-        for r in Store(f).records():
+        for r in as_written(f):
             st = Status(r["status"])
             if st.ran and st.is_outcome and r["cell"]["optimizer"] in optimizers:
                 yield r, rules.check(Cell.from_dict(r["cell"]), platform)

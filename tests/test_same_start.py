@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.records.store import read
-from tests.conftest import write_matrix, zerobench
+from tests.conftest import as_written, write_matrix, zerobench
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +28,7 @@ def test_every_stage_offload_and_engine_starts_from_the_same_weights(tmp_path):
     res = tmp_path / "r.jsonl"
     r = zerobench("run", str(m), "--results", str(res), "--no-report", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    recs = [x for x in read(res) if x["status"] != "started"]
+    recs = [x for x in as_written(res) if x["status"] != "started"]
     assert len(recs) == 7 and all(x["status"] == "ok" for x in recs), [(x["cell_id"], x["reason"]) for x in recs]
     first = {x["cell_id"]: x["losses"][0] for x in recs}
     ref = next(iter(first.values()))

@@ -154,13 +154,19 @@ def test_eta_by_class_falling_back_to_the_runs_mean():
     assert [schedule.duration(s) for s in (35, 250, 3720, None)] == ["35s", "4m10s", "1h02m", "?"]
 
 
+def _said(status: str, name: str, **fields) -> Record:
+    """A record as the console is handed it: the fields a line shows, the rest the least a record has."""
+    at = "2026-01-01T00:00:00+00:00"
+    base = {"schema_version": SCHEMA_VERSION, "run_id": "r", "attempt": 1, "matrix": "m", "reason": ""}
+    return parse(base | {"cell_id": f"{name}#0", "status": status, "started_at": at, **fields})
+
+
 def test_progress_lines_carry_elapsed_and_eta_and_the_summary_counts_implied():
     lines: list[str] = []
     prog = _Progress(3, enabled=False, printer=lines.append)
-    ok = {"status": "ok", "cell_name": "a", "wall_s": 12.0, "metrics": {"tokens_per_s": 100}}
-    prog.done(1, ok, elapsed=12.0, eta=250.0)
-    prog.done(2, {"status": "implied_oom", "cell_name": "b", "reason": "implied ..."}, elapsed=12.1, eta=0.0)
-    prog.done(3, {"status": "cuda_oom", "cell_name": "c", "reason": "CUDA out of memory"}, elapsed=20.0, eta=0.0)
+    prog.done(1, _said("ok", "a", wall_s=12.0, metrics={"tokens_per_s": 100}), elapsed=12.0, eta=250.0)
+    prog.done(2, _said("implied_oom", "b", reason="implied ..."), elapsed=12.1, eta=0.0)
+    prog.done(3, _said("cuda_oom", "c", reason="CUDA out of memory"), elapsed=20.0, eta=0.0)
     prog.close(20.0, 3, True)
     assert lines[0].startswith("[1/3]") and lines[0].endswith("[12s elapsed, ETA 4m10s]")
     assert lines[1].startswith("[2/3]  implied_oom")
@@ -189,14 +195,18 @@ def test_reports_compare_and_the_model_check_keep_implied_apart(tmp_path):
     """Counted and shown as implied, never as a measured OOM; compare does not judge it; the memory model's
     check leaves it out."""
     recs = [rec(0, 1, tps=30_000), rec(1, 1, tps=0, status="cuda_oom"), rec(2, 1, tps=0, status="implied_oom")]
-    a = analysis.analyse(records_to_frame(recs))
+    a = analysis.analyse(records_to_frame(map(parse, recs)))
     (s,) = a.sections
     assert len(s.did_not_fit) == 1 and len(s.implied) == 1 and a.counts["implied_oom"] == 1
     md = markdown.render_analysis(a)
     assert "**1** ran out of memory. 1 more did not run: implied out of memory" in md
     assert "Of the 2 cells that ran, **1** fit" in md
     base = [rec(2, 1, tps=30_000)]
-    c = next(x for x in compare.compare(records_to_frame(base), records_to_frame(recs)).cells if x.key == f"{2:010x}")
+    c = next(
+        x
+        for x in compare.compare(records_to_frame(map(parse, base)), records_to_frame(map(parse, recs))).cells
+        if x.key == f"{2:010x}"
+    )
     assert c.verdict == compare.NOT_RUN
     path = tmp_path / "r.jsonl"
     implied = _implied_record(BASE, cell(micro_batch=4))

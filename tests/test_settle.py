@@ -10,9 +10,8 @@ from bench.estimate.online import Online
 from bench.execute import answer
 from bench.execute.answer.settle import exceed
 from bench.judge import results
-from bench.records.store import Store
 from bench.report import markdown
-from tests.conftest import GRIDS, full_search
+from tests.conftest import GRIDS, as_written, full_search
 
 COMPARE = ["results/compare-h200-a1.jsonl", "results/compare-h200-a2.jsonl", "results/compare-h200-a3.jsonl"]
 
@@ -76,7 +75,7 @@ def test_the_answer_states_the_chance_that_an_unmeasured_cell_beats_the_leader(t
     printed = capsys.readouterr().out
     line = next(ln for ln in printed.splitlines() if ln.startswith("  settled: the chance that one of the"))
     assert "(the search stops asking each below 10%: both below)" in line, line
-    left = [r for r in Store(out).records() if r["status"] == "unmeasured"]
+    left = [r for r in as_written(out) if r["status"] == "unmeasured"]
     assert left
     for r in left:
         p_group, p_front, level = r["answer"]["settled"]

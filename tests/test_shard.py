@@ -9,8 +9,7 @@ import pytest
 
 from bench.cli import DEFAULT_MATRIX
 from bench.execute import Shard, plan
-from bench.records.store import read
-from tests.conftest import TINY, write_matrix, zerobench
+from tests.conftest import TINY, as_written, write_matrix, zerobench
 
 # Eight cells that a CPU host records as skipped (fp16 needs CUDA): a run writes them without running any.
 SKIPPED_HERE = TINY + "axes: {zero_stage: [0, 1, 2, 3], grad_ckpt: [false, true], precision: [fp16]}\n"
@@ -51,7 +50,7 @@ def test_shards_write_their_own_files_and_resume_and_report_take_them_together(t
         r = zerobench("run", str(m), "--shard", f"{i}/2", "--no-report", "--no-progress", cwd=tmp_path)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     one, two = (tmp_path / "results" / "local" / f"fp16.shard-{i}-of-2.jsonl" for i in (1, 2))
-    h1, h2 = ({r["cell_hash"] for r in read(p)} for p in (one, two))
+    h1, h2 = ({r["cell_hash"] for r in as_written(p)} for p in (one, two))
     whole = {it.cell.hash for it in plan(str(m)).items}
     assert h1 and h2 and not h1 & h2 and h1 | h2 == whole and len(whole) == 8
     # --resume over the parts together: every cell has its outcome, nothing runs again.
@@ -59,7 +58,7 @@ def test_shards_write_their_own_files_and_resume_and_report_take_them_together(t
     union.write_text(one.read_text() + two.read_text())
     r = zerobench("run", str(m), "--resume", "--results", str(union), "--no-report", "--no-progress", cwd=tmp_path)
     assert r.returncode == 0 and "resume: 8 of 8 cells already have a result" in r.stdout, r.stdout[-2000:]
-    assert len(read(union)) == 8
+    assert len(as_written(union)) == 8
     # A report of both parts has every cell.
     r = zerobench("report", str(one), str(two), "-o", str(tmp_path / "rep"), "--csv", str(tmp_path / "all.csv"),
                   cwd=tmp_path)  # fmt: skip

@@ -17,13 +17,13 @@ import pytest
 
 from bench.execute.executors.slurm import LIVE
 from bench.matrix.spec import expand, loads
-from bench.records.store import read
 from tests.conftest import (
     EXECUTOR_CELLS,
     ROOT,
     TINY,
     ZERO3,
     agree_across_nodes,
+    as_written,
     blamed_on_the_second_node,
     ends_as_planned,
     write_matrix,
@@ -44,7 +44,7 @@ def _env(cluster, **extra) -> dict[str, str]:
 
 
 def _ends(results: Path) -> list[dict]:
-    return [x for x in read(results) if x["status"] != "started"]
+    return [x for x in as_written(results) if x["status"] != "started"]
 
 
 def _start(cluster, tmp_path: Path, name: str, body: str, *args: str, **env) -> tuple[subprocess.Popen, Path]:

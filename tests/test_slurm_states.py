@@ -18,8 +18,7 @@ from bench.matrix.problems import InputError
 from bench.matrix.spec import MatrixError, SlurmSettings, loads
 from bench.records.record import Record
 from bench.records.status import Status
-from bench.records.store import read
-from tests.conftest import TINY, write_matrix, zerobench
+from tests.conftest import TINY, as_written, write_matrix, zerobench
 
 CELL = Cell(model="llama-tiny")
 
@@ -238,6 +237,6 @@ def test_a_job_sbatch_refuses_is_the_cells_error_with_its_words(slurm_cluster, t
     r = zerobench("run", str(m), "--results", str(tmp_path / "r.jsonl"), "--no-report", "--executor", "slurm",
                   "--mem-per-node", "100G", cwd=tmp_path, env=env)  # fmt: skip
     assert r.returncode == 0, r.stderr
-    (rec,) = [x for x in read(tmp_path / "r.jsonl") if x["status"] != "started"]
+    (rec,) = [x for x in as_written(tmp_path / "r.jsonl") if x["status"] != "started"]
     assert rec["status"] == "error" and rec["reason"].startswith("sbatch refused the job: "), rec["reason"]
     assert "Requested node configuration is not available" in rec["reason"]

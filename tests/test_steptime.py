@@ -56,7 +56,7 @@ from bench.execute.answer import rung_cell
 from bench.host.rates import datasheet
 from bench.matrix.cells import Adaptive, Cell, Lora, Qlora
 from bench.matrix.shapes import shape_of
-from bench.records.store import read
+from tests.conftest import as_written
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = Hardware(gpu_name="NVIDIA H200")
@@ -563,7 +563,7 @@ def test_predicted_wall_of_adaptive_cells_is_near_what_their_records_took():
     x0.8-1.6 (it was x0.36 when the prediction counted the steps' caps; unsteady cells run past the fewest)."""
     ratios = []
     for path in RESULTS:
-        for raw in read(path):
+        for raw in as_written(path):
             cell = raw.get("cell") and Cell.from_dict(raw["cell"])
             if raw.get("status") != "ok" or not cell or cell.adaptive is None or not raw.get("wall_s"):
                 continue

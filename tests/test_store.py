@@ -10,7 +10,8 @@ import pytest
 
 from bench.matrix.cells import Cell
 from bench.records.record import Record
-from bench.records.store import InputError, ResultsInUse, Store, StoreWriteError, read
+from bench.records.store import InputError, ResultsInUse, Store, StoreWriteError
+from tests.conftest import as_written
 
 AT = "2026-01-01T00:00:00.000+00:00"
 
@@ -29,9 +30,9 @@ def test_torn_last_line(tmp_path):
     s.append(started(0))
     with open(p, "a") as f:
         f.write('{"cell_hash": "b", "sta')  # a run killed mid-write
-    assert [r["cell_hash"] for r in read(p)] == [cell(0).hash]
+    assert [r["cell_hash"] for r in as_written(p)] == [cell(0).hash]
     s.append(started(2))
-    assert [r["cell_hash"] for r in read(p)] == [cell(0).hash, cell(2).hash]
+    assert [r["cell_hash"] for r in as_written(p)] == [cell(0).hash, cell(2).hash]
     assert p.read_text().count("\n") == 3
 
 
@@ -42,7 +43,7 @@ def test_foreign_lines_are_skipped_and_named(tmp_path, capsys):
     with open(p, "a") as f:
         f.write('{"hello": "world"}\n[1, 2]\n' + json.dumps(odd) + "\n")
     Store(p).append(started(2))
-    assert [r["cell_hash"] for r in read(p)] == [cell(0).hash, cell(2).hash]
+    assert [r["cell_hash"] for r in as_written(p)] == [cell(0).hash, cell(2).hash]
     err = capsys.readouterr().err
     assert "3 lines not zerobench records" in err
     assert "line 2 (" in err and "line 3 (a JSON list" in err and "line 4 (status" in err
@@ -54,7 +55,7 @@ def test_fields_are_read_as_typed(tmp_path, capsys):
     bad_cell = started(1).to_dict()
     bad_cell["cell"]["lora"] = 5
     p.write_text(json.dumps(started(0).to_dict() | {"attempt": "2"}) + "\n" + json.dumps(bad_cell) + "\n")
-    recs = read(p)
+    recs = as_written(p)
     assert len(recs) == 1 and recs[0]["attempt"] == 2
     assert "line 2 (cell.lora" in capsys.readouterr().err
 
@@ -74,7 +75,7 @@ def test_resume_state(tmp_path):
     done, stale = s.resume_state()
     # A skip is no attempt: the resumed call's plan judges cell 2 again.
     assert done == {(cell(0).hash, 1)}
-    assert [r["cell_hash"] for r in stale] == [cell(1).hash]
+    assert [r.cell_hash for r in stale] == [cell(1).hash]
 
 
 def test_resume_state_counts_repeats(tmp_path):
@@ -93,7 +94,7 @@ def test_resume_state_counts_repeats(tmp_path):
         s.append(start if st == "started" else start._end(st, "", ended_at=AT))
     done, stale = s.resume_state()
     assert done == {(cell(0).hash, 1), (cell(0).hash, 2), (cell(1).hash, 1)}
-    assert [(r["cell_hash"], r["repeat"]) for r in stale] == [(cell(0).hash, 3)]
+    assert [(r.cell_hash, r.repeat) for r in stale] == [(cell(0).hash, 3)]
 
 
 def test_one_holder_at_a_time(tmp_path):
@@ -139,7 +140,7 @@ def test_a_results_file_deleted_mid_run_lets_no_two_runs_write_one_file(tmp_path
             with pytest.raises(StoreWriteError, match=r"r.jsonl no longer names the file this run holds"):
                 first.append(started(2, "first"))
             second.append(started(3, "second"))
-    assert [r["run_id"] for r in read(path)] == ["second", "second"]
+    assert [r["run_id"] for r in as_written(path)] == ["second", "second"]
 
 
 def test_a_held_results_file_is_written_through_one_descriptor(tmp_path):
@@ -151,7 +152,7 @@ def test_a_held_results_file_is_written_through_one_descriptor(tmp_path):
         with open(tmp_path / "r.jsonl", "a") as f:
             f.write('{"torn')  # a line cut short: sealed before the next record
         s.append(started(3))
-    assert len(read(tmp_path / "r.jsonl", warn=False)) == 4
+    assert len(as_written(tmp_path / "r.jsonl", warn=False)) == 4
 
 
 def test_a_record_repeated_byte_for_byte_is_one_attempt_and_named(tmp_path, capsys):
@@ -168,7 +169,7 @@ def test_a_record_repeated_byte_for_byte_is_one_attempt_and_named(tmp_path, caps
     assert path.stat().st_size > 8 * 2**20
     tracemalloc.start()
     try:
-        got = read(path)
+        got = as_written(path)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

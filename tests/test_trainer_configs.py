@@ -8,8 +8,7 @@ import re
 
 import pytest
 
-from bench.records.store import read
-from tests.conftest import ROOT, TINY, write_matrix, zerobench
+from tests.conftest import ROOT, TINY, as_written, write_matrix, zerobench
 
 pytestmark = pytest.mark.slow
 CORPUS = sorted((ROOT / "matrices" / "ds_configs" / "trainer").glob("*.json"))
@@ -28,7 +27,7 @@ def test_the_corpus_runs_on_both_engines_as_cells_predicts(tmp_path):
     res = tmp_path / "r.jsonl"
     r = zerobench("run", str(m), "--ds-config", *files, "--results", str(res), "--no-report", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    recs = {x["cell_hash"]: x for x in read(res) if x["status"] != "started"}
+    recs = {x["cell_hash"]: x for x in as_written(res) if x["status"] != "started"}
     assert set(recs) == set(promised)
     for h, rec in recs.items():
         want = "ok" if promised[h] == "run" else "skipped"

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.records.store import read
-from tests.conftest import ROOT, TINY, write_matrix, zerobench
+from tests.conftest import ROOT, TINY, as_written, write_matrix, zerobench
 
 GOOD = str(ROOT / "matrices/ds_configs/zero2_offload.json")
 MISPLACED = str(ROOT / "matrices/ds_configs/misplaced_offload.json")
@@ -45,7 +44,7 @@ def test_user_config_cell_runs_as_described(tmp_path):
     res = tmp_path / "r.jsonl"
     r = zerobench("run", str(m), "--ds-config", GOOD, "--results", str(res), "--no-report", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    rec = [x for x in read(res) if x["status"] != "started"][0]
+    rec = [x for x in as_written(res) if x["status"] != "started"][0]
     assert rec["status"] == "ok", rec["reason"]
     # The cell is named after what the file configures, and that is what ran.
     assert rec["cell"]["zero_stage"] == 2 and rec["cell"]["offload"] == "optimizer"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests import wandb_files
-from tests.conftest import zerobench
+from tests.conftest import as_written, zerobench
 
 pytest.importorskip("wandb", reason="the W&B export's test needs wandb (in the test extra)")
 DATA = Path(__file__).parent / "data"
@@ -61,7 +61,6 @@ def test_export_without_results_file_says_so(tmp_path):
 
 @pytest.mark.slow
 def test_run_logs_each_cell_live(tmp_path):
-    from bench.records.store import read
     from tests.conftest import TINY, write_matrix
 
     m = write_matrix(tmp_path / "m.yaml", TINY + "axes: {zero_stage: [0, 1]}\n")
@@ -79,7 +78,7 @@ def test_run_logs_each_cell_live(tmp_path):
         env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"},
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    recs = [x for x in read(res) if x["status"] != "started"]
+    recs = [x for x in as_written(res) if x["status"] != "started"]
     runs = {
         x["name"]: x for x in map(wandb_files.run, sorted((tmp_path / "wb").glob("wandb/offline-run-*/run-*.wandb")))
     }

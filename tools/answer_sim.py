@@ -386,7 +386,7 @@ def _stated(printed: list[str]) -> float | None:
 
 def _settled(path: Path) -> bool:
     """Whether the last call left no cell that could still change the answer."""
-    recs = Store(path).records()
+    recs = [r.to_dict() for r in Store(path).records()]
     last = [r for r in recs if r["run_id"] == recs[-1]["run_id"] and r["status"] == Status.UNMEASURED.value]
     return not any((r.get("answer") or {}).get("needed") for r in last)
 
@@ -419,7 +419,7 @@ def trial(
         sim.machine = world.machines[1]
         printed = _call(matrix, path, sim, cap_s, resume=True, settle=settle)
         made = 2
-    recs = Store(path).records()
+    recs = [r.to_dict() for r in Store(path).records()]
     s = _search(items, hw, recs)
     wrong, called, wrong_fx = _score(s, world, recs)
     ended = [r for r in recs if r["status"] not in ("started", "unmeasured", "skipped")]

@@ -42,7 +42,6 @@ from bench.estimate.steptime import predict_setup, predict_start
 from bench.estimate.timecheck import TimeCase, cross_validate_time, evaluate_time, fitted, time_cases
 from bench.matrix.axes import OPTIMIZERS
 from bench.records import quality
-from bench.records.record import parse
 from bench.records.status import Status
 from bench.records.store import read
 
@@ -154,10 +153,10 @@ def _flags(paths: list[str], gpu: str) -> tuple[dict, dict | None]:
     out: dict = collections.defaultdict(list)
     template = None
     for path in paths:
-        for raw in read(path):
+        for r in read(path):
+            raw = r.to_dict()
             if raw.get("status") != Status.OK.value or gpu_of((raw.get("provenance") or {}).get("gpu_name")) != gpu:
                 continue
-            r = parse(raw)
             if r.metrics is None or not r.metrics.tokens_per_s or r.variant or quality.kind(r) != "gpu":
                 continue
             if r.worker and r.worker.fault_injected:

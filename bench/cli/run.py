@@ -294,7 +294,7 @@ def _run(args, s: RunSettings) -> int:
                 return e.exit_code
     if stopped:
         return 1
-    bad = [r for r in written if r["status"] not in ("ok", "skipped")]
+    bad = [r for r in written if r.status.value not in ("ok", "skipped")]
     return 1 if (bad and args.strict) else 0
 
 

@@ -22,6 +22,7 @@ from ..matrix import dsconfig, rules, spec
 from ..matrix.axes import AUTO
 from ..matrix.problems import InputError
 from ..records import cache
+from ..records.record import Record
 from ..records.store import Store, check_writable, read_records
 from . import launch, schedule
 from .answer import Search, State
@@ -55,7 +56,7 @@ def new_run_id() -> str:
 
 def run(
     s: RunSettings, *, printer=print, on_record=None, recording: Recording | None = None
-) -> tuple[Plan, Path, list[dict]]:
+) -> tuple[Plan, Path, list[Record]]:
     """Run a matrix as s asks (bench.execute.settings.RunSettings); return the plan, the results path and the
     records written by this call.
 
@@ -105,7 +106,7 @@ def run(
         _say_hardware(how, session.hw)
         session.load()
         session.go()
-    return p, store.path, [r.to_dict() for r in session.written]
+    return p, store.path, list(session.written)
 
 
 def _check_choices(s: RunSettings, recording: Recording | None) -> None:

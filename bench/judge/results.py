@@ -409,13 +409,13 @@ def _quality_columns(rec: Record) -> dict:
     }
 
 
-def records_to_frame(records: Iterable[dict | Record], near: Sequence[Path] = ()):
-    """Records (of any schema version, upgraded here, or already read as Record values) -> one row per
+def records_to_frame(records: Iterable[Record], near: Sequence[Path] = ()):
+    """Records (bench.records.store's; a stored line of any version is bench.records.record.parse's) -> one row per
     attempt; started records left out. A compact record's cell comes from its matrix file (with_cells: as
     recorded, else in the folders `near`)."""
     import pandas as pd
 
-    parsed = with_cells((r if isinstance(r, Record) else parse(r) for r in records), near)
+    parsed = with_cells(records, near)
     rows = [_row(r) for r in parsed if r.status is not Status.STARTED]
     df = _settings_of_unknown_cells(pd.DataFrame(rows))
     for col in ("started_at", "ended_at"):

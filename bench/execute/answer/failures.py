@@ -160,12 +160,12 @@ def _text(settings: dict) -> str:
     return ", ".join(f"{AXIS[k].short if k in AXIS else k}={v}" for k, v in settings.items())
 
 
-def attempts(records: Iterable[dict]) -> collections.Counter:
+def attempts(records: Iterable[Record]) -> collections.Counter:
     """Attempts per error signature in a results file's records."""
-    return collections.Counter(s for r in records if r.get("status") != "started" and (s := _safe(r)) is not None)
+    return collections.Counter(s for r in records if r.status is not Status.STARTED and (s := _safe(r)) is not None)
 
 
-def _safe(rec: dict) -> Any:
+def _safe(rec: Record) -> Any:
     try:
         return signature(rec)
     except ValueError:  # a status this zerobench does not know

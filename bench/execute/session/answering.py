@@ -45,28 +45,28 @@ class Answering:
             self.search.earlier(r)
         self.search.resumed = resumed
 
-    def check_same_groups(self, records: list[dict], path: Path) -> None:
+    def check_same_groups(self, records: list[Record], path: Path) -> None:
         """InputError when --group-by groups the cells otherwise than the answer being resumed did (its records'
         answer notes): the earlier measurements were chosen to settle its groups, not these."""
         search = self.search
         for rec in records:
-            group, c = (rec.get("answer") or {}).get("group"), search.by_hash.get(rec.get("cell_hash"))
+            group, c = rec.answer.group if rec.answer else None, search.by_hash.get(rec.cell_hash)
             if group is None or c is None or group == search.group_of(c):
                 continue
             short = {a.short: a.name for a in AXES}
             was = ",".join(short.get(k, k) for k in re.findall(r"(?:^|,)(\w+)=", group)) or "nothing (one group)"
             raise InputError(
                 f"--group-by {','.join(self.run.settings.answer.group_by) or 'nothing'}: the answer in {path} was "
-                f"grouped by {was} ({rec['cell_name']} in {group!r}, now {search.group_of(c)!r}); resume with "
+                f"grouped by {was} ({rec.cell_name} in {group!r}, now {search.group_of(c)!r}); resume with "
                 f"--group-by {was}, or give a new --results to start another answer"
             )
 
-    def resume(self, records: list[dict], cut_off: list[Record], path: Path) -> set[str]:
+    def resume(self, records: list[Record], cut_off: list[Record], path: Path) -> set[str]:
         """--resume: what the earlier part measured counts (attempts a kill cut off too), and its cells keep their
         outcome; returns their hashes (begun). A skip is no attempt: a cell the earlier plan skipped (predicted not to
         fit another --gpu-mem) is open here. The budget is the whole search's: said, with what is left."""
-        no_attempt = (Status.STARTED.value, Status.UNMEASURED.value, Status.SKIPPED.value)
-        self.before = [parse(r) for r in records if r.get("status") not in no_attempt] + cut_off
+        no_attempt = (Status.STARTED, Status.UNMEASURED, Status.SKIPPED)
+        self.before = [r for r in records if r.status not in no_attempt] + cut_off
         recording = self.run.recording
         for r in self.before:
             self.search.earlier(r)

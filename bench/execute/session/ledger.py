@@ -50,18 +50,17 @@ class Ledger:
             try:
                 self.store.append(rec)
             except StoreWriteError as e:
-                e.record = rec.to_dict()  # what is lost, for the message that stops the run
+                e.record = rec  # what is lost, for the message that stops the run
                 raise
         return rec
 
     def recorded(self, i: int, rec: Record) -> None:
         """An outcome is stored: count it, print it, hand it to the exporter."""
         self.written.append(rec)
-        d = rec.to_dict()
-        self.prog.done(i, d, elapsed=time.time() - self.t_run, eta=self.left())
+        self.prog.done(i, rec, elapsed=time.time() - self.t_run, eta=self.left())
         if self.run.on_record is not None:
             try:
-                self.run.on_record(d)
+                self.run.on_record(rec)
             except Exception as e:  # noqa: BLE001 - an exporter must not stop a measurement
                 self.run.printer(f"warning: exporting the record of {rec.cell_name} failed: {type(e).__name__}: {e}")
 
@@ -101,10 +100,10 @@ class Ledger:
         e.reported = True
         lost, printer = getattr(e, "record", None), self.run.printer
         printer(f"zerobench: stopped: {e.strerror}")
-        if lost is not None and lost.get("status") != Status.STARTED.value:
+        if lost is not None and lost.status is not Status.STARTED:
             printer(f"  lost: {line(self.i, self.prog.total, lost)}")
         elif lost is not None:
-            printer(f"  not started: {lost['cell_name']} (its start could not be recorded)")
+            printer(f"  not started: {lost.cell_name} (its start could not be recorded)")
         printer(
             f"  written to {self.store.path} by this run: {len(self.written)} outcome(s), each whole; "
             "once there is room, `--resume` runs the cells that have none"

@@ -16,7 +16,7 @@ from ...host.rates import Rates
 from ...matrix.axes import AUTO
 from ...matrix.cells import Cell
 from ...matrix.rules import Skip
-from ...records.record import AttemptContext, Record, Search, parse
+from ...records.record import AttemptContext, Record, Search
 from ...records.status import Status
 from ...records.store import Store
 from .. import answer, launch, schedule
@@ -89,13 +89,13 @@ class Session:
         if self.answering is not None and resume:
             self.begun |= self.answering.resume(e.records, cut_off, self.store.path)
 
-    def _cut_off(self, start: dict) -> Record:
+    def _cut_off(self, start: Record) -> Record:
         """A start a killed run left: recorded interrupted, with the time it ran."""
-        why = f"run {start['run_id']} stopped while this cell ran (found by --resume)"
+        why = f"run {start.run_id} stopped while this cell ran (found by --resume)"
         ran = earlier.ran_for(start, self.earlier.records, self.run.logs)
-        rec = self.ledger.save(Record.interrupted(parse(start), why, ended_at=now(), **ran))
-        h, attempts = start["cell_hash"], self.ledger.attempts
-        attempts[h] = max(attempts.get(h, 0), start.get("attempt", 1))
+        rec = self.ledger.save(Record.interrupted(start, why, ended_at=now(), **ran))
+        h, attempts = start.cell_hash, self.ledger.attempts
+        attempts[h] = max(attempts.get(h, 0), start.attempt)
         return rec
 
     def _todo(self) -> list[tuple[Planned, int]]:
@@ -160,8 +160,8 @@ class Session:
             return
         in_plan = {it.cell.hash: it.cell for it in self.p.items}
         for h, rec in self.earlier.last.items():
-            if h in in_plan and rec["status"] in schedule.WHERE:
-                self.imply(in_plan[h], rec["status"], rec.get("run_id"))
+            if h in in_plan and rec.status.value in schedule.WHERE:
+                self.imply(in_plan[h], rec.status.value, rec.run_id)
 
     # -- the attempts, as the executor asks for them ----------------------------------------------------
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ...estimate.search import SearchResult
 from ...host import env
 from ...matrix.cells import Cell
-from ...records.record import machine_of
+from ...records.record import Record, machine_of
 from .. import answer, launch
 from ..executors.executor import Attempt, Job, Shape
 from ..executors.local import Slots
@@ -41,7 +41,7 @@ class Run:
     slurm: SlurmSettings | None = None
     """The Slurm executor's settings: the matrix's slurm block under the command line's, with its partition's."""
     printer: Callable[[str], object] = print
-    on_record: Callable[[dict], object] | None = None
+    on_record: Callable[[Record], object] | None = None
     """Called with each outcome as it is stored (a live export); a failure there is said and the run goes on."""
 
     @property
