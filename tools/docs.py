@@ -238,14 +238,14 @@ _BLOCKS: tuple[tuple[str, type[BaseModel]], ...] = (
 
 
 def undocumented() -> list[str]:
-    """Matrix keys with no description (a docstring under the field in bench/matrix/spec.py)."""
+    """Matrix keys with no description (a docstring under the field in bench/matrix/spec/schema.py)."""
     return [f"{block + '.' if block else ''}{k}" for block, m in _BLOCKS for k, d in _key_docs(m).items() if not d]
 
 
 def _keys_section() -> str:
     parts = [
-        "## The matrix file\n\nEvery key a matrix file may hold (`bench/matrix/spec.py`); an unknown key is an error "
-        "that names the likely intended one. The whole file is checked before anything runs.\n"
+        "## The matrix file\n\nEvery key a matrix file may hold (`bench/matrix/spec/schema.py`); an unknown key is an "
+        "error that names the likely intended one. The whole file is checked before anything runs.\n"
     ]
     for block, model in _BLOCKS:
         docs = _key_docs(model)
@@ -258,7 +258,7 @@ def _keys_section() -> str:
 def matrix_page() -> str:
     return (
         "# Matrix reference\n\n"
-        + HEADER.format(src="bench/matrix/axes.py, bench/matrix/rules.py and bench/matrix/spec.py")
+        + HEADER.format(src="bench/matrix/axes.py, bench/matrix/rules.py and bench/matrix/spec/schema.py")
         + "A matrix file names a model and fixed settings, and lists values per axis; zerobench crosses the "
         "axes into cells, adds `include` entries, drops `exclude` matches, and skips the cells a rule stops. "
         "How to add an axis, an optimizer or a rule: [extending.md](extending.md).\n\n"

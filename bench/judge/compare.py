@@ -561,7 +561,9 @@ def _section(path: Path) -> dict:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise ConfigError([Problem(str(path), "", "expected a mapping", "see CompareSettings in bench/matrix/spec.py")])
+        raise ConfigError(
+            [Problem(str(path), "", "expected a mapping", "see CompareSettings in bench/matrix/spec/schema.py")]
+        )
     if "compare" in raw or "axes" in raw or "model" in raw:  # a matrix file
         return raw.get("compare") or {}
     return raw
