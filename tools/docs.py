@@ -38,7 +38,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bench.estimate import check, heldout, timecheck
+from bench.estimate import check, heldout, timecheck, timetext
 from bench.estimate.fitted import FIT
 from bench.estimate.steptime import REF_OPS_S, STEP_BAND, STEP_BAND_HOST
 from bench.estimate.verdict import DEFAULT_MARGIN
@@ -476,12 +476,12 @@ def _time_machines(m: dict[str, Any]) -> str:
 
 
 def _time_files(m: dict[str, Any]) -> str:
-    return check.md_table(timecheck.file_rows(m["time"]))
+    return check.md_table(timetext.file_rows(m["time"]))
 
 
 def time_blocks(m: dict[str, Any]) -> dict[str, str]:
     cats = {
-        f"time-{which}-categories": check.md_table(timecheck.category_rows(m["time"], which))
+        f"time-{which}-categories": check.md_table(timetext.category_rows(m["time"], which))
         for which in ("step", "setup", "wall")
     }
     return {
