@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import stats
-from bench.judge import compare
+from bench.judge import compare, comparetext
 from bench.judge.results import records_to_frame
 from bench.matrix.spec import CompareSettings, MatrixError, loads
 from bench.records import quality
@@ -117,7 +117,7 @@ def test_one_repeat_a_side_is_judged_by_the_noise_of_two_measurements_and_says_s
     half = stats.normal_quantile(0.9) * quality.NOISE["gpu"] * math.sqrt(2)
     assert tok.ci == pytest.approx((0.9 * math.exp(-half), 0.9 * math.exp(half))) and tok.p is None
     assert tok.verdict == stats.NOT_SETTLED and verdict(cmp).verdict == compare.NOT_SETTLED and cmp.exit_code == 0
-    assert cmp.single_repeat and "noise cannot be estimated" in compare.markdown(cmp)
+    assert cmp.single_repeat and "noise cannot be estimated" in comparetext.markdown(cmp)
     far = verdict(run_cmp(base, [rec(0, 1, tps=24_000)]))  # 20%: the whole interval beyond 5%
     assert far.verdict == compare.REGRESSION and far.figures["tokens_per_s"].ci[1] < 1 / 1.05
 
@@ -131,7 +131,7 @@ def test_zero_and_missing_baseline_figures_are_no_data_not_a_crash():
         tok = verdict(cmp, cell).figures["tokens_per_s"]
         assert tok.verdict == stats.NO_DATA and verdict(cmp, cell).verdict != compare.REGRESSION
     assert "baseline's figure is 0" in verdict(cmp, 0).figures["tokens_per_s"].why
-    compare.markdown(cmp)  # renders
+    comparetext.markdown(cmp)  # renders
 
 
 def test_new_failure_is_a_regression_and_a_fix_an_improvement():
@@ -152,7 +152,7 @@ def test_environment_mismatch_is_not_comparable_never_a_regression():
     # Never a regression (1); compared nothing, so no pass (0) either: 3, compared too little.
     assert c.verdict == compare.NOT_COMPARABLE and cmp.exit_code == compare.EXIT_TOO_LITTLE
     assert {d[0] for d in c.environment_diff} == {"GPU", "DeepSpeed"}
-    assert "not comparable" in compare.markdown(cmp)
+    assert "not comparable" in comparetext.markdown(cmp)
 
 
 def test_memory_growth_is_flagged_by_its_tight_bound():
@@ -244,7 +244,7 @@ def test_committed_runs_on_two_machines_are_not_compared_raw():
     assert z0.figures["tokens_per_s"].ratio == pytest.approx(30643 / 34910, rel=1e-3)
     assert z0.verdict == compare.NOT_COMPARABLE and "different machines" in z0.reasons[0]
     assert z0.figures["torch_max_allocated_bytes"].verdict == stats.NO_CHANGE
-    assert "**The sides ran on different machines**" in compare.markdown(cmp)
+    assert "**The sides ran on different machines**" in comparetext.markdown(cmp)
     assert cmp.exit_code == compare.EXIT_TOO_LITTLE  # tokens/s compared in none of its cells: too little
 
 
@@ -414,7 +414,7 @@ def test_a_record_that_does_not_name_its_machine_does_not_make_the_sides_one_mac
     assert None in cmp.machines.current and not cmp.machines.same
     assert cmp.machines.offset == pytest.approx(whole.machines.offset, abs=0.01)
     assert cmp.exit_code == 0 and not cmp.regressions
-    assert "unknown" in compare.markdown(cmp)
+    assert "unknown" in comparetext.markdown(cmp)
 
 
 def test_sides_that_never_name_a_machine_are_compared_directly():
@@ -432,7 +432,7 @@ def test_markdown_escapes_html_in_cell_names_and_driver_strings():
         if r["cell_hash"] == f"{1:010x}":
             r["cell_name"] = r["cell_id"] = "<script>alert(1)</script>|zero=1"
             r["cell_id"] += f"#{1:010x}"
-    md = compare.markdown(run_cmp(base, cur))
+    md = comparetext.markdown(run_cmp(base, cur))
     assert "<img" not in md and "<script" not in md
     assert "&lt;img src=x onerror=alert(1)&gt;" in md and "&lt;script&gt;alert(1)&lt;/script&gt;\\|zero=1" in md
 

@@ -15,13 +15,15 @@ import pytest
 from bench.matrix import dsconfig
 from bench.matrix.axes import OFFLOADS
 from bench.matrix.cells import Cell
+from bench.matrix.dsconfig import tables
+from bench.matrix.problems import Problem
 from bench.matrix.spec import MatrixError
 from tests.conftest import ROOT
 
 EXAMPLES = ROOT / "matrices" / "ds_configs"
 
 
-def problems(cfg_or_text, file="t.json") -> dict[str, dsconfig.Problem]:
+def problems(cfg_or_text, file="t.json") -> dict[str, Problem]:
     """The problems the checker finds, by key path (fails if there are none)."""
     text = cfg_or_text if isinstance(cfg_or_text, str) else json.dumps(cfg_or_text, indent=2)
     with pytest.raises(MatrixError) as ei:
@@ -691,23 +693,23 @@ def _leaves(spec: dict, path: tuple = ()):
 
 def test_every_key_has_a_type():
     # The generated tables leave a type open (null) where DeepSpeed's default does not state one; each
-    # is set by hand (dsconfig._TYPES), so a key a new DeepSpeed adds without a default fails here.
+    # is set by hand (tables._TYPES), so a key a new DeepSpeed adds without a default fails here.
     assert [p for p, v in _leaves(dsconfig.SCHEMA) if v is None] == []
 
 
 def test_hand_types_name_keys_deepspeed_reads():
-    generated = dsconfig._KEYS["schema"]
-    for path in dsconfig._TYPES:
+    generated = tables._KEYS["schema"]
+    for path in tables._TYPES:
         node = generated
         for k in path[:-1]:
             node = node[k]
         assert path[-1] in node, f"{path}: DeepSpeed {dsconfig.DS_VERSION} does not read it"
-    assert not set(dsconfig._ELSEWHERE) & set(generated), "DeepSpeedConfig reads it now: drop it from _ELSEWHERE"
+    assert not set(tables._ELSEWHERE) & set(generated), "DeepSpeedConfig reads it now: drop it from _ELSEWHERE"
 
 
 def test_deprecation_advice_covers_what_deepspeed_deprecates():
-    assert {p[1] for p in dsconfig.DEPRECATED if p[0] == "zero_optimization"} == set(dsconfig._KEYS["zero_deprecated"])
-    assert all(dsconfig.ZERO[name] == dsconfig.ZERO[alias] for name, alias in dsconfig.ZERO_ALIASES.items())
+    assert {p[1] for p in tables.DEPRECATED if p[0] == "zero_optimization"} == set(tables._KEYS["zero_deprecated"])
+    assert all(tables.ZERO[name] == tables.ZERO[alias] for name, alias in tables.ZERO_ALIASES.items())
 
 
 # -- drift: the generated tables against the installed DeepSpeed -------------------------------

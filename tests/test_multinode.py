@@ -224,7 +224,7 @@ def test_a_taken_rendezvous_port_relaunches_every_node(tmp_path):
 def test_the_zero_report_counts_the_gpus_of_every_node():
     import pandas as pd
 
-    from bench.report.analysis import _zero_scaling
+    from bench.report.analysis.zero import _zero_scaling
 
     rows = [
         {"cell_name": f"zero={z},nodes=2", "cell_hash": f"h{z}", "status": "ok", "zero_stage": z, "gpus": 1,

@@ -15,6 +15,7 @@ from bench.matrix.cells import Cell
 from bench.records.record import Record
 from bench.records.store import read_records
 from bench.report import analysis, markdown
+from bench.report.analysis.answer import _answer_verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 ANSWER = ROOT / "results" / "7b-answer-h200.jsonl"  # the 7b answer on H200s: its 130 attempt records
@@ -129,10 +130,10 @@ def test_an_open_answer_leads_the_report_with_not_settled_and_what_settling_woul
 
 
 def test_a_settled_answer_says_settled():
-    verdict, why = analysis._answer_verdict(0, (0.012, 0.03, 0.05), 0.0)
+    verdict, why = _answer_verdict(0, (0.012, 0.03, 0.05), 0.0)
     assert verdict == "settled" and "1.2%" in why and "each below 5%" in why
-    assert analysis._answer_verdict(3, (0.012, 0.03, 0.05), 600.0)[0] == "not settled"
-    assert analysis._answer_verdict(0, (0.2, 0.03, 0.05), 0.0)[0] == "not settled"
+    assert _answer_verdict(3, (0.012, 0.03, 0.05), 600.0)[0] == "not settled"
+    assert _answer_verdict(0, (0.2, 0.03, 0.05), 0.0)[0] == "not settled"
 
 
 def test_the_answer_table_has_each_fastest_cells_peak_memory(held_out):

@@ -124,7 +124,7 @@ def test_the_data_file_holds_the_fit_on_the_committed_records(section):
 
 
 def test_no_fitted_figure_lives_in_the_models_source():
-    for name in ("steptime.py", "timecheck.py", "band.py"):
+    for name in ("steptime.py", "timecheck.py", "timetext.py", "band.py"):
         text = (ROOT / "bench" / "estimate" / name).read_text()
         # A constant's name beside a number of the fit's precision (features are 0 or 1: "setup_log": 1.0).
         assert not any(re.search(rf'"{n}": -?\d+\.\d\d', text) for n in FIT["constants"]), name

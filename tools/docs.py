@@ -38,7 +38,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bench.estimate import check, heldout, timecheck
+from bench.estimate import check, heldout, timecheck, timetext
 from bench.estimate.fitted import FIT
 from bench.estimate.steptime import REF_OPS_S, STEP_BAND, STEP_BAND_HOST
 from bench.estimate.verdict import DEFAULT_MARGIN
@@ -238,14 +238,14 @@ _BLOCKS: tuple[tuple[str, type[BaseModel]], ...] = (
 
 
 def undocumented() -> list[str]:
-    """Matrix keys with no description (a docstring under the field in bench/matrix/spec.py)."""
+    """Matrix keys with no description (a docstring under the field in bench/matrix/spec/schema.py)."""
     return [f"{block + '.' if block else ''}{k}" for block, m in _BLOCKS for k, d in _key_docs(m).items() if not d]
 
 
 def _keys_section() -> str:
     parts = [
-        "## The matrix file\n\nEvery key a matrix file may hold (`bench/matrix/spec.py`); an unknown key is an error "
-        "that names the likely intended one. The whole file is checked before anything runs.\n"
+        "## The matrix file\n\nEvery key a matrix file may hold (`bench/matrix/spec/schema.py`); an unknown key is an "
+        "error that names the likely intended one. The whole file is checked before anything runs.\n"
     ]
     for block, model in _BLOCKS:
         docs = _key_docs(model)
@@ -258,7 +258,7 @@ def _keys_section() -> str:
 def matrix_page() -> str:
     return (
         "# Matrix reference\n\n"
-        + HEADER.format(src="bench/matrix/axes.py, bench/matrix/rules.py and bench/matrix/spec.py")
+        + HEADER.format(src="bench/matrix/axes.py, bench/matrix/rules.py and bench/matrix/spec/schema.py")
         + "A matrix file names a model and fixed settings, and lists values per axis; zerobench crosses the "
         "axes into cells, adds `include` entries, drops `exclude` matches, and skips the cells a rule stops. "
         "How to add an axis, an optimizer or a rule: [extending.md](extending.md).\n\n"
@@ -476,12 +476,12 @@ def _time_machines(m: dict[str, Any]) -> str:
 
 
 def _time_files(m: dict[str, Any]) -> str:
-    return check.md_table(timecheck.file_rows(m["time"]))
+    return check.md_table(timetext.file_rows(m["time"]))
 
 
 def time_blocks(m: dict[str, Any]) -> dict[str, str]:
     cats = {
-        f"time-{which}-categories": check.md_table(timecheck.category_rows(m["time"], which))
+        f"time-{which}-categories": check.md_table(timetext.category_rows(m["time"], which))
         for which in ("step", "setup", "wall")
     }
     return {

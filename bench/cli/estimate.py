@@ -398,9 +398,9 @@ ONE_FILE = (
 def _time_check(files: list[str], gpu: str | None, rates=None) -> None:
     """The step-time model's check beside the memory model's (ok records on one or two GPUs), held out by
     results file, machine and GPU model."""
-    from ..estimate import heldout, timecheck
+    from ..estimate import heldout, timecheck, timetext
 
     check = timecheck.time_check(files, gpu=gpu, rates=rates)
     if check.held_out or check.rows:
-        print(timecheck.time_text(check))
+        print(timetext.time_text(check))
         _time_groups(heldout.time_groups(check), complete=False)

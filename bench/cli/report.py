@@ -174,7 +174,7 @@ def _results_files(path: str) -> list[Path]:
 def cmd_compare(args) -> int:
     """Exit 0: no regression; 1: a regression; 2: bad input (no such file, no records, bad thresholds); 3: it
     compared too little (compare.Comparison.too_little)."""
-    from ..judge import compare
+    from ..judge import compare, comparetext
     from ..judge.results import load
     from ..records.store import read
 
@@ -203,7 +203,7 @@ def cmd_compare(args) -> int:
         baseline=args.baseline,
         current=args.current,
     )
-    text = compare.markdown(cmp)
+    text = comparetext.markdown(cmp)
     if args.md:
         Path(args.md).parent.mkdir(parents=True, exist_ok=True)
         from ..host.safefile import write_atomic
