@@ -18,8 +18,8 @@ LAST = re.compile(
     r"cell time to settle median ([\d.]+) min, p90 ([\d.]+) min; not settled in (\d+) of (\d+)"
 )
 H100_RUN = ROOT.parent / "shared" / "records" / "7b-answer-h100-2026-12-07.jsonl.gz"
-"""The real H100 answer (`zerobench run matrices/7b.yaml --answer --budget 20m` at d826b92), where a copy of the
-shared records sits beside the checkout."""
+"""The real H100 answer (`zerobench run matrices/7b.yaml --answer --budget 20m`: docs/answer-mode.md), where a copy
+of the shared records sits beside the checkout."""
 
 
 def test_the_simulator_answers_synthetic_truths_and_prints_its_figures(tmp_path, capsys):
@@ -133,9 +133,8 @@ def test_the_committed_table_is_what_the_h100_records_give():
 
 @pytest.mark.slow
 def test_the_measured_h100_world_ends_unsettled_at_the_real_runs_cell_time_as_the_real_run_did(tmp_path):
-    """The real H100 answer: 1,189 s of cell time, 34 of 2,328 runnable cells measured ok, not settled (the chance an
-    unmeasured cell beats its group's fastest by more than 5%: 100.0%). The same search and prior (the models on the
-    H100) in the measured H100 world, with the same budget on one machine."""
+    """The real H100 answer spent its 20-minute budget and did not settle (docs/answer-mode.md). The same search and
+    prior in the measured H100 world, with the same budget on one machine, ends so too."""
     done = []
     for seed in range(3):
         (tmp_path / str(seed)).mkdir()

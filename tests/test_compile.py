@@ -39,7 +39,7 @@ def test_compiled_cell_runs_compiled_and_matches_eager(tmp_path):
     # Inductor reorders float arithmetic: close, not bit-equal.
     assert outs[True]["losses"] == pytest.approx(outs[False]["losses"], rel=1e-4)
     # The compile happens in the first (warmup) step, not in the measured ones.
-    # Against the median, and no measured step as long as the compiling one: beside a CPU-heavy job one
-    # measured step once took 8x the others (2.8 s, the compile 11.2 s), which a bound on max() failed.
+    # Against the median, and no measured step as long as the compiling one: beside a CPU-heavy job one measured
+    # step can take several times the others, so a bound on max() alone fails where nothing is wrong.
     first, rest = outs[True]["step_times_s"][0], outs[True]["step_times_s"][2:]
     assert first > 5 * statistics.median(rest) and first > 2 * max(rest), (first, rest)

@@ -138,7 +138,7 @@ def test_real_training(smoke):
 
 def test_every_stage_starts_from_the_same_init(smoke):
     # ZeRO-3 builds under zero.Init; its weights must still get the same init as the other stages,
-    # or its loss curve is not comparable (on the H200 it once started at 10.55 against 10.78).
+    # or its loss curve is not comparable.
     _, _, recs, _ = smoke
     first = {
         x["cell"]["zero_stage"]: x["losses"][0]

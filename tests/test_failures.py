@@ -17,7 +17,7 @@ from bench.records.store import Store
 from tests.conftest import as_written
 
 ROOT = Path(__file__).resolve().parent.parent
-SEVEN_B = "results/7b-answer-h200.jsonl"  # the 7B answer on H200s, 2026-12-03: 130 attempt records
+SEVEN_B = "results/7b-answer-h200.jsonl"  # the 7B answer's attempt records (results/README.md)
 
 
 def _rec(status: str, reason: str, phase: str | None = "warmup") -> dict:

@@ -18,9 +18,9 @@ from bench.matrix.cells import Cell, Lora, Qlora
 
 pytestmark = pytest.mark.gpu
 
-# 21 steps, far past the 1-bit optimizers' freeze_step (2): with 7, a tiny LoRA or QLoRA cell's loss fell by
-# only 0.03-0.05 with optimizers that train (results/gpu-evidence/2026-12-03_gpu-rules-h200_17-passed-8-failed.log),
-# too little to tell from one that does not. A tiny model's step takes milliseconds: the cell's start-up dominates.
+# 21 steps, far past the 1-bit optimizers' freeze_step (2): with 7, a tiny LoRA or QLoRA cell's loss fell too
+# little to tell an optimizer that trains from one that does not (results/README.md, the GPU rules' logs). A tiny
+# model's step takes milliseconds: the cell's start-up dominates.
 SMALL = dict(model="llama-tiny", seq_len=128, micro_batch=2, warmup_steps=1, measured_steps=20, timeout_s=300)
 # A 7B full fine-tune on one H200 (ZeRO-1/2 hand one rank 6.74e9 elements), at the 7B matrix's learning rate.
 BIG = dict(model="llama-7b", seq_len=128, micro_batch=1, warmup_steps=1, measured_steps=3, lr=1e-4, timeout_s=600)
@@ -41,9 +41,8 @@ CASES = [
     ("offload-optimizer-kind", Cell(zero_stage=2, offload="optimizer", optimizer="paged_adamw_8bit", **SMALL), ""),
     ("onebit-needs-zero0", Cell(zero_stage=1, optimizer="onebitadam", precision="fp16", **SMALL), ""),
     ("cpuadam-needs-offload", Cell(optimizer="cpuadam", **SMALL), ""),
-    # At the 1.1B shape; a tiny-preset cell compiled with Liger ran
-    # (results/gpu-evidence/2026-11-30_gpu-rules-h200_liger.log), so the failure depends on the shapes and the
-    # rule stops the combination as unreliable.
+    # At the 1.1B shape; a tiny-preset cell compiled with Liger ran (results/README.md, the GPU rules' logs), so
+    # the failure depends on the shapes and the rule stops the combination as unreliable.
     (
         "liger-no-compile",
         Cell(kernels="liger", compile=True, optimizer="fusedadam", **{**SMALL, "model": "llama-1b", "seq_len": 512}),
@@ -64,12 +63,10 @@ CASES = [
     ),
 ]
 
-# Combinations no rule forbids: they must train. Some were rules once and ran on the H200
-# (results/gpu-evidence/2026-11-30_gpu-rules-h200.log and 2026-11-30_gpu-rules-h200_removed-rules.log); the others
-# are the other side of a rule above. FusedLamb trains at a LAMB learning rate: its trust ratio scales each layer's
-# step to lr times the layer's weight norm, so at an AdamW rate it barely moves (fp16, ZeRO-0, tiny model, 21
-# steps on one H200: 7.65 -> 7.62 at 1e-3, 7.50 at 1e-2, 6.18 at 1e-1, where FusedAdam went to 6.82, 6.33 and NaN:
-# results/gpu-evidence/2026-12-03_lamb-lr-*).
+# Combinations no rule forbids: they must train. Some were rules once and ran on a GPU (results/README.md, the GPU
+# rules' logs); the others are the other side of a rule above. FusedLamb trains at a LAMB learning rate: its trust
+# ratio scales each layer's step to lr times the layer's weight norm, so at an AdamW rate it barely moves
+# (results/README.md, the LAMB learning rates).
 RUNS = [
     ("onebit-fp16", Cell(zero_stage=0, optimizer="onebitadam", precision="fp16", **SMALL)),
     ("fusedlamb-zero0", Cell(zero_stage=0, optimizer="fusedlamb", precision="fp16", lr=1e-1, **SMALL)),
@@ -114,7 +111,7 @@ def _params(cases, ids):
     """The cases as pytest params; the 7B cells share an xdist group, since two on one H200 ran out of memory
     (`pytest -n 8 --dist loadgroup` runs them one after the other). The 7B cell that reaches bitsandbytes'
     int32 limit needs the whole GPU (its ZeRO-1 partition alone is 6.7e9 fp32 elements; beside a small cell it
-    ran out of memory before the kernel, in results/gpu-evidence/2026-12-03_gpu-rules-h200_24-passed-2-failed.log):
+    runs out of memory before the kernel):
     it is `serial`, run alone after the others: `pytest -m "gpu and not serial" -n 8 --dist loadgroup`, then
     `pytest -m "gpu and serial"`."""
 

@@ -33,8 +33,8 @@ def test_two_ranks_one_record(tmp_path):
 
 
 def test_one_failing_rank_fails_the_cell(tmp_path):
-    # The limits only bound a failure of this test; generous, since two ranks starting on a busy 2-core
-    # machine once took past a 120 s limit (a timeout instead of the rank's error).
+    # The limits only bound a failure of this test; generous, since two ranks starting on a busy machine can take
+    # minutes (a limit run out is a timeout instead of the rank's error).
     m = write_matrix(tmp_path / "m.yaml", TINY + "gpus: 2\n")
     res = tmp_path / "r.jsonl"
     r = zerobench(

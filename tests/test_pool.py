@@ -171,12 +171,13 @@ def _raise_errors(f):
 
 
 def test_an_error_raised_by_done_stops_the_others_and_is_raised():
-    others_stopped = threading.Event()
+    others_stopped, waiting = threading.Event(), threading.Event()
 
     def work(name, gpus, stop):
         if name == "bad":
-            time.sleep(0.2)
+            waiting.wait(10)  # the other unit runs: the failure has something to stop
             raise OSError("disk full")
+        waiting.set()
         if stop.wait(10):
             others_stopped.set()
             raise stop.exc
@@ -188,11 +189,13 @@ def test_an_error_raised_by_done_stops_the_others_and_is_raised():
 
 def test_a_cell_stopped_because_another_failed_says_so_not_the_user():
     stops: list[BaseException] = []
+    waiting = threading.Event()
 
     def work(name, gpus, stop):
         if name == "bad":
-            time.sleep(0.2)
+            waiting.wait(10)  # the other unit runs: the failure has something to stop
             raise OSError(28, "No space left on device")
+        waiting.set()
         stop.wait(10)
         stops.append(stop.exc)
         raise stop.exc

@@ -122,8 +122,7 @@ def _calibrate() -> float:
 def test_report_10k_rows_under_budget(benchmark, tmp_path):
     # Held to the budget in this process's CPU time, scaled by how much slower a fixed workload runs now
     # than on an idle machine: beside other jobs the same work costs more CPU time too (shared caches
-    # and cores), and wall time more still. The 10k report took 7.7-8.6 s of CPU at a load of 3 on the
-    # 2-core machine (10.6 s on a CI machine before the rows were written in Python).
+    # and cores), and wall time more still.
     results = tmp_path / "bench10k.jsonl"
     with results.open("w") as f:
         for rec in synthetic_records(N_ROWS):

@@ -35,8 +35,8 @@ GiB = 2**30
 MiB = 2**20
 
 # cuBLAS and cuBLASLt workspaces the first matmul allocates through the caching allocator (PyTorch's
-# default on Hopper): the 64.2 MiB above 14 bytes per parameter in results/1b-2gpu-mb1.jsonl's ZeRO-0
-# "allocated between steps" figure.
+# default on Hopper): what a ZeRO-0 cell holds between steps above its 14 bytes per parameter
+# (docs/memory-model.md).
 CUBLAS_WORKSPACE = 64 * MiB
 # DeepSpeed's 1-bit compressed all-reduce (runtime/comm/nccl.py, compressed_allreduce) makes two fp32
 # temporaries the size of the momentum (`buffer_m - worker_scale * buffer_m.sign()...`): 8 bytes per

@@ -233,9 +233,8 @@ PRIOR = {
 }
 
 # The machines the records ran on differ in their hosts, not in their GPUs: the same cell runs at the same
-# speed on every H200 while the GPU's work is the longer (a 7B full fine-tune at micro-batch 1 x 4: 1.07-1.10
-# s on four machines), and up to twice as slow where the host's is (7B QLoRA at micro-batch 1 x 4: 0.81 s on
-# one machine at 93% GPU utilisation, 1.11-1.56 s on four others at 49-66%). The fit gives each machine (its
+# speed on every machine of a GPU model while the GPU's work is the longer, and up to twice as slow where the
+# host's is (docs/step-time.md). The fit gives each machine (its
 # first GPU's uuid) an offset on the parts its host runs (HOST_PARTS), pulled toward 0 by MACHINE_RIDGE
 # (about the ratio of a record's residual variance to the machines' spread), so no cell factor takes up a
 # machine's host. Where a run measured its host's time (steptime.host_time_of) the host's parts take it, and

@@ -65,8 +65,7 @@ def ended(
         return Record.replayed(started, value.record, source=value.source, reused=value.reused, ended_at=now())
     if error is None:
         try:
-            # Inside the try: a record that cannot be built is an error record, not a lost run
-            # (seen on the H200: GPU-indexed figures the record model once refused).
+            # Inside the try: a record that cannot be built is an error record, not a lost run.
             return Record.from_outcome(
                 started, value, ds_config=job.ds_config, log=log, ended_at=now(), variant=variant,
                 beside=value.beside,

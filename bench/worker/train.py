@@ -112,7 +112,7 @@ def _train_deepspeed(s: Setup, measure: Measure, doc: dict, fault: Fault | None)
             batch = batches[step * cell.grad_accum + micro]
             # Keep the loss only: holding the model's output would keep its logits (micro-batch x
             # seq_len x vocab) alive into the next step, adding them to every peak and to the memory
-            # between steps (500 MiB per GPU at 1.1B, micro-batch 4: results/1b-2gpu-b.jsonl).
+            # between steps.
             loss = engine(input_ids=batch, labels=batch).loss
             if kind == "nan" and step >= fault_step:
                 loss = loss * float("nan")

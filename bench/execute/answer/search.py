@@ -28,16 +28,16 @@ __all__ = ["Settings", "Search", "agreement"]
 # How far the step-time model may miss, on the log scale, once the machine's offset is taken out: one axis value's
 # effect, one pair of axis values' (two knobs whose effects do not multiply), and a cell's own (the misfit's prior
 # guess; the run learns it from its residuals, never below that guess: docs/answer-mode.md, the joint stopping rule).
-# Prior widths set by hand at the size of the step-time model's held-out misses on H200 records; no committed tool
-# derives them yet. On a CPU host, which the step-time model does not describe, each is wider by CPU_WIDE.
+# Prior widths set by hand at the size of the step-time model's held-out misses (docs/step-time.md); no committed
+# tool derives them yet. On a CPU host, which the step-time model does not describe, each is wider by CPU_WIDE.
 MAIN_SD = 0.05
 PAIR_SD = 0.01
 MISFIT_GUESS = 0.02
 CPU_WIDE = 4.0
 HOST_SD = 0.1
-"""How far a machine's host may be from the typical host's (log host seconds), on the step-time model's GPUs: the
-spread (sd 0.098) of the per-machine host offsets its fit finds on the committed H200 files
-(bench.estimate.timecheck.machine_offsets, 24 machines, -0.39 to +0.13). It moves a cell by its host share."""
+"""How far a machine's host may be from the typical host's (log host seconds), on the step-time model's GPUs: about
+the spread of the per-machine host offsets its fit finds on the committed files
+(bench.estimate.timecheck.machine_offsets). It moves a cell by its host share."""
 # The same for the memory model's peak on a GPU (set by hand, small: its held-out p95 is 12.5% over all records, less
 # within one matrix); a CPU host's RSS is far less sure.
 MEMORY_SD = {"offset": 0.05, "main": 0.01, "pair": 0.006, "misfit": 0.01}

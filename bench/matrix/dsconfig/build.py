@@ -118,10 +118,10 @@ def _nvme_offload(cell: Cell) -> dict[str, Any]:
         # (partitioned_param_coordinator.py __params_to_release, from the second step on). At 1.1B with
         # gradient checkpointing that is layer 15 onwards, 7 swapped weights a layer against 5 buffers:
         # layer 15's first five held them all and its up_proj found none ("Not enough buffers 0 for
-        # swapping 1", partitioned_param_swapper.py swap_in; results/nvme-1b.jsonl; DeepSpeed issue
-        # #3062). With nothing kept, the buffers hold the weights in use and those the NVMe prefetcher
-        # reads ahead, which takes only free ones. Costs a second read from the drive of the weights
-        # that backward uses again soon after forward.
+        # swapping 1", partitioned_param_swapper.py swap_in; DeepSpeed issue #3062). With nothing kept,
+        # the buffers hold the weights in use and those the NVMe prefetcher reads ahead, which takes only
+        # free ones. Costs a second read from the drive of the weights that backward uses again soon after
+        # forward.
         "stage3_max_reuse_distance": 0,
     }
 
