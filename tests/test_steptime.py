@@ -57,8 +57,8 @@ from bench.execute.answer import rung_cell
 from bench.host.rates import datasheet
 from bench.matrix.cells import Adaptive, Cell, Lora, Qlora
 from bench.matrix.shapes import shape_of
+from bench.records.store import read_records
 from tests.conftest import as_written
-from bench.records.store import read, read_records
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = Hardware(gpu_name="NVIDIA H200")
