@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 
 from ..host.rates import Rates, datasheet
@@ -36,6 +36,7 @@ from .steptime import (
     combine,
     host_share,
     host_time_of,
+    pageable_ratio,
     paged_excess,
     predict_setup,
     predict_start,
@@ -57,6 +58,7 @@ __all__ = [
     "cross_validate_time",
     "error_band",
     "band_width",
+    "shipped_band",
     "file_rows",
     "gpu_rows",
     "fit_time",
@@ -456,10 +458,10 @@ def _held_out_groups(cs: Sequence[TimeCase], cv: Sequence[TimeRow], host: bool =
 
 LEVELS = tuple(round(0.95 + 0.005 * i, 3) for i in range(11))
 """The central levels a band's percentiles may be taken at (calibrated_levels picks one): 95% to all."""
-FAMILIAR = ("gpu-bound", "host-bound")
-BANDS = {"familiar": FAMILIAR, "gpu-bound": FAMILIAR[:1], "host-bound": FAMILIAR[1:], "unfamiliar": ("unfamiliar",)}
+FAMILIAR = ("gpu-bound", "mixed", "host-bound")
+BANDS = {"familiar": FAMILIAR, **{g: (g,) for g in FAMILIAR}, "unfamiliar": ("unfamiliar",)}
 """Each band of STEP_BAND and the groups (bench.estimate.band.group_of) whose records it holds: "familiar"
-holds both familiar groups (answer mode's prior width)."""
+holds the familiar groups together (answer mode's prior width)."""
 
 
 @dataclass(frozen=True)
@@ -597,7 +599,9 @@ def fit_section(cs: Sequence[TimeCase], cv: Sequence[TimeRow] | None = None) -> 
     return {
         "constants": {f.name: getattr(k, f.name) for f in fields(k)},
         "ref_ops_s": ref or REF_OPS_S,  # no run timed its host: the reference stays
-        "ref_host_overhead_s": _probed_overhead(cs),
+        "ref_host_overhead_s": _probed(cs, lambda r: r.host_overhead_s),
+        "ref_cpu_adam": _probed(cs, lambda r: r.cpu_adam),
+        "ref_pageable": _probed(cs, pageable_ratio),
         "band": typical,
         "band_host": host,
         "trait_files": files,
@@ -609,14 +613,11 @@ def fit_section(cs: Sequence[TimeCase], cv: Sequence[TimeRow] | None = None) -> 
     }
 
 
-def _probed_overhead(cs: Sequence[TimeCase]) -> float | None:
-    """The median per-step host overhead the probe measured on the machines of `cs` (one figure per machine);
-    None where none was probed."""
-    by_machine = {
-        c.machine: c.hw.rates.host_overhead_s
-        for c in cs
-        if c.hw.rates is not None and c.hw.rates.source == "probe" and c.hw.rates.host_overhead_s
-    }
+def _probed(cs: Sequence[TimeCase], figure: Callable[[Rates], float | None]) -> float | None:
+    """The median of a figure of the probe's rates on the machines of `cs` (one per machine); None where no
+    machine's probe gave it."""
+    probes = (c for c in cs if c.hw.rates is not None and c.hw.rates.source == "probe")
+    by_machine = {c.machine: v for c in probes if (v := figure(c.hw.rates))}
     return statistics.median(by_machine.values()) if by_machine else None
 
 
@@ -782,22 +783,22 @@ def _edges(b: dict[str, float]) -> str:
     )
 
 
-def _shipped_band(r: TimeRow) -> dict[str, float]:
+def shipped_band(r: TimeRow) -> dict[str, float]:
     """The band the module ships for a record's cell on its hardware (STEP_BAND, or STEP_BAND_HOST where its
-    host's time was measured)."""
-    return bands_for(r.case.hw)[band_group(r.case.cell, r.case.ds_config, hw=r.case.hw)]
+    host's time was measured); empty where the fit has none."""
+    return bands_for(r.case.hw).get(band_group(r.case.cell, r.case.ds_config, hw=r.case.hw), {})
 
 
 def _in_band(r: TimeRow) -> bool:
-    """A record of a run no constant was fitted on inside the band the module ships for it (_shipped_band)."""
-    b = _shipped_band(r)
+    """A record of a run no constant was fitted on inside the band the module ships for it (shipped_band)."""
+    b = shipped_band(r)
     return b["low"] <= math.log(r.case.step_s / r.step) <= b["high"]
 
 
 def band_width(r: TimeRow) -> float:
     """The shipped band's width for a record's prediction: high over low (x1.35: the high edge 35% above the
     low one)."""
-    b = _shipped_band(r)
+    b = shipped_band(r)
     return math.exp(b["high"] - b["low"])
 
 
