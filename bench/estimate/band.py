@@ -48,9 +48,9 @@ HOST_BOUND = 0.5
 group's: the host's parts are the larger share of what moves its step."""
 GPU_BOUND = 0.1
 """The host share below which a familiar cell's band is the gpu-bound group's (between it and HOST_BOUND: the
-mixed group's). Held out on the committed records (leave one results file out), cells below a share of 0.2 miss by
-a third of what the others do; of the thresholds 0.1-0.3 this one gives the narrowest median band over those
-records, each holding 96% of the records of files its band was not derived from (docs/step-time.md, "The band")."""
+mixed group's). Picked on the committed records' held-out errors (leave one results file out), where cells of a
+small host share miss least: of the thresholds 0.1-0.3, the one whose bands are narrowest at the median over those
+records, every one holding 96% of the records of files it was not derived from (docs/step-time.md, "The band")."""
 
 
 def group_of(familiar: bool, share: float | None) -> str:
