@@ -19,7 +19,7 @@ Made from results files (gzipped ones too), every ok record with a median step t
 
 Each keyed by family (`family`): PEFT mode, offload and the optimizer's kind, the split on which the model's misses
 differ most (a paged optimizer's state pages over PCIe in a full fine-tune, not under LoRA: docs/answer-mode.md);
-the band groups (bench.estimate.band: gpu-bound, host-bound, unfamiliar) pool those. The simulator reads a family's step
+the step-time band's groups (bench.estimate.band.group_of) pool those. The simulator reads a family's step
 residuals as its mean (`center`: the structural miss, on as few as one cell) and the spread of cells about their
 family's mean (`deviations`); fixed costs and flags as a pool (`pool`). Where a family has too few entries on a GPU
 (none for a mean; fewer than MIN_FAMILY for a spread or a pool) it takes a coarser family's: PEFT mode and offload,

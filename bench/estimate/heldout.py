@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 from . import check as mcheck
 from . import timecheck
-from .band import band_group, bands_for
 
 __all__ = [
     "BY",
@@ -167,11 +166,11 @@ def time_groups(check: timecheck.TimeCheck, seen: Mapping[str, Mapping[str, int]
 
 
 def band_hits(rows: Sequence) -> tuple[int, int, float]:
-    """(records inside the step-time band the model ships for their host and group, records with a band,
-    the bands' median width high/low) around each row's prediction."""
+    """(records inside the step-time band the model ships for their host and group (timecheck.shipped_band, as the
+    per-GPU table reads it), records with a band, the bands' median width high/low) around each row's prediction."""
     inside, widths = 0, []
     for r in rows:
-        b = bands_for(r.case.hw).get(band_group(r.case.cell, r.case.ds_config, hw=r.case.hw))
+        b = timecheck.shipped_band(r)
         if not b:
             continue
         inside += b["low"] <= math.log(r.case.step_s / r.step) <= b["high"]

@@ -58,6 +58,7 @@ __all__ = [
     "host_time_of",
     "matmul_rate",
     "paged_excess",
+    "pageable_ratio",
     "rates_of",
     "pinned",
     "predict_setup",
@@ -82,8 +83,9 @@ REF_CORES = 16
 """Host cores the fitting records' CPU optimizer mostly ran on: a hardware with no core count is taken to have
 these."""
 REF_CPU_ADAM = 1e9
-"""A reference CPU Adam rate (parameters per second at REF_CORES cores) for a host not probed: the host part's
-efficiency is fitted against it, and a probed rate (Rates.cpu_adam) takes its place."""
+"""A reference CPU Adam rate (parameters per second at REF_CORES cores): the host part's efficiency is fitted
+against it, scaled by a host's cores, or by a probed rate (Rates.cpu_adam) over the fitting hosts' probed rate
+(REF_PROBED_CPU_ADAM) where they carried one (_cpu_adam)."""
 REF_NVME = 2e9
 """A reference NVMe rate (bytes per second each way; no probe measures it): the nvme part's efficiency is fitted
 against it."""
@@ -175,10 +177,12 @@ PART_DOCS = {
     "params": "the optimizer step on the GPU (with the gradient copies, reduction and, in fp16, the overflow "
     "check): UPDATE_BYTES per trainable parameter over the memory bandwidth",
     "host": "the optimizer step on the host under offload: trainable parameters over the CPU Adam rate "
-    "(Rates.cpu_adam where probed, else REF_CPU_ADAM scaled by the host's cores over REF_CORES)",
+    "(REF_CPU_ADAM scaled by the host's cores over REF_CORES, or by a probed Rates.cpu_adam over the fitting "
+    "hosts' probed rate, REF_PROBED_CPU_ADAM)",
     "pcie": "offload's copies between host and GPU: 16-bit gradients out (Rates.d2h_pinned), updated 16-bit "
     "parameters back and, with parameter offload, every parameter in for each pass (Rates.h2d_pinned); "
-    "pageable rates where the buffers are not pinned and the probe measured them",
+    "buffers not pinned take the pcie_unpinned factor, and a probed pageable-to-pinned ratio over the fitting "
+    "machines' (REF_PAGEABLE)",
     "nvme": "ZeRO-Infinity's NVMe swaps: optimizer state read and written each step, parameters read for "
     "each pass, over REF_NVME",
     "paged": "bitsandbytes' paged optimizer state that does not fit beside the GPU's peak (the memory model's "
@@ -272,6 +276,15 @@ REF_OPS_S: float = FIT.get("ref_ops_s", 60.0)
 REF_HOST_OVERHEAD_S: float | None = FIT.get("ref_host_overhead_s")
 """The median per-step host overhead (Rates.host_overhead_s) the probe measured on the fitted runs' machines: the
 typical host's; None where no fitting record carries a probe's figures (host_scale then reads host_time alone)."""
+# A probe's host and link figures are read relative to the same figure probed on the fitting machines, as the GPU's
+# are relative to the data sheets: each efficiency already holds the gap between the reference it was fitted against
+# and what the fitting hosts achieved, so a probed figure used as is would count that gap twice.
+REF_PROBED_CPU_ADAM: float | None = FIT.get("ref_cpu_adam")
+"""The median CPU Adam rate (Rates.cpu_adam) the probe measured on the fitted runs' machines; None where none carried
+one (a probed rate then tells nothing the fit can use: the host's cores scale REF_CPU_ADAM)."""
+REF_PAGEABLE: float | None = FIT.get("ref_pageable")
+"""The median ratio of pageable to pinned PCIe rates (both ways together) the probe measured on the fitted runs'
+machines; None where none carried one (the pcie_unpinned factor alone then carries pageable buffers' slowdown)."""
 
 
 def host_time_of(fixed_costs: FixedCosts | Mapping[str, Any] | None, ref: float | None = None) -> float | None:
@@ -447,19 +460,31 @@ def host_scale(hw: Hardware | None) -> float:
 
 
 def _cpu_adam(hw: Hardware | None, r: Rates) -> float:
-    """The host's CPU Adam rate (parameters/s): probed, else REF_CPU_ADAM at the host's cores."""
-    if r.cpu_adam:
-        return r.cpu_adam
+    """The host's CPU Adam rate (parameters/s) against which the host part's efficiency was fitted: REF_CPU_ADAM
+    times the probed rate over the fitting hosts' (REF_PROBED_CPU_ADAM) where both are known, else REF_CPU_ADAM
+    at the host's cores."""
+    if r.cpu_adam and REF_PROBED_CPU_ADAM:
+        return REF_CPU_ADAM * r.cpu_adam / REF_PROBED_CPU_ADAM
     cores = (hw.host_cores if hw else None) or REF_CORES
     return REF_CPU_ADAM * cores / REF_CORES
 
 
+def pageable_ratio(r: Rates) -> float | None:
+    """Pageable over pinned PCIe rates, both ways together (harmonic: what a copy each way takes), where the
+    probe measured all four."""
+    if not (r.h2d_pageable and r.d2h_pageable and r.h2d_pinned and r.d2h_pinned):
+        return None
+    return (1 / r.h2d_pinned + 1 / r.d2h_pinned) / (1 / r.h2d_pageable + 1 / r.d2h_pageable)
+
+
 def _pcie(cell: Any, r: Rates, ds_config: dict | None) -> tuple[float, float]:
-    """(host to device, device to host) bytes/s for offload's buffers: pinned, or pageable where they are not
-    pinned and the probe measured pageable rates (else the pinned rates, and the pcie_unpinned factor)."""
-    if not pinned(cell, ds_config) and r.h2d_pageable and r.d2h_pageable:
-        return r.h2d_pageable, r.d2h_pageable
-    return r.h2d_pinned, r.d2h_pinned
+    """(host to device, device to host) bytes/s for offload's buffers: the pinned rates; for buffers not pinned
+    (whose slowdown the pcie_unpinned factor carries, fitted against the fitting machines' links) times this
+    link's pageable-to-pinned ratio over the fitting machines' (REF_PAGEABLE), where both are known."""
+    ratio = pageable_ratio(r)
+    if pinned(cell, ds_config) or ratio is None or not REF_PAGEABLE:
+        return r.h2d_pinned, r.d2h_pinned
+    return r.h2d_pinned * ratio / REF_PAGEABLE, r.d2h_pinned * ratio / REF_PAGEABLE
 
 
 def paged_excess(cell: Any, hw: Hardware | None, ds_config: dict | None = None) -> float:

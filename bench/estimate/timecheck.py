@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 
 from ..host.rates import Rates, datasheet
@@ -18,7 +18,7 @@ from ..matrix.shapes import shape_of
 from ..records.record import Record
 from ..records.status import Status
 from ..records.store import read_records
-from .band import BAND_COVERAGE, FAMILIAR_FILES, group_of
+from .band import BAND_COVERAGE, FAMILIAR_FILES, band_group, bands_for, group_of
 from .check import _cell, _ds_config, _pct
 from .fitdata import write_section
 from .model import Hardware
@@ -36,6 +36,7 @@ from .steptime import (
     combine,
     host_share,
     host_time_of,
+    pageable_ratio,
     predict_setup,
     predict_start,
     predict_step,
@@ -55,6 +56,7 @@ __all__ = [
     "band_coverage",
     "cross_validate_time",
     "error_band",
+    "shipped_band",
     "fit_time",
     "host_exponent",
     "fit_section",
@@ -452,12 +454,10 @@ def _held_out_groups(cs: Sequence[TimeCase], cv: Sequence[TimeRow], host: bool =
 
 LEVELS = tuple(round(0.95 + 0.005 * i, 3) for i in range(11))
 """The central levels a band's percentiles may be taken at (calibrated_levels picks one): 95% to all."""
-
-FAMILIAR = ("gpu-bound", "host-bound")
-
-BANDS = {"familiar": FAMILIAR, "gpu-bound": FAMILIAR[:1], "host-bound": FAMILIAR[1:], "unfamiliar": ("unfamiliar",)}
+FAMILIAR = ("gpu-bound", "mixed", "host-bound")
+BANDS = {"familiar": FAMILIAR, **{g: (g,) for g in FAMILIAR}, "unfamiliar": ("unfamiliar",)}
 """Each band of STEP_BAND and the groups (bench.estimate.band.group_of) whose records it holds: "familiar"
-holds both familiar groups (answer mode's prior width)."""
+holds the familiar groups together (answer mode's prior width)."""
 
 
 @dataclass(frozen=True)
@@ -595,7 +595,9 @@ def fit_section(cs: Sequence[TimeCase], cv: Sequence[TimeRow] | None = None) -> 
     return {
         "constants": {f.name: getattr(k, f.name) for f in fields(k)},
         "ref_ops_s": ref or REF_OPS_S,  # no run timed its host: the reference stays
-        "ref_host_overhead_s": _probed_overhead(cs),
+        "ref_host_overhead_s": _probed(cs, lambda r: r.host_overhead_s),
+        "ref_cpu_adam": _probed(cs, lambda r: r.cpu_adam),
+        "ref_pageable": _probed(cs, pageable_ratio),
         "band": typical,
         "band_host": host,
         "trait_files": files,
@@ -607,14 +609,11 @@ def fit_section(cs: Sequence[TimeCase], cv: Sequence[TimeRow] | None = None) -> 
     }
 
 
-def _probed_overhead(cs: Sequence[TimeCase]) -> float | None:
-    """The median per-step host overhead the probe measured on the machines of `cs` (one figure per machine);
-    None where none was probed."""
-    by_machine = {
-        c.machine: c.hw.rates.host_overhead_s
-        for c in cs
-        if c.hw.rates is not None and c.hw.rates.source == "probe" and c.hw.rates.host_overhead_s
-    }
+def _probed(cs: Sequence[TimeCase], figure: Callable[[Rates], float | None]) -> float | None:
+    """The median of a figure of the probe's rates on the machines of `cs` (one per machine); None where no
+    machine's probe gave it."""
+    probes = (c for c in cs if c.hw.rates is not None and c.hw.rates.source == "probe")
+    by_machine = {c.machine: v for c in probes if (v := figure(c.hw.rates))}
     return statistics.median(by_machine.values()) if by_machine else None
 
 
@@ -686,3 +685,9 @@ def time_check(
 def time_summary(rows: Sequence[TimeRow], which: str = "step") -> dict:
     errs = [abs(e) for r in rows if (e := r.error(which)) is not None]
     return {"n": len(errs), "median": _pct(errs, 0.5), "p95": _pct(errs, 0.95), "max": max(errs, default=math.nan)}
+
+
+def shipped_band(r: TimeRow) -> dict[str, float]:
+    """The band the module ships for a record's cell on its hardware (STEP_BAND, or STEP_BAND_HOST where its
+    host's time was measured); empty where the fit has none."""
+    return bands_for(r.case.hw).get(band_group(r.case.cell, r.case.ds_config, hw=r.case.hw), {})

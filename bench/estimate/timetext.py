@@ -7,7 +7,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from .band import BAND_COVERAGE, band_group, bands_for
+from .band import BAND_COVERAGE
 from .steptime import (
     paged_excess,
 )
@@ -20,6 +20,7 @@ from .timecheck import (
     _rates_source,
     band_coverage,
     error_band,
+    shipped_band,
     time_summary,
 )
 
@@ -118,22 +119,16 @@ def _edges(b: dict[str, float]) -> str:
     )
 
 
-def _shipped_band(r: TimeRow) -> dict[str, float]:
-    """The band the module ships for a record's cell on its hardware (STEP_BAND, or STEP_BAND_HOST where its
-    host's time was measured)."""
-    return bands_for(r.case.hw)[band_group(r.case.cell, r.case.ds_config, hw=r.case.hw)]
-
-
 def _in_band(r: TimeRow) -> bool:
-    """A record of a run no constant was fitted on inside the band the module ships for it (_shipped_band)."""
-    b = _shipped_band(r)
+    """A record of a run no constant was fitted on inside the band the module ships for it (shipped_band)."""
+    b = shipped_band(r)
     return b["low"] <= math.log(r.case.step_s / r.step) <= b["high"]
 
 
 def band_width(r: TimeRow) -> float:
     """The shipped band's width for a record's prediction: high over low (x1.35: the high edge 35% above the
     low one)."""
-    b = _shipped_band(r)
+    b = shipped_band(r)
     return math.exp(b["high"] - b["low"])
 
 
