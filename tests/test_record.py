@@ -237,7 +237,7 @@ def test_from_outcome():
     assert set(d["worker"]) == set(record.WorkerFacts.model_fields), "every worker fact, None where unknown"
     assert d["worker"]["params_total"] == 1000 and d["worker"]["gpu_name"] is None
     assert len(d["log_tail"]) == 6000 and d["started_by"]["mode"] == "spawn"
-    assert results.fixed_cost_s(d) == pytest.approx(2.0 - 0.7 - 0.2)
+    assert results.fixed_cost_s(parse(d)) == pytest.approx(2.0 - 0.7 - 0.2)
 
 
 def test_from_outcome_with_nvml():
