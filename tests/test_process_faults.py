@@ -22,7 +22,8 @@ from bench.execute.launch.outcome import Outcome, _classify
 from bench.host import hostmem
 from bench.matrix import faults
 from bench.matrix.cells import Cell
-from bench.records.record import Record
+from bench.records.measured import worker_documents
+from bench.records.record import Record, WorkerDoc
 from bench.records.status import Status
 from bench.worker import ops
 from bench.worker.main import REASON_MAX, short_message
@@ -100,7 +101,7 @@ def test_the_oom_counters_of_this_host_are_readable():
 
 
 def _doc(rank, status, reason, t_end):
-    return {"rank": rank, "status": status, "reason": reason, "t_end": t_end}
+    return WorkerDoc(rank=rank, status=status, reason=reason, t_end=t_end)
 
 
 def test_divergence_beats_the_other_ranks_collateral_error():
@@ -230,7 +231,8 @@ def test_warnings_reach_the_reports_notes(tmp_path):
         "metrics": {"tokens_per_s": 640.0, "step_time_median_s": 0.1},  # 64 tokens per step
         "ops_built": [{"op": "deepspeed_shm_comm", "s": 61.5}],
     }
-    out = Outcome(status=Status.OK, reason="", ranks=[doc], exit_code=0, wall_s=70.0, warnings=["port note"])
+    out = Outcome(status=Status.OK, reason="", ranks=worker_documents([doc])[0], exit_code=0, wall_s=70.0,
+                  warnings=["port note"])  # fmt: skip
     rec = Record.from_outcome(started, out, ds_config={}, log="l", ended_at="2026-01-01T00:01:10Z")
     assert rec.warnings == [
         "port note",

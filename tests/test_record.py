@@ -20,6 +20,7 @@ from bench.host import env
 from bench.judge import results
 from bench.matrix import cells
 from bench.records import record
+from bench.records.measured import worker_documents
 from bench.records.record import SCHEMA_VERSION, AttemptContext, Record, WorkerDoc, parse
 from bench.records.status import Status
 from bench.records.store import Store
@@ -168,7 +169,7 @@ def _outcome(**kw) -> Outcome:
         **{
             "status": Status.OK,
             "reason": "",
-            "ranks": docs,
+            "ranks": [WorkerDoc.model_validate(d) for d in docs],
             "telemetry": tel,
             "exit_code": 0,
             "wall_s": 2.0,
@@ -236,7 +237,7 @@ def test_from_outcome():
     assert set(d["worker"]) == set(record.WorkerFacts.model_fields), "every worker fact, None where unknown"
     assert d["worker"]["params_total"] == 1000 and d["worker"]["gpu_name"] is None
     assert len(d["log_tail"]) == 6000 and d["started_by"]["mode"] == "spawn"
-    assert results.fixed_cost_s(d) == pytest.approx(2.0 - 0.7 - 0.2)
+    assert results.fixed_cost_s(parse(d)) == pytest.approx(2.0 - 0.7 - 0.2)
 
 
 def test_from_outcome_with_nvml():
@@ -277,8 +278,10 @@ def test_from_outcome_without_a_result():
 
 
 def test_a_document_that_does_not_match_is_an_error():
-    out = _outcome()
-    out.ranks[0]["losses"] = "not a list"
+    # Parsed once, where the orchestrator reads the ranks' files: the record says which rank and why.
+    docs, unreadable = worker_documents([{"rank": 1, "status": "ok", "losses": "not a list"}, {"rank": 0}])
+    assert [d.rank for d in docs] == [0] and len(unreadable) == 1 and unreadable[0].startswith("rank 1: losses")
+    out = _outcome(ranks=docs, unreadable=unreadable)
     d = _check(Record.from_outcome(_started(), out, ds_config=None, log="l", ended_at="t"))
     assert d["status"] == "error" and "rank 1: losses" in d["reason"]
 

@@ -16,7 +16,7 @@ from bench.execute.launch import Launch, NodeEnd, Outcome
 from bench.matrix.cells import Cell
 from bench.matrix.problems import InputError
 from bench.matrix.spec import MatrixError, SlurmSettings, loads
-from bench.records.record import Record
+from bench.records.record import Record, WorkerDoc
 from bench.records.status import Status
 from tests.conftest import TINY, as_written, write_matrix, zerobench
 
@@ -86,7 +86,7 @@ def test_a_job_that_handed_back_no_launch_ends_as_slurm_says(info, tail, status,
 
 def _task(killed_for: str | None, exit_code: int | None, status: str = "ok") -> slurm.TaskEnd:
     """A node's launch as run_node hands it back: the rank's document, its exit, why zerobench stopped it."""
-    doc = {"rank": 0, "status": status, "reason": "" if status == "ok" else "stopped by SIGINT or SIGTERM"}
+    doc = WorkerDoc(rank=0, status=status, reason="" if status == "ok" else "stopped by SIGINT or SIGTERM")
     out = Outcome(Status.ERROR, "", ranks=[doc], exit_code=exit_code, phase_at_end="measured", last_step=3)
     end = NodeEnd(0, "gpu-node-17", "127.0.0.1", [0], out, killed_for, provenance={}, log="x.log")
     return slurm.TaskEnd(0, "n1", end, gpus=None, signal={"time_limit": "USR2", "interrupt": "SIGTERM"}.get(killed_for))

@@ -26,10 +26,10 @@ __all__ = [
     "StepsTaken",
     "WorkerDoc",
     "worker_document",
+    "worker_documents",
     "metrics_of",
     "memory_of",
     "warnings_of",
-    "short",
 ]
 
 # The parts of a measured step whose allocator peaks the worker records (torch_max_allocated_<part>_bytes).
@@ -301,13 +301,30 @@ def worker_document(doc: dict) -> dict:
     try:
         return WorkerDoc.model_validate(doc).model_dump(mode="json", exclude_unset=True)
     except Exception as e:  # noqa: BLE001 - a value that does not serialise either: the rank must still report
-        why = short(e) if isinstance(e, ValidationError) else f"{type(e).__name__}: {e}"[:600]
+        why = _short(e) if isinstance(e, ValidationError) else f"{type(e).__name__}: {e}"[:600]
         return {
             "rank": doc.get("rank", 0) if isinstance(doc.get("rank"), int) else 0,
             "status": Status.ERROR.value,
             "reason": f"the worker's result document does not match bench.records.record.WorkerDoc: {why}",
             "traceback": str(doc.get("traceback") or "")[-8000:] or None,
         }
+
+
+def worker_documents(raw: list) -> tuple[list[WorkerDoc], list[str]]:
+    """The ranks' result documents as the orchestrator reads them (parsed JSON), by rank: each that matches
+    WorkerDoc, and for each that does not, "rank N: why" (a worker of another version, or a bug)."""
+    docs, bad = [], []
+    for d in sorted(raw, key=_rank_of):
+        try:
+            docs.append(WorkerDoc.model_validate(d))
+        except ValidationError as e:
+            bad.append(f"rank {d.get('rank') if isinstance(d, dict) else None}: {_short(e)}")
+    return docs, bad
+
+
+def _rank_of(doc) -> int:
+    rank = doc.get("rank") if isinstance(doc, dict) else None
+    return rank if isinstance(rank, int) else 0
 
 
 # What the sampler adds per measured phase about the GPU's state (bench.execute.launch.telemetry): a cell that ran
@@ -386,5 +403,5 @@ def warnings_of(docs: list[WorkerDoc], launcher: list[str] | None) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def short(e: ValidationError) -> str:
+def _short(e: ValidationError) -> str:
     return "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()[:5])[:600]

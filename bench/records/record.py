@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ValidationError, model_validator
+from pydantic import BaseModel, model_validator
 
 from ..host import env
 from .machine import Gpu, Machine, Provenance, machine_of, with_rates
@@ -57,7 +57,6 @@ from .measured import (
     WorkerFacts,
     memory_of,
     metrics_of,
-    short,
     warnings_of,
     worker_document,
 )
@@ -135,6 +134,29 @@ class _Cell(Protocol):
     name: str
 
     def to_dict(self) -> dict[str, Any]: ...
+
+
+class _Ended(Protocol):
+    """What a record needs of a bench.execute.launch.Outcome (not imported: this module sits below it): the attempt
+    as the launcher classified it, with the ranks' documents parsed once where they were read."""
+
+    status: Status
+    reason: str
+    ranks: list[WorkerDoc]
+    unreadable: list[str]
+    telemetry: dict
+    exit_code: int | None
+    wall_s: float
+    log_tail: str
+    phase_at_end: str | None
+    gpu_before: dict
+    gpu_after: dict
+    started_by: dict
+    fault: str | None
+    warnings: list[str]
+    port: int | None
+    nodes: list[dict]
+    node: dict | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -412,7 +434,7 @@ class Record(BaseModel):
     def from_outcome(
         cls,
         started: "Record",
-        out: Any,
+        out: _Ended,
         *,
         ds_config: dict | None,
         log: str,
@@ -422,21 +444,16 @@ class Record(BaseModel):
     ) -> "Record":
         """The attempt as the launcher classified it (a bench.execute.launch.Outcome) with the ranks' documents;
         beside: the cells that ran during its measured phase, where it ran in a pool (bench.execute.executors.local)."""
-        docs, bad = [], []
-        for d in sorted(out.ranks, key=lambda d: d.get("rank", 0) if isinstance(d.get("rank"), int) else 0):
-            try:
-                docs.append(WorkerDoc.model_validate(d))
-            except ValidationError as e:
-                bad.append(f"rank {d.get('rank')}: {short(e)}")
+        docs = sorted(out.ranks, key=lambda d: d.rank)
         status, reason = out.status, out.reason
-        if bad:  # a worker of another version, or a bug: say so instead of guessing what it meant
+        if out.unreadable:  # a worker of another version, or a bug: say so instead of guessing what it meant
             status, reason = (
                 Status.ERROR,
-                "a result document does not match bench.records.record.WorkerDoc: " + "; ".join(bad),
+                "a result document does not match bench.records.record.WorkerDoc: " + "; ".join(out.unreadable),
             )
         rank0 = next((d for d in docs if d.rank == 0), docs[0] if docs else WorkerDoc())
         facts = {k: getattr(rank0, k) for k in WorkerFacts.model_fields}
-        facts["fault_injected"] = facts["fault_injected"] or getattr(out, "fault", None)
+        facts["fault_injected"] = facts["fault_injected"] or out.fault
         tel = out.telemetry
         foreign = {i: list(s["procs"]) for i, s in out.gpu_before.items() if s.get("procs")}
         return started._end(
@@ -456,17 +473,17 @@ class Record(BaseModel):
             ranks=[RankEnd(rank=d.rank, status=d.status, reason=d.reason[:600], **_node_of(out, d.rank)) for d in docs]
             if len(out.ranks) > 1
             else None,
-            **({"nodes": [NodeRun.model_validate(n) for n in out.nodes]} if getattr(out, "nodes", None) else {}),
+            **({"nodes": [NodeRun.model_validate(n) for n in out.nodes]} if out.nodes else {}),
             # Every fact, None where the worker had none, so each record has the same keys.
             worker=WorkerFacts(**facts),
-            warnings=warnings_of(docs, getattr(out, "warnings", None)) or None,
+            warnings=warnings_of(docs, out.warnings) or None,
             telemetry=tel,
             ds_config=ds_config,
             foreign_gpu_processes=foreign or None,
             gpu_after=out.gpu_after or None,
             started_by=out.started_by or None,
-            **_placement(started.placement, getattr(out, "port", None), beside, getattr(out, "node", None)),
-            **_node_provenance(started, getattr(out, "node", None)),
+            **_placement(started.placement, out.port, beside, out.node),
+            **_node_provenance(started, out.node),
             log=log,
             log_tail=out.log_tail[-6000:],
             traceback=rank0.traceback,
@@ -544,9 +561,9 @@ class Record(BaseModel):
         return d
 
 
-def _node_of(out: Any, rank: int) -> dict:
+def _node_of(out: _Ended, rank: int) -> dict:
     """{"node": k} for a rank of a cell of several nodes; {} on one node."""
-    node = next((n["node"] for n in getattr(out, "nodes", None) or [] if rank in n["ranks"]), None)
+    node = next((n["node"] for n in out.nodes if rank in n["ranks"]), None)
     return {"node": node} if node is not None else {}
 
 
