@@ -18,7 +18,7 @@ import pytest
 
 from bench import stats
 from bench.cli import main as cli
-from bench.estimate.online import Online
+from bench.estimate.planning.online import Online
 from bench.execute import answer, answer_text
 from bench.execute.plan import Planned, hardware, plan
 from bench.execute.replay import Recording

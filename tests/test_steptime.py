@@ -14,6 +14,20 @@ import pytest
 
 from bench.estimate import Hardware, fitdata
 from bench.estimate.band import BAND_COVERAGE, HOST_BOUND, band_group, step_time_band
+from bench.estimate.checks.timecheck import (
+    EXCLUDED,
+    Miss,
+    band_coverage,
+    calibrated_levels,
+    cross_validate_time,
+    error_band,
+    fit_section,
+    fit_time,
+    host_exponent,
+    refit,
+    time_cases,
+    time_summary,
+)
 from bench.estimate.steptime import (
     FIT,
     FITTED_RUNS,
@@ -37,20 +51,6 @@ from bench.estimate.steptime import (
     step_and_share,
     step_parts,
     steps_of,
-)
-from bench.estimate.timecheck import (
-    EXCLUDED,
-    Miss,
-    band_coverage,
-    calibrated_levels,
-    cross_validate_time,
-    error_band,
-    fit_section,
-    fit_time,
-    host_exponent,
-    refit,
-    time_cases,
-    time_summary,
 )
 from bench.execute.answer import rung_cell
 from bench.host.rates import datasheet
@@ -124,7 +124,7 @@ def test_the_data_file_holds_the_fit_on_the_committed_records(section):
 
 
 def test_no_fitted_figure_lives_in_the_models_source():
-    for name in ("steptime.py", "timecheck.py", "timetext.py", "band.py"):
+    for name in ("steptime.py", "checks/timecheck.py", "checks/timetext.py", "band.py"):
         text = (ROOT / "bench" / "estimate" / name).read_text()
         # A constant's name beside a number of the fit's precision (features are 0 or 1: "setup_log": 1.0).
         assert not any(re.search(rf'"{n}": -?\d+\.\d\d', text) for n in FIT["constants"]), name
@@ -397,7 +397,8 @@ def test_a_slow_machines_host_is_taken_up_by_its_offset_not_by_cell_factors(case
     # at micro-batch 1 x 4, the HF Trainer's) no other machine ran. With a host offset per machine the refit
     # predicts its cells at its measured host time far closer to the truth than one fit without, and every
     # other machine's no worse.
-    from bench.estimate import steptime, timecheck
+    from bench.estimate import steptime
+    from bench.estimate.checks import timecheck
 
     slow = next(c.machine for c in cases if c.machine.startswith("GPU-2a96689d"))
 
@@ -518,7 +519,7 @@ def test_estimate_check_counts_the_records_of_runs_no_constant_was_fitted_on_as_
 
 
 def test_a_micro_batch_search_is_timed_at_its_first_probe():
-    from bench.estimate.search import seed_micro_batch
+    from bench.estimate.planning.search import seed_micro_batch
 
     hw = Hardware(gpu_memory_bytes=143771 * 2**20, gpu_name="NVIDIA H200")
     auto = Cell(model="llama-1b", seq_len=512, micro_batch="auto")
@@ -532,7 +533,8 @@ def test_nested_cross_validation_with_one_grid_point_is_the_plain_one():
     # tools.steptime_nested picks the fit's hyperparameters inside each fold; over all committed records it
     # gave median 5.9%, p95 27.5%, 307 of 325 inside the band (python -m tools.steptime_nested). With the shipped
     # values as the only choice it is the plain leave-one-file-out check, and it leaves the module's values.
-    from bench.estimate import steptime, timecheck
+    from bench.estimate import steptime
+    from bench.estimate.checks import timecheck
     from tools.steptime_nested import nested, shipped
 
     files = [str(ROOT / "results" / f) for f in ("1b-axes.jsonl", "1b-axes-2.jsonl", "memcheck-h200-c.jsonl")]

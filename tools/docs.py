@@ -38,7 +38,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bench.estimate import check, heldout, timecheck, timetext
+from bench.estimate import check
+from bench.estimate.checks import heldout, timecheck, timetext
 from bench.estimate.fitted import FIT
 from bench.estimate.steptime import REF_OPS_S, STEP_BAND, STEP_BAND_HOST
 from bench.estimate.verdict import DEFAULT_MARGIN

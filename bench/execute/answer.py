@@ -3,7 +3,7 @@
 The answer, per model: (a) the fastest cell that fits in each group (by PEFT mode unless --group-by says
 otherwise), (b) the memory/speed frontier, (c) each knob's effect on throughput with a 95% interval. Every
 runnable cell starts open. The step-time and memory models give each a prediction; what the run measures
-corrects them (bench.estimate.online: an offset for the machine, one per block, and an additive effect per
+corrects them (bench.estimate.planning.online: an offset for the machine, one per block, and an additive effect per
 axis value, fitted to the residuals), so after a few cells the predictions speak for this machine.
 
 Blocks: a measurement belongs to one run part on one machine (bench.records.record.Record.block). Two measured cells
@@ -42,7 +42,7 @@ import numpy as np
 
 from ..estimate import Hardware, predict
 from ..estimate.band import band_group, bands_for
-from ..estimate.online import SHARE, Online
+from ..estimate.planning.online import SHARE, Online
 from ..estimate.steptime import STEP_BAND, predict_wall, step_and_share
 from ..judge import blocks, compare, effects, results
 from ..judge.blocks import Obs
@@ -77,7 +77,7 @@ CPU_WIDE = 4.0
 HOST_SD = 0.1
 """How far a machine's host may be from the typical host's (log host seconds), on the step-time model's GPUs: the
 spread (sd 0.098) of the per-machine host offsets its fit finds on the committed H200 files
-(bench.estimate.timecheck.machine_offsets, 24 machines, -0.39 to +0.13). It moves a cell by its host share."""
+(bench.estimate.checks.timecheck.machine_offsets, 24 machines, -0.39 to +0.13). It moves a cell by its host share."""
 # The same for the memory model's peak on a GPU (set by hand, small: its held-out p95 is 12.5% over all records, less
 # within one matrix); a CPU host's RSS is far less sure.
 MEMORY_SD = {"offset": 0.05, "main": 0.01, "pair": 0.006, "misfit": 0.01}

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..estimate import Hardware
-from ..estimate.search import SearchResult, ladder, seed_micro_batch
+from ..estimate.planning.search import SearchResult, ladder, seed_micro_batch
 from ..host import env
 from ..host.rates import Rates
 from ..matrix import dsconfig

@@ -15,9 +15,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from . import check as mcheck
+from .. import check as mcheck
+from ..band import band_group, bands_for
 from . import timecheck
-from .band import band_group, bands_for
 
 __all__ = [
     "BY",
