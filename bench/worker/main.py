@@ -263,7 +263,7 @@ def _checkpoint(preset: str, precision: str) -> int:
     the cache lock stalled a 2-GPU QLoRA cell on the H200."""
     import torch
 
-    from . import models
+    from .parts import models
 
     t0 = time.time()
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
