@@ -12,7 +12,7 @@ import re
 import pytest
 
 from bench.cli import main as cli
-from bench.estimate.online import SHARE, Online
+from bench.estimate.planning.online import SHARE, Online
 from bench.execute import answer
 from bench.execute.executors.replay import Recording
 from bench.execute.plan import plan

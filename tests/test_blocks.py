@@ -18,7 +18,7 @@ import pytest
 
 from bench import stats
 from bench.cli import main as cli
-from bench.estimate.online import Online
+from bench.estimate.planning.online import Online
 from bench.execute import answer
 from bench.execute.answer import text as answer_text
 from bench.execute.executors.replay import Recording

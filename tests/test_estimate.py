@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
-from bench.estimate import FITTED, Hardware, fitdata, fitted, heldout, model_states, predict, zero_ratio
+from bench.estimate import FITTED, Hardware, fitdata, fitted, model_states, predict, zero_ratio
 from bench.estimate import check as mcheck
+from bench.estimate.checks import heldout
 from bench.estimate.model import CUBLAS_WORKSPACE
 from bench.estimate.table import estimate_cells, parse_size
 from bench.matrix import dsconfig, spec

@@ -1,4 +1,4 @@
-"""The predicted memory/speed frontier (bench.estimate.frontier): which cells a plan is predicted to have on
+"""The predicted memory/speed frontier (bench.estimate.planning.frontier): which cells a plan is predicted to have on
 it, per model and PEFT mode, and how `run --dry-run` and `estimate` print it."""
 
 import dataclasses
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.estimate import Hardware, predict
-from bench.estimate.frontier import Point, frontier, frontier_lines, pareto, points
+from bench.estimate.planning.frontier import Point, frontier, frontier_lines, pareto, points
 from bench.estimate.steptime import predict_step
 from bench.matrix.cells import Cell, Lora
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from bench.matrix.cells import Cell
-from bench.worker import models, setup
+from bench.worker import setup
+from bench.worker.parts import models
 
 
 def test_zero3_trades_the_fused_head_for_plain_cross_entropy():

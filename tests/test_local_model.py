@@ -14,7 +14,7 @@ def _run_local(tmp_path, monkeypatch, axes: str) -> list[dict]:
     """Run a matrix over a local checkpoint of llama-tiny (random weights, saved once); its outcomes."""
     import torch
 
-    from bench.worker import models
+    from bench.worker.parts import models
 
     monkeypatch.setenv("ZEROBENCH_CACHE", str(tmp_path / "cache"))
     ckpt = models.checkpoint("llama-tiny", torch.bfloat16, torch.device("cpu"))

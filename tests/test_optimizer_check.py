@@ -1,4 +1,4 @@
-"""The worker's check of the optimizer an engine built (bench/worker/optimizer.py): the class, bitsandbytes' state
+"""The worker's check of the optimizer an engine built (bench/worker/parts/optimizer.py): the class, bitsandbytes' state
 bits and paging, the learning rate and betas, against what the cell names; run before the first step, so a wrong
 optimizer ends the attempt in its setup and a right one is measured.
 
@@ -15,7 +15,7 @@ import pytest
 
 from bench.matrix import dsconfig
 from bench.matrix.cells import Cell
-from bench.worker.optimizer import DEFAULT_BETAS, facts, refusal
+from bench.worker.parts.optimizer import DEFAULT_BETAS, facts, refusal
 
 FAKE_BNB = Path(__file__).parent / "fake_bnb"
 

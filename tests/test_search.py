@@ -1,4 +1,4 @@
-"""micro_batch: auto, the search (bench.estimate.search) and its place in `zerobench run`.
+"""micro_batch: auto, the search (bench.estimate.planning.search) and its place in `zerobench run`.
 
 The search's logic is tested against a memory wall stated here (micro-batches up to the wall run, the
 rest run out of memory): it stands in for the GPU, whose answers the search only reads. The real
@@ -13,7 +13,7 @@ import json
 import pytest
 
 from bench.estimate import Hardware, predict
-from bench.estimate.search import next_probe, search_micro_batch, seed_micro_batch
+from bench.estimate.planning.search import next_probe, search_micro_batch, seed_micro_batch
 from bench.judge.results import with_cells
 from bench.matrix import spec
 from bench.records.record import parse

@@ -1,12 +1,12 @@
 """The joint stopping rule (bench.execute.answer.settle) and what it stands on: the online model's misfit learned from
-the measured cells' residuals, and its joint draws (bench.estimate.online)."""
+the measured cells' residuals, and its joint draws (bench.estimate.planning.online)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from bench.cli import main as cli
-from bench.estimate.online import Online
+from bench.estimate.planning.online import Online
 from bench.execute import answer
 from bench.execute.answer.settle import exceed
 from bench.judge import results

@@ -15,6 +15,20 @@ import pytest
 
 from bench.estimate import Hardware, fitdata
 from bench.estimate.band import BAND_COVERAGE, GPU_BOUND, HOST_BOUND, band_group, step_time_band
+from bench.estimate.checks.timecheck import (
+    EXCLUDED,
+    Miss,
+    band_coverage,
+    calibrated_levels,
+    cross_validate_time,
+    error_band,
+    fit_section,
+    fit_time,
+    host_exponent,
+    refit,
+    time_cases,
+    time_summary,
+)
 from bench.estimate.steptime import (
     FIT,
     FITTED_RUNS,
@@ -38,20 +52,6 @@ from bench.estimate.steptime import (
     step_and_share,
     step_parts,
     steps_of,
-)
-from bench.estimate.timecheck import (
-    EXCLUDED,
-    Miss,
-    band_coverage,
-    calibrated_levels,
-    cross_validate_time,
-    error_band,
-    fit_section,
-    fit_time,
-    host_exponent,
-    refit,
-    time_cases,
-    time_summary,
 )
 from bench.execute.answer import rung_cell
 from bench.host.rates import datasheet
@@ -560,7 +560,7 @@ def test_estimate_check_counts_the_records_of_runs_no_constant_was_fitted_on_as_
 
 
 def test_a_micro_batch_search_is_timed_at_its_first_probe():
-    from bench.estimate.search import seed_micro_batch
+    from bench.estimate.planning.search import seed_micro_batch
 
     hw = Hardware(gpu_memory_bytes=143771 * 2**20, gpu_name="NVIDIA H200")
     auto = Cell(model="llama-1b", seq_len=512, micro_batch="auto")

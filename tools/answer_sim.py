@@ -37,7 +37,7 @@ committed records:
   without its file; a host term per machine taken out): 0.05, 0.01 per pair (about 0.05 over a cell's 28
   pairs) and below 0.01 (OWN is taken at 0.02, the noise's size, not below it);
 - machines: each call's machine has a host offset drawn from HOST_OFFSETS (the per-machine host offsets the
-  step-time fit finds on the committed files, bench.estimate.timecheck.machine_offsets: 24 H200 machines,
+  step-time fit finds on the committed files, bench.estimate.checks.timecheck.machine_offsets: 24 H200 machines,
   -0.39 to +0.13), which moves a cell by its host share (bench.estimate.steptime.host_share): the 7b answer's
   two machines, 0.45 apart, ran its LoRA cells 17-26% apart; and each cell deviates per machine by CROSS_OWN
   (0.02, as OWN is taken: of bench.records.quality.CROSS, 0.039 between blocks, the committed records leave

@@ -38,7 +38,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bench.estimate import check, heldout, timecheck, timetext
+from bench.estimate import check
+from bench.estimate.checks import heldout, timecheck, timetext
 from bench.estimate.fitted import FIT
 from bench.estimate.steptime import REF_OPS_S, STEP_BAND, STEP_BAND_HOST
 from bench.estimate.verdict import DEFAULT_MARGIN
@@ -155,7 +156,7 @@ def _optimizers_section() -> str:
     head.append("state bytes/param")
     return (
         "## Optimizers\n\nThe values of the `optimizer` axis (`bench.matrix.axes.OPTIMIZERS`). Before the first step "
-        "the worker refuses a cell whose engine built another optimizer than the one named (`bench/worker/"
+        "the worker refuses a cell whose engine built another optimizer than the one named (`bench/worker/parts/"
         "optimizer.py`: the class, bitsandbytes' state bits and paging, the learning rate and betas; the HF "
         "Trainer's `bitsandbytes.optim.AdamW` with the named class's bits and paging is that class). "
         "*Precisions*: those it trains in. *Under offload*: runs (steps on the CPU as "

@@ -16,7 +16,8 @@
   noise explains, halved (two blocks' deviations in each difference); pooled over pairs by degrees of freedom.
 - CROSS after the host terms (`cross_hosted`): the same pairs, each shared cell's difference fitted with the pair's
   offset plus a host term times the cell's host share (bench.estimate.steptime.host_share: two machines whose hosts
-  differ move a host-bound cell and a GPU-bound one apart, as answer mode's model has it, bench.estimate.online);
+  differ move a host-bound cell and a GPU-bound one apart, as answer mode's model has it,
+  bench.estimate.planning.online);
   what is left beyond the noise, halved, pooled by degrees of freedom: a cell's own deviation per machine that
   neither the machine's offset nor its host explains.
 - Answer mode's short look (`short_look`): each GPU ok record of an adaptive cell, its step times replayed through

@@ -8,8 +8,8 @@ Made from results files (gzipped ones too), every ok record with a median step t
 - `step`: held-out residuals, ln(measured tokens/s over the step-time model's prediction for the typical host,
   bench.estimate.steptime), one per cell and machine (a cell measured more than once on a machine: the mean of its
   records). Held out: an H200 record of a run the constants were fitted on (FITTED_RUNS) is predicted by constants
-  fitted on the other results files (bench.estimate.timecheck.cross_validate_time); any other record by the fitted
-  constants, which never saw it (an H100 record: no H100 record was ever fitted on).
+  fitted on the other results files (bench.estimate.checks.timecheck.cross_validate_time); any other record by the
+  fitted constants, which never saw it (an H100 record: no H100 record was ever fitted on).
 - `fixed`: ln(the record's wall time less its steps' time, over the predicted start and setup
   (bench.estimate.steptime.predict_start + predict_setup, the fitted constants, as the simulator predicts them)):
   what a cell costs beside its steps, as the records show it.
@@ -38,8 +38,8 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
+from bench.estimate.checks.timecheck import TimeCase, cross_validate_time, evaluate_time, fitted, time_cases
 from bench.estimate.steptime import predict_setup, predict_start
-from bench.estimate.timecheck import TimeCase, cross_validate_time, evaluate_time, fitted, time_cases
 from bench.matrix.axes import OPTIMIZERS
 from bench.records import quality
 from bench.records.status import Status

@@ -17,7 +17,7 @@ predictions that took it; one for a host not measured, STEP_BAND, the error of p
 host, wider where the host's work is: it holds the machines whose hosts were far from typical
 (bands_for). The bands are data beside the fitted constants (fit.json's "step_time" section, read as
 steptime.STEP_BAND, STEP_BAND_HOST, TRAIT_FILES) and are regenerated with them
-(bench.estimate.timecheck.error_band)."""
+(bench.estimate.checks.timecheck.error_band)."""
 
 from __future__ import annotations
 

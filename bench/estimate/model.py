@@ -478,7 +478,7 @@ def _token_scale(c: _Setting, k: Constants) -> float:
 def _activations(c: _Setting, k: Constants) -> dict[str, float]:
     """Activation bytes at the forward pass's end, the loss's backward, and the end of backward."""
     s, a, cell = c.s, c.a, c.cell
-    fused_ce = c.liger and c.stage != 3  # bench.worker.models.liger_settings: no fused CE under ZeRO-3
+    fused_ce = c.liger and c.stage != 3  # bench.worker.parts.models.liger_settings: no fused CE under ZeRO-3
     per_block = _block_saved(c)
     lg_fwd, lg_kept = _logits_bytes(s, a, fused_ce=fused_ce, liger_ce=c.liger and c.stage == 3)
     if cell.grad_ckpt:

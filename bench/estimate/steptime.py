@@ -13,7 +13,7 @@ micro-batch, the optimizer's per-tensor launches once per step, and per-layer wa
 time). Each efficiency is the exponential of fitted log factors, one per thing that changes it (precision, PEFT
 mode, ZeRO stage, offload, pinning, optimizer, GPU count, engine, compile, kernels), shared by every GPU. The
 GPU's work and the host's work that feeds it overlap (a smooth maximum of the two, OVERLAP); the other parts add.
-The factors are fitted on the committed records, each at its GPU's rates (bench.estimate.timecheck.fit_section),
+The factors are fitted on the committed records, each at its GPU's rates (bench.estimate.checks.timecheck.fit_section),
 each machine's host speed apart (HOST_PARTS): the host's parts take the host's time as measured before any cell
 ran (host_time_of, the op prebuild's), and a prediction for a host not measured is for the typical host. The fit
 lives in fit.json's "step_time" section (FIT), and tests/test_steptime.py holds it to a refit. Setup and the
@@ -237,7 +237,7 @@ TimeConstants.__doc__ = (
 
 TIME_NAMES = tuple(f.name for f in fields(TimeConstants))
 SETUP_NAMES = SETUP_FEATURES + START_FEATURES
-# The fit (bench.estimate.timecheck.fit_section, written by `zerobench estimate --check --refit` into fit.json's
+# The fit (bench.estimate.checks.timecheck.fit_section, written by `zerobench estimate --check --refit` into fit.json's
 # "step_time" section): the constants, the error band, the traits' files and the runs it was fitted on.
 FIT = fitdata.section("step_time")
 FITTED_TIME = TimeConstants(**{n: v for n, v in FIT.get("constants", {}).items() if n in TIME_NAMES})
@@ -268,7 +268,7 @@ record of any other run as held out."""
 # that compiled them, is the host's time (Hardware.host_time), and the host's parts (HOST_PARTS) take it as
 # measured: a host that compiles in half the typical time launches kernels and runs hooks in half the typical
 # time. The exponent is 1, the physics, not fitted (left free, the fit on every record puts it at 1.27:
-# bench.estimate.timecheck.host_exponent).
+# bench.estimate.checks.timecheck.host_exponent).
 HOST_OPS = ("FusedAdamBuilder", "CPUAdamBuilder", "FusedLambBuilder")
 """The ops whose prebuild times the host (an AsyncIO or shared-memory op alone compiles far less)."""
 REF_OPS_S: float = FIT.get("ref_ops_s", 60.0)
@@ -533,7 +533,7 @@ GPU_PARTS = ("compute", "activations", "adapter", "dequant", "gather")
 CPU_PARTS = ("hooks", "launch", "wrappers")
 # The parts the host runs or the GPU waits on it for, by the host's speed (its launches, hooks, per-tensor
 # work and per-layer synchronisations): what differs between machines with the same GPU (the fit's machine
-# offsets, bench.estimate.timecheck) and what makes a cell's band wide (bench.estimate.band).
+# offsets, bench.estimate.checks.timecheck) and what makes a cell's band wide (bench.estimate.band).
 HOST_PARTS = ("hooks", "tensors", "launch", "wrappers", "layers")
 OVERLAP = 4.0
 # A forward's kernels are launched from Python, module by module (HF's and PEFT's forward methods, their
@@ -556,11 +556,11 @@ def combine(seconds: dict[str, Any], p: float | None = None) -> tuple[Any, dict[
 
 def searched(cell: Any, hw: Hardware | None) -> Any:
     """A micro_batch: auto cell as its search's first probe: at the largest micro-batch the memory model
-    predicts to fit (bench.estimate.search.seed_micro_batch; 1 without a GPU to judge against). The search's
+    predicts to fit (bench.estimate.planning.search.seed_micro_batch; 1 without a GPU to judge against). The search's
     further probes are not counted."""
     if cell.micro_batch != AUTO:
         return cell
-    from .search import seed_micro_batch
+    from .planning.search import seed_micro_batch
 
     return dataclasses.replace(cell, micro_batch=seed_micro_batch(cell, hw or Hardware()))
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..estimate import Hardware, Verdict, predict, short_of, verdict
-from ..estimate.frontier import frontier_lines
+from ..estimate.planning.frontier import frontier_lines
 from ..estimate.steptime import run_seconds, run_time_line
 from ..host import env, hostmem
 from ..host.rates import Rates

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..estimate import Hardware
-from ..estimate.search import ladder
+from ..estimate.planning.search import ladder
 from ..host import env
 from ..matrix import dsconfig, rules, spec
 from ..matrix.axes import AUTO
@@ -229,8 +229,8 @@ def _placing(s: RunSettings, t: Target, logs: Path):
 def answer_items(p: Plan, platform: env.Platform) -> Plan:
     """The plan answer mode searches. With batch.size each runnable cell belongs to a family, its configuration
     (the cell but its micro-batch and accumulation), and a micro_batch: auto cell becomes one cell per micro-batch
-    that divides batch.size, its accumulation holding the batch (bench.estimate.search.ladder), each judged by the
-    rules; the search measures of each family the largest the memory model fits and the neighbours that could be
+    that divides batch.size, its accumulation holding the batch (bench.estimate.planning.search.ladder), each judged
+    by the rules; the search measures of each family the largest the memory model fits and the neighbours that could be
     faster (bench.execute.answer.families). Without batch.size there is no batch to hold: micro_batch: auto is refused
     (InputError)."""
     size = p.matrix.batch.size

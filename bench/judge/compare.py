@@ -614,9 +614,7 @@ def settings(matrix_files: list[str], thresholds: str | None) -> tuple[CompareSe
     return s, (" + ".join(["defaults", *sources]))
 
 
-# -- Markdown, for a pull-request comment ------------------------------------------------------------
-
-
+# -- recorded strings as output prints them ---------------------------------------------------------
 CLIP = 200
 """The most characters of one recorded string (a host, CPU, driver or OS name) that a report or the console shows."""
 

@@ -47,8 +47,8 @@ PRELOAD = (
     "bench.worker.train",
     "bench.worker.setup",
     "bench.worker.measure",
-    "bench.worker.models",
-    "bench.worker.data",
+    "bench.worker.parts.models",
+    "bench.worker.parts.data",
     "bench.worker.metrics",
 )
 

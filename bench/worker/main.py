@@ -263,7 +263,7 @@ def _checkpoint(preset: str, precision: str) -> int:
     the cache lock stalls the cell."""
     import torch
 
-    from . import models
+    from .parts import models
 
     t0 = time.time()
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")

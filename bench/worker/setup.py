@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from ..matrix.cells import Cell
-from . import data, models
 from .events import Events
+from .parts import data, models
 
 __all__ = ["Setup", "gloo_safe", "start", "record_kernels"]
 

@@ -143,8 +143,8 @@ def _loss_scale(engine, cell) -> float | None:
 
 def _check_optimizer(cell, opt, ds_config: dict, doc: dict, builder: str) -> None:
     """Record the optimizer that was built and refuse it, before the first step, unless it is the cell's
-    (bench/worker/optimizer.py: class, bitsandbytes' bits and paging, learning rate, betas)."""
-    from .optimizer import facts, refusal
+    (bench/worker/parts/optimizer.py: class, bitsandbytes' bits and paging, learning rate, betas)."""
+    from .parts.optimizer import facts, refusal
 
     built = facts(opt)
     doc["optimizer_class"] = built["class"] if opt is not None else None
@@ -165,7 +165,7 @@ def _training_args(cell, ds_config, scratch: str):
     import torch
     from transformers import TrainingArguments
 
-    from .models import liger_settings
+    from .parts.models import liger_settings
 
     optim = OPTIMIZERS[cell.optimizer].hf_optim
     # bench.matrix.dsconfig leaves the optimizer section out for these client optimizers, so the Trainer

@@ -3,7 +3,7 @@
 The answer, per model: (a) the fastest cell that fits in each group (by PEFT mode unless --group-by says
 otherwise), (b) the memory/speed frontier, (c) each knob's effect on throughput with a 95% interval. Every
 runnable cell starts open. The step-time and memory models give each a prediction; what the run measures
-corrects them (bench.estimate.online: an offset for the machine, one per block, and an additive effect per
+corrects them (bench.estimate.planning.online: an offset for the machine, one per block, and an additive effect per
 axis value, fitted to the residuals), so after a few cells the predictions speak for this machine.
 
 Blocks: a measurement belongs to one run part on one machine (bench.records.record.Record.block). Two measured cells

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from ...estimate import Hardware, predict
 from ...estimate.band import band_group, bands_for
-from ...estimate.online import SHARE, Online
+from ...estimate.planning.online import SHARE, Online
 from ...estimate.steptime import STEP_BAND, predict_wall, step_and_share
 from ...records import quality
 from ..plan import Planned
@@ -37,7 +37,7 @@ CPU_WIDE = 4.0
 HOST_SD = 0.1
 """How far a machine's host may be from the typical host's (log host seconds), on the step-time model's GPUs: about
 the spread of the per-machine host offsets its fit finds on the committed files
-(bench.estimate.timecheck.machine_offsets). It moves a cell by its host share."""
+(bench.estimate.checks.timecheck.machine_offsets). It moves a cell by its host share."""
 # The same for the memory model's peak on a GPU (set by hand, small: its held-out p95 is 12.5% over all records, less
 # within one matrix); a CPU host's RSS is far less sure.
 MEMORY_SD = {"offset": 0.05, "main": 0.01, "pair": 0.006, "misfit": 0.01}

@@ -3,13 +3,13 @@
 The answer per group is its fastest measured cell (the leader) and the measured cells the data cannot tell from
 it; the frontier is the measured cells no other measured cell beats on both memory and speed. What could still
 change them is a cell not yet measured, or a measured one whose measurements leave it room to be faster in truth
-than the leader. Under the models corrected by the run (bench.estimate.online: the
+than the leader. Under the models corrected by the run (bench.estimate.planning.online: the
 step-time model with its effects, pair effects and the misfit learned from the measured cells' residuals; the
 memory model likewise), the unmeasured cells' speeds are drawn jointly, so cells that share settings rise and
 fall together, beside the measured cells' levels (bench.judge.blocks.joint), DRAWS times. Each group's leader
 is drawn with the unmeasured cells at its true speed as the model and its measurements say together
-(bench.estimate.online.Online.draws with its key): the fastest of near-equal measured cells is likelier measured
-high than low, and its measured level alone would set the bar too high.
+(bench.estimate.planning.online.Online.draws with its key): the fastest of near-equal measured cells is likelier
+measured high than low, and its measured level alone would set the bar too high.
 
 - lead: the chance that some cell, unmeasured or measured (`rivals`: drawn at their true speeds as the leader is;
   one the step-time model cannot read, at its measured level, apart from the leader's draw), beats its group's

@@ -1,13 +1,13 @@
-"""Grid mode's micro-batch searches (micro_batch: auto, bench.estimate.search): each runs its probes under one unit,
-one at a time, each next probe first in line; at the batch size the matrix holds, the accumulation makes up the
-rest."""
+"""Grid mode's micro-batch searches (micro_batch: auto, bench.estimate.planning.search): each runs its probes under
+one unit, one at a time, each next probe first in line; at the batch size the matrix holds, the accumulation makes up
+the rest."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from ...estimate import Hardware
-from ...estimate.search import SearchResult, ladder, seed_micro_batch
+from ...estimate.planning.search import SearchResult, ladder, seed_micro_batch
 from ...matrix import dsconfig
 from ..executors.executor import Attempt
 from .units import Run, Unit, attempt_of

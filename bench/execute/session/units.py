@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...estimate.search import SearchResult
+from ...estimate.planning.search import SearchResult
 from ...host import env
 from ...matrix.cells import Cell
 from ...records.record import Record, machine_of

@@ -381,6 +381,7 @@ def _has(cfg: dict, path: tuple) -> bool:
     return True
 
 
+# -- meaning: settings that would not do what they say ----------------------------------------
 def _semantics(cfg: dict, report: _Report) -> None:
     zero = _section(cfg, "zero_optimization")
     stage = zero.get("stage", 0)

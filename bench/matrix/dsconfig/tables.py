@@ -293,13 +293,12 @@ def _index(spec: dict, path: tuple = (), out: dict | None = None) -> dict[str, l
 _WHERE_VALID = _index(SCHEMA)
 
 
-# -- meaning: settings that would not do what they say ----------------------------------------
 def _section(d: Any, key: str) -> dict:
     v = d.get(key) if isinstance(d, dict) else None
     return v if isinstance(v, dict) else {}
 
 
-# -- describing and resolving -----------------------------------------------------------------
+# -- where a config keeps its state, and what an optimizer type builds ----------------------
 # DeepSpeed's optimizer type -> the zerobench optimizer it builds (Adam/AdamW depend on more: _built_optimizer).
 _OPTIMIZER_NAMES = {
     spec.ds_section["type"].lower(): name

@@ -9,8 +9,8 @@ import os
 
 import torch
 
-from ..matrix.presets import PRESETS
-from ..records import cache
+from ...matrix.presets import PRESETS
+from ...records import cache
 
 __all__ = ["PRESETS", "config_for", "build", "from_checkpoint", "liger_settings", "apply_liger"]
 

@@ -13,16 +13,16 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 
-from ..host.rates import Rates, datasheet
-from ..matrix.shapes import shape_of
-from ..records.record import Record
-from ..records.status import Status
-from ..records.store import read_records
-from .band import BAND_COVERAGE, FAMILIAR_FILES, band_group, bands_for, group_of
-from .check import _cell, _ds_config, _pct
-from .fitdata import write_section
-from .model import Hardware
-from .steptime import (
+from ...host.rates import Rates, datasheet
+from ...matrix.shapes import shape_of
+from ...records.record import Record
+from ...records.status import Status
+from ...records.store import read_records
+from ..band import BAND_COVERAGE, FAMILIAR_FILES, band_group, bands_for, group_of
+from ..check import _cell, _ds_config, _pct
+from ..fitdata import write_section
+from ..model import Hardware
+from ..steptime import (
     FITTED_RUNS,
     FITTED_TIME,
     HOST_PARTS,

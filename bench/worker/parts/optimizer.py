@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..matrix.axes import OPTIMIZERS
+from ...matrix.axes import OPTIMIZERS
 
 __all__ = ["DEFAULT_BETAS", "facts", "asked", "refusal"]
 

@@ -9,9 +9,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..matrix.axes import AUTO
-from .band import BAND_COVERAGE, step_time_band
-from .model import Hardware, predict
+from ...matrix.axes import AUTO
+from ..band import BAND_COVERAGE, step_time_band
+from ..model import Hardware, predict
 
 __all__ = ["GROUP_BY", "TIE", "Point", "frontier", "frontier_lines", "pareto", "points"]
 

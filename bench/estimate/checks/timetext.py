@@ -1,5 +1,5 @@
 """The step-time check as `zerobench estimate --check` prints it: summaries, per category, per results file,
-per GPU model, and the band's coverage (bench.estimate.timecheck computes them)."""
+per GPU model, and the band's coverage (bench.estimate.checks.timecheck computes them)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from .band import BAND_COVERAGE
-from .steptime import (
+from ..band import BAND_COVERAGE
+from ..steptime import (
     paged_excess,
 )
 from .timecheck import (
@@ -162,7 +162,7 @@ LABELS = {
 def time_text(check: TimeCheck) -> str:
     """The step-time model's check: per quantity, its in-sample and held-out errors, then per category; the
     error band; the records left out and why."""
-    from .check import text_table
+    from ..check import text_table
 
     lines = ["", f"Time records left out: {len(check.excluded)} ({EXCLUDED})"] if check.excluded else []
     files = ", ".join(sorted({r.case.file for r in check.unfitted}))

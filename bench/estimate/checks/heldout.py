@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from . import check as mcheck
+from .. import check as mcheck
 from . import timecheck
 
 __all__ = [

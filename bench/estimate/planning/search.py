@@ -15,10 +15,10 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..matrix.cells import Cell
-from ..matrix.spec import divisors
-from .fitted import FITTED, Constants
-from .model import Hardware, predict
+from ...matrix.cells import Cell
+from ...matrix.spec import divisors
+from ..fitted import FITTED, Constants
+from ..model import Hardware, predict
 
 __all__ = ["RAN", "OUT_OF_MEMORY", "ladder", "next_probe", "search_micro_batch", "seed_micro_batch", "SearchResult"]
 
@@ -152,7 +152,7 @@ def seed_micro_batch(template: Cell, hw: Hardware, cap: int = CAP, k: Constants 
         return 1
 
     def fits(mb: int) -> bool:
-        from ..matrix import dsconfig
+        from ...matrix import dsconfig
 
         cell = dataclasses.replace(template, micro_batch=mb)
         try:
