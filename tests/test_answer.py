@@ -299,17 +299,19 @@ def test_the_budget_counts_earlier_cells_that_left_the_plan(tmp_path, capsys):
 
 
 def test_a_resume_with_the_budget_spent_prepares_nothing(tmp_path, capsys, monkeypatch):
-    # Resumed on this host (the local executor) with the replayed call's budget spent: no attempt can start, so no
-    # op is built nor checkpoint written for one; every cell left says the budget was spent.
-    from bench.execute import session
+    # Resumed on this host (the local executor) with the replayed call's budget spent: no attempt can start, so the
+    # machine is not probed, nor an op built or a checkpoint written for one; every cell left says the budget was spent.
+    from bench.execute.session import machine
 
     out = str(tmp_path / "r.jsonl")
     assert cli([*COMPARE, "--results", out, "--budget", "40s"]) == 0
-    monkeypatch.setattr(session, "prepare", lambda *a, **k: pytest.fail("prepared for a call that measures nothing"))
+    monkeypatch.setattr(machine, "prepare", lambda *a, **k: pytest.fail("prepared for a call that measures nothing"))
     capsys.readouterr()
     assert cli(["run", "matrices/compare-h200.yaml", "--answer", "--budget", "40s", "--resume", "--results", out,
                 "--no-report", "--no-progress"]) == 0  # fmt: skip
-    assert "prepare: nothing built, the --budget left pays for no attempt" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "prepare: nothing built, the --budget left pays for no attempt" in said
+    assert not [ln for ln in said.splitlines() if ln.startswith("probe")], said
     last = {r["cell_hash"]: r for r in as_written(out) if r["status"] != "started"}
     assert all(r["status"] != "unmeasured" or "budget" in r["answer"]["why"] for r in last.values())
 

@@ -184,3 +184,27 @@ def test_the_line_names_each_figure_and_what_is_missing():
     assert "CPU Adam 350 Mparam/s" in s and "host overhead 12 us" in s
     assert s.endswith("not measured: matmul_fp16, matmul_tf32, host_mem, dequant_4bit")
     assert line(r, cached="cached").startswith("probe: cached: bf16 ")
+
+
+@pytest.mark.slow
+@pytest.mark.copies_ops  # a build beside its copy would leave a partial copy
+def test_a_first_run_whose_prebuild_builds_cpu_adam_times_it_before_its_cells(tmp_path):
+    # A fresh machine (an empty cache): the probe runs before the prebuild, which it must not disturb, so it finds no
+    # CPU Adam it may load; the prebuild then makes it loadable, and CPU Adam alone is timed before any cell starts.
+    ext = tmp_path / "ext"
+    copy_built_ops(ext)  # the machine's built ops (CI builds CPU Adam first) spare this test the compile
+    e = {"TORCH_EXTENSIONS_DIR": str(ext), "ZEROBENCH_CACHE": str(tmp_path / "cache"), "ZEROBENCH_FAULT": "exit@0"}
+    m = write_matrix(
+        tmp_path / "m.yaml", TINY + "axes: {zero_stage: [2], offload: [optimizer], optimizer: [cpuadam]}\n"
+    )
+    out = tmp_path / "r.jsonl"
+    r = zerobench("run", str(m), "--results", str(out), "--no-report", cwd=tmp_path, env=e, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    said = r.stdout.splitlines()
+    probes = [i for i, ln in enumerate(said) if ln.startswith("probe: ")]
+    assert len(probes) == 2 and " CPU Adam " not in said[probes[0]], r.stdout[-3000:]
+    assert said[probes[1]].startswith("probe: cached, CPU Adam timed: "), r.stdout[-3000:]
+    built = next(i for i, ln in enumerate(said) if ln.startswith("ops "))
+    assert probes[0] < built < probes[1], r.stdout[-3000:]
+    started = [x.to_dict() for x in read_records(out) if x.status.value == "started"]
+    assert len(started) == 1 and started[0]["machine"]["rates"]["cpu_adam"] > 0

@@ -18,6 +18,9 @@ import psutil
 import pytest
 
 from bench.cli import main as cli
+from bench.execute.plan import plan
+from bench.records.record import Record
+from bench.records.store import Store, read
 from tests.conftest import ROOT, TINY, as_written, write_matrix, zerobench
 from tests.faults.procs import cell_stepping, wait_for
 
@@ -188,3 +191,28 @@ def test_a_skip_judged_the_same_again_is_not_written_again(tmp_path):
     last = _ended(out)
     assert sum(r["skip"]["rule"] == "offload-needs-zero" for r in last if r["status"] == "skipped") == 2
     assert sum(r["status"] == "ok" for r in last) == 8 * 3
+
+
+# -- nothing left to measure: nothing paid for it ----------------------------------------------------------------
+
+
+def test_a_resume_with_every_cell_done_runs_no_probe(tmp_path, monkeypatch, capsys):
+    # Every runnable cell of the matrix already has an outcome in the results file (an error, here: an outcome all
+    # the same): the resumed run measures nothing, so it neither probes the machine nor builds anything for it.
+    m = write_matrix(tmp_path / "m.yaml", TINY + "axes: {zero_stage: [0, 1]}\n")
+    out = tmp_path / "r.jsonl"
+    store, at = Store(out), datetime.now().astimezone().isoformat()
+    runnable = [it.cell for it in plan(str(m)).items if it.skip is None]
+    assert len(runnable) == 2
+    for cell in runnable:
+        started = Record.started(cell, run_id="earlier", attempt=1, matrix_file=str(m), started_at=at)
+        store.append(started)
+        store.append(Record.error(started, "zerobench failed around this cell", ended_at=at, traceback="", log=""))
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ZEROBENCH_CACHE", str(cache))
+    assert cli(["run", str(m), "--results", str(out), "--resume", "--no-report", "--no-progress"]) == 0
+    said = capsys.readouterr().out
+    assert "resume: 2 of 2 cells already have a result" in said, said
+    assert not [ln for ln in said.splitlines() if ln.startswith("probe")], said
+    assert not list(cache.glob("probe/*")) and "fixed costs" not in said
+    assert len(read(out)) == 4  # nothing written
