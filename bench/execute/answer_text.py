@@ -11,6 +11,7 @@ import collections
 import math
 
 from ..matrix.axes import AXIS
+from . import collapse
 from .answer import Candidate, Search, _group, _hms, _mem, _tps
 
 __all__ = ["summary"]
@@ -34,6 +35,7 @@ def summary(s: Search) -> list[str]:
         + "; ".join(f"{c.cell.name} {_mem(s, c)} {_tps(s, c)}" for c in s.frontier())
     )
     lines += _effects(s)
+    lines += [f"  {collapse.line(s, c)}" for c in collapse.collapses(s)] if s.s.collapse else []
     lines.append(_settled(s))
     lines += _flagged(s)
     expected = collections.Counter(s.lessons.expected(c.features) for c in s.candidates if c.state == "expected")
