@@ -35,7 +35,9 @@ def test_the_simulator_answers_synthetic_truths_and_prints_its_figures(tmp_path,
     assert float(m[5]) <= float(m[6]) and len(lines) == 6  # a line per trial, time, calibration, misses, figures
     # Where the time went: every attempt's seconds under its role, the leaders measured first among them.
     assert sum(a.roles.values()) == pytest.approx(a.spent_s) and a.roles.get("leader", 0) > 0
-    assert lines[-4].startswith("cell seconds per trial by role (mean): ") and "leader" in lines[-4]
+    assert set(a.attempts) == set(a.roles) and all(n >= 1 for n in a.attempts.values())
+    assert lines[-4].startswith("cell seconds per trial by role (mean; attempts x seconds each): ")
+    assert re.search(r"leader \d+ \([\d.]+ x [\d.]+ s\)", lines[-4]), lines[-4]
     # The lead chance each answer states (its settled: line), and their sum beside the wrong leaders the truths found.
     assert a.chance is not None and 0.0 <= a.chance <= 1.0
     each = [float(x) / 100 for x in re.findall(r"\(lead chance ([\d.]+)%\)", "\n".join(lines[:2]))]
@@ -144,3 +146,16 @@ def test_the_measured_h100_world_ends_unsettled_at_the_real_runs_cell_time_as_th
     spent = [t.spent_s for t in done]
     assert all(1000 < x <= 1260 for x in spent) and all(t.calls == 1 for t in done), spent  # the budget, give or take
     assert sum(not t.settled for t in done) >= 2, done
+
+
+def test_a_trial_whose_answer_states_a_chance_above_the_level_is_not_settled(tmp_path):
+    """A measured cell that may still beat its leader keeps the lead chance up while no unmeasured cell is needed:
+    the answer's own line says whether it settled."""
+    line = (
+        "  settled: the chance that one of the 3 unmeasured cell(s), or of the 1 measured one(s) that may still be "
+        "measured again, beats its group's fastest by more than 5% is {}, that one adds a frontier point 0.0% (the "
+        "search stops asking each below 5%: {})"
+    )
+    assert not answer_sim._settled(tmp_path / "absent.jsonl", [line.format("23.3%", "not both below")])
+    assert not answer_sim._settled(tmp_path / "absent.jsonl", [])
+    assert answer_sim.STATED.search(line.format("23.3%", "not both below"))

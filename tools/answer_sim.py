@@ -346,6 +346,7 @@ class Trial:
     roles: dict[str, float] = dataclasses.field(default_factory=dict)  # cell seconds by why it was measured (`_roles`)
     chance: float | None = None  # the lead chance its answer states (printed to 0.1%; None: it printed none)
     misses: dict[str, tuple[int, int, int, float]] = dataclasses.field(default_factory=dict)  # per group (`_misses`)
+    attempts: dict[str, int] = dataclasses.field(default_factory=dict)  # attempts by role, as `roles`
 
 
 def _templates(gpu: str = "H200") -> tuple[dict, dict, dict]:
@@ -366,9 +367,11 @@ def _platform(template: dict):
     return Recording.platform(types.SimpleNamespace(first=template))
 
 
-def _call(matrix: str, path: Path, sim: SimRecording, budget: float, resume: bool, settle: float) -> list[str]:
+def _call(
+    matrix: str, path: Path, sim: SimRecording, budget: float, resume: bool, settle: float, collapse: bool = False
+) -> list[str]:
     lines: list[str] = []
-    ask = answer.Settings(budget_s=budget, settle=settle)
+    ask = answer.Settings(budget_s=budget, settle=settle, collapse=collapse)
     s = RunSettings(matrix=matrix, results=str(path), answer=ask, progress=False, resume=resume)
     run(s, printer=lines.append, recording=sim)
     return lines
@@ -384,8 +387,13 @@ def _stated(printed: list[str]) -> float | None:
     return float(found[-1]) / 100 if found else None
 
 
-def _settled(path: Path) -> bool:
-    """Whether the last call left no cell that could still change the answer."""
+def _settled(path: Path, printed: list[str]) -> bool:
+    """Whether the last call settled the answer: its `settled:` line says both chances are below the level, and it
+    left no cell that could still change the answer. Its unmeasured cells alone do not say: a measured cell that may
+    still beat its leader (bench.execute.settle.rivals) keeps the chance up with no unmeasured cell needed."""
+    found = [line for line in printed if STATED.search(line)]
+    if not found or "(the search stops asking each below" not in found[-1] or ": both below)" not in found[-1]:
+        return False
     recs = [r.to_dict() for r in Store(path).records()]
     last = [r for r in recs if r["run_id"] == recs[-1]["run_id"] and r["status"] == Status.UNMEASURED.value]
     return not any((r.get("answer") or {}).get("needed") for r in last)
@@ -401,9 +409,12 @@ def trial(
     errors: str = "measured",
     gpu: str = "H200",
     calls: int = 2,
+    machines: int = 2,
+    collapse: bool = False,
 ) -> Trial:
-    """One synthetic truth on `gpu` (its misses drawn as `errors` says), answered in up to `calls` calls on two
-    machines (at the `--settle` level), and scored."""
+    """One synthetic truth on `gpu` (its misses drawn as `errors` says), answered in up to `calls` calls on
+    `machines` machines (one: every call on the first; at the `--settle` level; `collapse`: answer mode's
+    Settings.collapse), and scored."""
     ok, failed, oom = _templates(gpu)
     platform = _platform(ok)
     hw = hardware(platform)
@@ -413,25 +424,28 @@ def trial(
     world = World(seed, hw, ok, optimizers, errors, table)
     sim = SimRecording(world, ok, failed, oom)
     path = workdir / f"trial-{seed}.jsonl"
-    printed = _call(matrix, path, sim, first_s, resume=False, settle=settle)
+    printed = _call(matrix, path, sim, first_s, resume=False, settle=settle, collapse=collapse)
     made = 1
-    if calls > 1 and not _settled(path):
-        sim.machine = world.machines[1]
-        printed = _call(matrix, path, sim, cap_s, resume=True, settle=settle)
+    if calls > 1 and not _settled(path, printed):
+        sim.machine = world.machines[min(machines, 2) - 1]
+        printed = _call(matrix, path, sim, cap_s, resume=True, settle=settle, collapse=collapse)
         made = 2
     recs = [r.to_dict() for r in Store(path).records()]
     s = _search(items, hw, recs)
     wrong, called, wrong_fx = _score(s, world, recs)
     ended = [r for r in recs if r["status"] not in ("started", "unmeasured", "skipped")]
     spent = sum(r.get("wall_s") or 0.0 for r in ended)
-    roles, stated = _roles(ended), _stated(printed)
-    return Trial(seed, wrong, called, wrong_fx, spent, _settled(path), made, roles, stated, _misses(s, world))
+    (roles, attempts), stated = _roles(ended), _stated(printed)
+    return Trial(
+        seed, wrong, called, wrong_fx, spent, _settled(path, printed), made, roles, stated, _misses(s, world), attempts
+    )
 
 
-def _roles(ended: list[dict]) -> dict[str, float]:
-    """Cell seconds by the role each attempt was asked for (bench.execute.answer.Request.role), an attempt of a cell
-    attempted before as "<role> again" and one that did not end ok as "<role> <status>"."""
+def _roles(ended: list[dict]) -> tuple[dict[str, float], dict[str, int]]:
+    """Cell seconds and attempts by the role each attempt was asked for (bench.execute.answer.Request.role), an
+    attempt of a cell attempted before as "<role> again" and one that did not end ok as "<role> <status>"."""
     out: collections.Counter = collections.Counter()
+    n: collections.Counter = collections.Counter()
     seen: set[str] = set()
     for r in ended:
         role = (r.get("answer") or {}).get("role", "none")
@@ -439,7 +453,8 @@ def _roles(ended: list[dict]) -> dict[str, float]:
         role += "" if r["status"] == "ok" else f" {r['status']}"
         seen.add(r["cell_hash"])
         out[role] += r.get("wall_s") or 0.0
-    return dict(out)
+        n[role] += 1
+    return dict(out), dict(n)
 
 
 def _reference(s: answer.Search, world: World) -> Machine:
@@ -516,10 +531,10 @@ def _score(s: answer.Search, world: World, recs: list[dict]) -> tuple[list[str],
 
 
 def _one(args: tuple) -> Trial:
-    matrix, seed, first_s, cap_s, settle, errors, gpu, calls = args
+    matrix, seed, first_s, cap_s, settle, errors, gpu, calls, machines, collapse = args
     shm = "/dev/shm" if Path("/dev/shm").is_dir() else None  # every record is fsynced: memory is faster
     with tempfile.TemporaryDirectory(prefix="answer-sim-", dir=shm) as d:
-        return trial(matrix, seed, Path(d), first_s, cap_s, settle, errors, gpu, calls)
+        return trial(matrix, seed, Path(d), first_s, cap_s, settle, errors, gpu, calls, machines, collapse)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -550,6 +565,14 @@ def main(argv: list[str] | None = None) -> int:
         default=2,
         help="calls per trial: 1 ends a trial when the first call's budget is spent",
     )
+    ap.add_argument(
+        "--machines",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="machines the calls run on: 1 puts the second call on the first's machine (a new block all the same)",
+    )
+    ap.add_argument("--collapse", action="store_true", help="answer mode's Settings.collapse (bench.execute.collapse)")
     a = ap.parse_args(argv)
     if not a.matrix:
         ap.error("MATRIX is needed")
@@ -559,7 +582,10 @@ def main(argv: list[str] | None = None) -> int:
         settle = chance_level(a.settle)
     except ValueError as e:
         ap.error(str(e))
-    jobs = [(a.matrix, a.seed + k, a.first_call, a.cap, settle, a.errors, a.gpu, a.calls) for k in range(a.trials)]
+    jobs = [
+        (a.matrix, a.seed + k, a.first_call, a.cap, settle, a.errors, a.gpu, a.calls, a.machines, a.collapse)
+        for k in range(a.trials)
+    ]
     if a.jobs > 1:  # one BLAS thread per process: 16 processes of 16 threads each on 16 cores hardly moved
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(var, "1")
@@ -586,12 +612,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def by_role(done: list[Trial]) -> str:
-    """Where the cell time went: seconds per trial by role (`_roles`), the mean over the trials, largest first."""
+    """Where the cell time went: seconds per trial by role (`_roles`), the mean over the trials, largest first, each
+    with its attempts per trial and seconds per attempt."""
     total: collections.Counter = collections.Counter()
+    count: collections.Counter = collections.Counter()
     for t in done:
         total.update(t.roles)
-    parts = [f"{role} {s / max(len(done), 1):.0f}" for role, s in total.most_common()]
-    return "cell seconds per trial by role (mean): " + ", ".join(parts)
+        count.update(t.attempts)
+    k = max(len(done), 1)
+    parts = [
+        f"{role} {s / k:.0f}" + (f" ({count[role] / k:.1f} x {s / count[role]:.1f} s)" if count[role] else "")
+        for role, s in total.most_common()
+    ]
+    return "cell seconds per trial by role (mean; attempts x seconds each): " + ", ".join(parts)
 
 
 def _pct(p: float | None) -> str:

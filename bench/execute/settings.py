@@ -60,6 +60,9 @@ class AnswerSettings:
     needed to settle it; compare's minimum effect, so the answer and the gate agree on what is noise."""
     halving: bool = True
     """First measurements on the short schedule (rung 0), the contenders again on the full one."""
+    collapse: bool = False
+    """Cells of a group that differ only in knob values measured within the speed tolerance share their own misfit in
+    the stopping rule (bench.execute.collapse)."""
     settle: float = 0.05
     """The answer is settled when the chance that some unmeasured cell beats its group's leader by more than the
     speed tolerance, and the chance that one adds a frontier point, are both below this

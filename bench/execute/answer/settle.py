@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...judge import blocks
+from . import collapse
 from .candidate import State
 
 __all__ = ["DRAWS", "FLOOR", "Chances", "chances", "exceed"]
@@ -184,8 +185,12 @@ def _drawn(
         return out
     rng = np.random.default_rng(_SEED)
     known = _known([*leaders.values(), *rival])
+    shared = collapse.keys(s, collapse.collapses(s)) if s.s.collapse else {}  # a class's cells share their misfit
     both = s.tps.draws(
-        [(c.model, c.base_tps) for c in cells + known], DRAWS, rng, [None] * len(cells) + [m.cell.hash for m in known]
+        [(c.model, c.base_tps) for c in cells + known],
+        DRAWS,
+        rng,
+        [shared.get(c.cell.hash) for c in cells] + [m.cell.hash for m in known],
     )
     u, truth = both[:, : len(cells)], {id(m): both[:, len(cells) + k] for k, m in enumerate(known)}
     mem = s.memory.draws([(c.model, c.base_mem if c.base_mem is not None else 0.0) for c in cells], DRAWS, rng)

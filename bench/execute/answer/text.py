@@ -15,6 +15,7 @@ from ...judge import blocks, compare
 from ...matrix.axes import AXIS
 from ...records.record import Record
 from ..settings import AnswerSettings as Settings
+from . import collapse
 from .candidate import Candidate, State, Z
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ def summary(s: Search) -> list[str]:
         + "; ".join(f"{c.cell.name} {memory_text(s, c)} {speed_text(s, c)}" for c in s.frontier())
     )
     lines += _effects(s)
+    lines += [f"  {collapse.line(s, c)}" for c in collapse.collapses(s)] if s.settings.collapse else []
     lines.append(_settled(s))
     lines += _flagged(s)
     expected = collections.Counter(s.lessons.expected(c.features) for c in s.candidates if c.state == State.EXPECTED)
