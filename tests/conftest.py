@@ -71,7 +71,28 @@ def cuda_available() -> bool:
     return r.returncode == 0
 
 
+LONG_FIRST = (
+    "test_nvme.py",
+    "test_e2e_cpu.py",
+    "test_answer_sim.py",
+    "test_autotuner_baseline.py",
+    "test_slurm_executor.py",
+    "test_ray.py",
+    "test_slurm_cluster.py",
+    "test_trainer_configs.py",
+)
+"""Modules whose tests take minutes (the slowest in CI's --durations: their cells, a cluster, an op's compile),
+collected first: pytest-xdist hands out files in collection order, one per worker, and a long file started last
+leaves the other worker idle at the end."""
+
+
+def _long_first(item) -> int:
+    name = item.path.name
+    return LONG_FIRST.index(name) if name in LONG_FIRST else len(LONG_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_long_first)  # stable: every module's tests stay together and in order
     gpu_items = [it for it in items if it.get_closest_marker("gpu")]
     if gpu_items and not cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU (run `nox -s gpu_tests` on the GPU host)")

@@ -8,6 +8,7 @@ import signal
 import socket
 import time
 
+import psutil
 import pytest
 
 from tests.slurm_cluster import wait_until
@@ -129,9 +130,23 @@ def test_submitit_raises_what_the_function_raised(slurm_cluster, submitit_on):
     assert (info["JobState"], info["ExitCode"]) == ("FAILED", "1:0")
 
 
-def _no_pickle(job, wait_s: float = 3.0) -> bool:
-    time.sleep(wait_s)  # anything submitit would write has been written by now
+def _no_pickle(cluster, job) -> bool:
+    """No result once the job's last process is gone (nothing of it is left to write one)."""
+    wait_until(lambda: not _processes(cluster, job.job_id), 120, f"job {job.job_id}'s processes to end", cluster)
     return not job.done() and not job.paths.result_pickle.exists() and job.state == "UNKNOWN"
+
+
+def _processes(cluster, job_id: str) -> list[int]:
+    """The live processes of this cluster's job (each carries its SLURM_CONF and SLURM_JOB_ID)."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            e = p.environ()
+        except psutil.Error:
+            continue
+        if e.get("SLURM_JOB_ID") == str(job_id) and e.get("SLURM_CONF") == str(cluster.conf):
+            found.append(p.pid)
+    return found
 
 
 @pytest.mark.slow
@@ -143,13 +158,13 @@ def test_scancel_memory_and_preemption_leave_no_result(slurm_cluster, submitit_o
     c.run("scancel", cancelled.job_id)
     info = c.wait_ended(cancelled.job_id)
     assert (info["JobState"], info["ExitCode"]) == ("CANCELLED", "0:15")
-    assert _no_pickle(cancelled)
+    assert _no_pickle(c, cancelled)
     assert "Bypassing signal SIGTERM" in cancelled.stdout()
 
     info = c.wait_ended(hog.job_id)
     assert (info["JobState"], info["ExitCode"]) == ("FAILED", "137:0")
     assert "exceeded memory limit" in hog.stderr()
-    assert _no_pickle(hog)
+    assert _no_pickle(c, hog)
 
     # Preemption: a job of the higher-tier partition takes both CPUs of n2 from a job of `cells`.
     low = submitit_on(cpus_per_task=os.cpu_count(), slurm_additional_parameters={"nodelist": "n2"}).submit(_sleep, 300)
@@ -159,7 +174,7 @@ def test_scancel_memory_and_preemption_leave_no_result(slurm_cluster, submitit_o
     )
     info = c.wait_ended(low.job_id)
     assert (info["JobState"], info["ExitCode"]) == ("PREEMPTED", "0:15")
-    assert _no_pickle(low)
+    assert _no_pickle(c, low)
 
 
 @pytest.mark.slow
@@ -175,7 +190,7 @@ def test_a_failed_node_requeues_unless_told_not_to(slurm_cluster, submitit_on):
         assert (info["Restarts"], info["Requeue"]) == ("1", "1")  # Slurm runs it again: JobRequeue=1 by default
         info = c.wait_ended(once.job_id)
         assert (info["JobState"], info["Reason"]) == ("NODE_FAIL", "NodeDown")
-        assert _no_pickle(once)
+        assert _no_pickle(c, once)
     finally:
         c.run("scancel", again.job_id, check=False)
         c.resume("n2")
@@ -188,9 +203,9 @@ def test_time_limit_usr2_fails_the_job_before_slurm_times_it_out(slurm_cluster, 
     c = slurm_cluster
     short = {"time": "0:15"}  # Slurm rounds it up to a minute
     # Slurm sends --signal once, at a coarse resolution, up to 60 s early (sbatch(1)), to the job's steps as they are
-    # then: with a 2-minute limit USR2 came 0.1 s after the start, before submitit's handler, and killed the job with
-    # no result; with 3 minutes a loaded CI host once saw the job TIMEOUT unsignalled. So the job starts with a limit
-    # far off and gets its 3 minutes only once its function runs, with submitit's handler in place.
+    # then: under a short limit USR2 can come before submitit's handler (the job dies with no result), and on a
+    # loaded host before the step. So the job starts with a limit far off and gets its 3 minutes only once its
+    # function runs, with submitit's handler in place.
     signalled = submitit_on(slurm_additional_parameters={"time": "20:00"}).submit(_sleep, 600)
     timed_out = submitit_on(slurm_additional_parameters=short, slurm_signal_delay_s=5).submit(_sleep_through_usr2, 300)
     _sleeping(signalled)
@@ -209,4 +224,4 @@ def test_time_limit_usr2_fails_the_job_before_slurm_times_it_out(slurm_cluster, 
         "0:15",
         "00:01:00",
     ), time.time() - t0
-    assert _no_pickle(timed_out)
+    assert _no_pickle(c, timed_out)

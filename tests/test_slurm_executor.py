@@ -4,6 +4,7 @@ Slurm and the nodes say it ended."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -16,6 +17,7 @@ import psutil
 import pytest
 
 from bench.execute.executors.slurm import LIVE
+from bench.matrix.cells import Cell
 from bench.matrix.spec import expand, loads
 from tests.conftest import (
     EXECUTOR_CELLS,
@@ -29,6 +31,7 @@ from tests.conftest import (
     write_matrix,
     zerobench,
 )
+from tests.faults.procs import attempt_dirs, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -41,6 +44,13 @@ TWO = TINY + "axes: {zero_stage: [0], precision: [bf16, fp32]}\n"  # two cells, 
 
 def _env(cluster, **extra) -> dict[str, str]:
     return {"SLURM_CONF": str(cluster.conf), "PYTHONPATH": str(ROOT), **extra}
+
+
+def _tmpdir(tmp_path: Path) -> Path:
+    """A TMPDIR of the run's own: its attempts' folders (and their events files) are the test's to read."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    return tmp
 
 
 def _ends(results: Path) -> list[dict]:
@@ -72,6 +82,54 @@ def _running(cluster, cell_hash: str, timeout: float = 120) -> str:
                 return job
         time.sleep(0.3)
     raise TimeoutError(f"no running job of cell {cell_hash} after {timeout:g} s: {_jobs(cluster)}")
+
+
+def _stepping(tmp: Path, *cells: Cell) -> None:
+    """Wait until the workers of these cells, run with TMPDIR=tmp, step (each attempt's spec and events files): a
+    stop then lands on running workers, not on jobs still importing."""
+
+    def stepping() -> bool:
+        up = [_spec_cell(d) for d in attempt_dirs(tmp) if '"warmup"' in _text(d / "events.jsonl")]
+        return all(_settings(c.to_dict()) in up for c in cells)
+
+    assert wait_for(stepping, 300), f"the workers of {[c.name for c in cells]} never stepped (TMPDIR {tmp})"
+
+
+def _spec_cell(attempt: Path) -> dict | None:
+    try:
+        return _settings(json.loads(_text(attempt / "spec.json"))["cell"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _settings(cell: dict) -> dict:
+    """A cell's settings, whichever matrix file named it."""
+    return {k: v for k, v in cell.items() if k != "matrix"}
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:  # not written yet, or the attempt already ended
+        return ""
+
+
+def _worker_started(cluster, job: str) -> None:
+    """Wait until the job's worker process runs (the cell is under way; its imports may go on past a short time
+    limit, so not its first step)."""
+
+    def started() -> bool:
+        for p in psutil.process_iter():
+            try:
+                e = p.environ()
+                if e.get("SLURM_JOB_ID") == job and e.get("SLURM_CONF") == str(cluster.conf):
+                    if "--spec" in p.cmdline():  # the cell's worker, not a helper the launcher runs first
+                        return True
+            except psutil.Error:
+                continue
+        return False
+
+    assert wait_for(started, 300), f"job {job}'s worker never started"
 
 
 def _strays(cluster) -> list[str]:
@@ -114,7 +172,7 @@ def test_a_time_limit_is_a_timeout_and_scancel_an_interruption(slurm_cluster, tm
     bf16, fp32 = (c.hash for c in expand(loads(TWO)))
     proc, res = _start(slurm_cluster, tmp_path, "two", TWO, "--time-limit", "1m", ZEROBENCH_FAULT="hang@1")
     job = _running(slurm_cluster, fp32)
-    time.sleep(5)  # its worker is up
+    _worker_started(slurm_cluster, job)
     slurm_cluster.run("scancel", job)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-3000:]
@@ -134,10 +192,12 @@ def test_a_time_limit_is_a_timeout_and_scancel_an_interruption(slurm_cluster, tm
 def test_sigint_to_the_orchestrator_leaves_nothing_in_slurm(slurm_cluster, tmp_path):
     """Ctrl-C to a real `zerobench run`: every job cancelled and ended before it exits, each cell recorded as
     interrupted by SIGINT, and no process of the jobs left on the nodes."""
-    proc, res = _start(slurm_cluster, tmp_path, "sigint", TWO, ZEROBENCH_FAULT="hang@1")
-    for cell in expand(loads(TWO)):
+    tmp = _tmpdir(tmp_path)
+    proc, res = _start(slurm_cluster, tmp_path, "sigint", TWO, ZEROBENCH_FAULT="hang@1", TMPDIR=str(tmp))
+    cells = expand(loads(TWO))
+    for cell in cells:
         _running(slurm_cluster, cell.hash)
-    time.sleep(3)
+    _stepping(tmp, *cells)
     t0 = time.time()
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=300)
@@ -157,6 +217,7 @@ def test_a_preemption_is_an_interruption_and_a_failed_node_a_kill(slurm_cluster,
     never requeued). Neither end is the cell's: interrupted and killed, which --resume runs again."""
     c, cells = slurm_cluster, expand(loads(TWO))
     pinned = "axes: {precision: [PREC]}\nslurm: {sbatch: {nodelist: NODE}}\n"
+    tmp = _tmpdir(tmp_path)
     runs = [
         _start(
             c,
@@ -164,11 +225,12 @@ def test_a_preemption_is_an_interruption_and_a_failed_node_a_kill(slurm_cluster,
             name,
             TINY + pinned.replace("PREC", cell.precision).replace("NODE", node),
             ZEROBENCH_FAULT="hang@1",
+            TMPDIR=str(tmp),
         )  # fmt: skip
         for name, cell, node in (("preempted", cells[0], "n1"), ("failed", cells[1], "n2"))
     ]
     jobs = [_running(c, cell.hash) for cell in cells]
-    time.sleep(3)
+    _stepping(tmp, *cells)
     try:
         c.run(
             "sbatch",
