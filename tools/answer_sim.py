@@ -390,7 +390,7 @@ def _stated(printed: list[str]) -> float | None:
 def _settled(path: Path, printed: list[str]) -> bool:
     """Whether the last call settled the answer: its `settled:` line says both chances are below the level, and it
     left no cell that could still change the answer. Its unmeasured cells alone do not say: a measured cell that may
-    still beat its leader (bench.execute.settle.rivals) keeps the chance up with no unmeasured cell needed."""
+    still beat its leader (bench.execute.answer.settle.rivals) keeps the chance up with no unmeasured cell needed."""
     found = [line for line in printed if STATED.search(line)]
     if not found or "(the search stops asking each below" not in found[-1] or ": both below)" not in found[-1]:
         return False
@@ -572,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
         default=2,
         help="machines the calls run on: 1 puts the second call on the first's machine (a new block all the same)",
     )
-    ap.add_argument("--collapse", action="store_true", help="answer mode's Settings.collapse (bench.execute.collapse)")
+    ap.add_argument("--collapse", action="store_true", help="answer mode's Settings.collapse (bench.execute.answer.collapse)")
     a = ap.parse_args(argv)
     if not a.matrix:
         ap.error("MATRIX is needed")
