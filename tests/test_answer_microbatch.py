@@ -1,4 +1,4 @@
-"""Micro-batch in answer mode (bench.execute.answer.families): with batch.size each configuration's micro-batches hold
+"""Micro-batch in answer mode (bench.execute.answer.outcomes): with batch.size each configuration's micro-batches hold
 the tokens per optimizer step; the search measures the largest the memory model fits within the margin and the
 neighbours that could be faster, and an out-of-memory end corrects the memory model and the family."""
 

@@ -20,10 +20,15 @@ def _module(path: Path) -> str:
 
 
 def _imports(path: Path, modules: set[str]) -> set[str]:
-    """The bench modules a file imports, wherever the import sits (a function's import is an edge too)."""
+    """The bench modules a file imports, wherever the import sits (a function's import is an edge too), but under
+    `if TYPE_CHECKING:`: an annotation's name is not imported when the program runs."""
     package = _module(path) if path.name == "__init__.py" else _module(path).rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree) if _type_checking(node) for b in node.body for n in ast.walk(b)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -33,6 +38,10 @@ def _imports(path: Path, modules: set[str]) -> set[str]:
                 base = ".".join(up + ([node.module] if node.module else []))
             found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
     return {m for m in found if m in modules}
+
+
+def _type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
 
 
 def _graph() -> dict[str, set[str]]:

@@ -572,7 +572,9 @@ def main(argv: list[str] | None = None) -> int:
         default=2,
         help="machines the calls run on: 1 puts the second call on the first's machine (a new block all the same)",
     )
-    ap.add_argument("--collapse", action="store_true", help="answer mode's Settings.collapse (bench.execute.answer.collapse)")
+    ap.add_argument(
+        "--collapse", action="store_true", help="answer mode's Settings.collapse (bench.execute.answer.collapse)"
+    )
     a = ap.parse_args(argv)
     if not a.matrix:
         ap.error("MATRIX is needed")

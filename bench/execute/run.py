@@ -231,7 +231,7 @@ def answer_items(p: Plan, platform: env.Platform) -> Plan:
     (the cell but its micro-batch and accumulation), and a micro_batch: auto cell becomes one cell per micro-batch
     that divides batch.size, its accumulation holding the batch (bench.estimate.planning.search.ladder), each judged
     by the rules; the search measures of each family the largest the memory model fits and the neighbours that could be
-    faster (bench.execute.answer.families). Without batch.size there is no batch to hold: micro_batch: auto is refused
+    faster (bench.execute.answer.outcomes). Without batch.size there is no batch to hold: micro_batch: auto is refused
     (InputError)."""
     size = p.matrix.batch.size
     auto = [it.cell.name for it in p.items if it.cell.micro_batch == AUTO]

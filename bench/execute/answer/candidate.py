@@ -34,9 +34,9 @@ class State(enum.StrEnum):
     EXPECTED = "expected"
     """Not measured while it is expected to repeat an error (bench.execute.answer.failures)."""
     PARKED = "parked"
-    """Not measured: another micro-batch of its configuration is measured instead (bench.execute.answer.families)."""
+    """Not measured: another micro-batch of its configuration is measured instead (bench.execute.answer.outcomes)."""
     WONTFIT = "wontfit"
-    """Not measured: out-of-memory ends put it past the memory (bench.execute.answer.families)."""
+    """Not measured: out-of-memory ends put it past the memory (bench.execute.answer.outcomes)."""
 
 
 @dataclass(eq=False)

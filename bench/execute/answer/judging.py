@@ -140,7 +140,7 @@ class Judging:
         return [c for c in self.candidates if c.state == State.OPEN and c.cell.hash not in self.in_flight]
 
     def parked(self) -> list[Candidate]:
-        """The micro-batches the search leaves beside their configuration's (bench.execute.answer.families): no frontier
+        """The micro-batches the search leaves beside their configuration's (bench.execute.answer.outcomes): no frontier
         points, but each may still lead its group if the joint chances say so."""
         return [c for c in self.candidates if c.state == State.PARKED and c.cell.hash not in self.in_flight]
 

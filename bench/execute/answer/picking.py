@@ -210,7 +210,7 @@ class Picking:
         if "pairs" in self._memo:
             return self._memo["pairs"]
         out = []
-        # A parked micro-batch (bench.execute.answer.families) is no contender, but may complete a knob's pair.
+        # A parked micro-batch (bench.execute.answer.outcomes) is no contender, but may complete a knob's pair.
         live = [c for c in self.candidates if c.state in (State.OPEN, State.MEASURED, State.PARKED)]
         sig = tuple(id(c) for c in live)
         if self._knobs[0] != sig:  # which cells pair changes only when a cell leaves or rejoins the live ones

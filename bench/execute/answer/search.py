@@ -16,10 +16,9 @@ from ..settings import AnswerSettings as Settings
 from .candidate import MAX_MEASUREMENTS, MEMORY_NOISE, Candidate, Z, rung_cell
 from .ending import Ending
 from .failures import Lessons, shared
-from .families import park
 from .judging import Judging
 from .knowledge import Knowledge
-from .outcomes import Outcomes
+from .outcomes import Outcomes, park
 from .picking import Picking
 from .text import group_name
 
@@ -95,7 +94,7 @@ class Search(Knowledge, Outcomes, Judging, Picking, Ending):
             c.model = model | ({SHARE: c.share} if c.share else {})
         self.tps.declare([c.model for c in self.candidates])
         self.memory.declare([c.model for c in self.candidates])
-        # A configuration's micro-batches (micro_batch: auto, bench.execute.answer.families), smallest first.
+        # A configuration's micro-batches (micro_batch: auto, bench.execute.answer.outcomes), smallest first.
         self.capacity = (hw.gpu_memory_bytes if cuda else hw.host_memory_bytes) or None
         self.families: dict[str, list[Candidate]] = {}
         for c in sorted(self.candidates, key=lambda c: c.cell.micro_batch):
