@@ -145,7 +145,7 @@ timeout_s: 600
 """
 
 # The multi-node comparison every executor's path passes: ZeRO-3 over 2 nodes x 1 rank and over 1 node x 2 ranks is
-# the same training. fp32: a two-rank bf16 ZeRO-3 CPU cell once ended in a NaN loss (tests/test_multirank.py).
+# the same training. fp32: a two-rank bf16 ZeRO-3 CPU cell once ended in a NaN loss (tests/worker/test_multirank.py).
 ZERO3 = TINY + "axes: {zero_stage: [3], precision: [fp32]}\n"
 
 
@@ -167,14 +167,14 @@ EXECUTOR_CELLS = (
 """The smoke matrix's cells another executor (Ray, Slurm) runs as `local` does (one --filter): a ZeRO-0 cell, its
 LoRA twin, ZeRO-2 offloading the optimizer and ZeRO-3 offloading optimizer and parameters (their steps in the CPU
 Adam op, loaded on the node) and an fp16 cell the rules skip. What a cell computes is the same under every
-executor, and local runs the whole matrix (tests/test_e2e_cpu.py); an executor's share of a run is starting cells
+executor, and local runs the whole matrix (tests/cli/test_e2e_cpu.py); an executor's share of a run is starting cells
 on its nodes, recording their ends and skipping by the rules."""
 
 
 def ends_as_planned(matrix: Path, ends: list[dict], only: str | None = None) -> list[dict]:
     """The ends of a run of `matrix` (its cells the filter `only` keeps) through another executor, as `local` ends
     it: the same cells skipped by the same rules, every other one ok (local's ends of the whole matrix:
-    tests/test_e2e_cpu.py; running it again would prove that twice). The ok records."""
+    tests/cli/test_e2e_cpu.py; running it again would prove that twice). The ok records."""
     from bench.execute.plan import host_platform, plan
 
     planned = plan(str(matrix), [only] if only else None, platform=host_platform(None))

@@ -16,7 +16,7 @@ GPU's work and the host's work that feeds it overlap (a smooth maximum of the tw
 The factors are fitted on the committed records, each at its GPU's rates (bench.estimate.checks.timecheck.fit_section),
 each machine's host speed apart (HOST_PARTS): the host's parts take the host's time as measured before any cell
 ran (host_time_of, the op prebuild's), and a prediction for a host not measured is for the typical host. The fit
-lives in fit.json's "step_time" section (FIT), and tests/test_steptime.py holds it to a refit. Setup and the
+lives in fit.json's "step_time" section (FIT), and tests/estimate/test_steptime.py holds it to a refit. Setup and the
 rest of the wall time are log-linear in model size and stage. The functions are pure (cell, hardware ->
 seconds), so a search can rank cells by them; the model's error on records it was not fitted on is published
 beside the fit (bench.estimate.band), and host_share says how much of a cell's step a faster or slower host

@@ -12,7 +12,7 @@
 
 The key tables (every key DeepSpeed reads, its type, which sections are pydantic models) are
 bench/matrix/dsconfig_keys.json, generated from the installed DeepSpeed's own config models by
-`nox -s ds_tables` (bench/matrix/dsconfig_gen.py); tests/test_dsconfig_check.py regenerates it and fails when
+`nox -s ds_tables` (bench/matrix/dsconfig_gen.py); tests/matrix/test_dsconfig_check.py regenerates it and fails when
 DeepSpeed changed. What DeepSpeed's models cannot tell is written in tables: the types its defaults leave
 open, the optimizer and scheduler kwargs, hints for misplaced names, advice for deprecated keys,
 HF "auto" defaults; the checks of meaning (offload at the wrong stage, ...) are read's.

@@ -117,7 +117,7 @@ SCHEDULER: dict[str, Spec] = {
 
 # -- what the generated tables leave open ---------------------------------------------------------
 # Keys whose type DeepSpeed's default does not state (None, or a section it hands on), set here.
-# tests/test_dsconfig_check.py checks that each names a key DeepSpeed reads and that none is left open.
+# tests/matrix/test_dsconfig_check.py checks that each names a key DeepSpeed reads and that none is left open.
 _TYPES: dict[tuple, Spec] = {
     ("train_batch_size",): "int?",
     ("train_micro_batch_size_per_gpu",): "int?",
