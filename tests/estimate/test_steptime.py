@@ -134,7 +134,7 @@ def test_the_data_file_holds_the_fit_on_the_committed_records(section):
 
 
 def test_no_fitted_figure_lives_in_the_models_source():
-    for name in ("steptime.py", "timecheck.py", "timetext.py", "band.py"):
+    for name in ("steptime.py", "checks/timecheck.py", "checks/timetext.py", "band.py"):
         text = (ROOT / "bench" / "estimate" / name).read_text()
         # A constant's name beside a number of the fit's precision (features are 0 or 1: "setup_log": 1.0).
         assert not any(re.search(rf'"{n}": -?\d+\.\d\d', text) for n in FIT["constants"]), name
@@ -439,7 +439,8 @@ def test_a_slow_machines_host_is_taken_up_by_its_offset_not_by_cell_factors(case
     # Trainer's) no other machine ran. With a host offset per machine the refit
     # predicts its cells at its measured host time far closer to the truth than one fit without, and every
     # other machine's no worse.
-    from bench.estimate import steptime, timecheck
+    from bench.estimate import steptime
+    from bench.estimate.checks import timecheck
 
     slow = next(c.machine for c in cases if c.machine.startswith("GPU-2a96689d"))
 
@@ -574,7 +575,8 @@ def test_nested_cross_validation_with_one_grid_point_is_the_plain_one():
     # tools.steptime_nested picks the fit's hyperparameters inside each fold; over all committed records it
     # gave median 5.9%, p95 27.5%, 307 of 325 inside the band (python -m tools.steptime_nested). With the shipped
     # values as the only choice it is the plain leave-one-file-out check, and it leaves the module's values.
-    from bench.estimate import steptime, timecheck
+    from bench.estimate import steptime
+    from bench.estimate.checks import timecheck
     from tools.steptime_nested import nested, shipped
 
     files = [str(ROOT / "results" / f) for f in ("1b-axes.jsonl", "1b-axes-2.jsonl", "memcheck-h200-c.jsonl")]

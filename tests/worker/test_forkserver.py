@@ -63,8 +63,8 @@ def test_forked_worker_matches_spawned_and_skips_the_imports(tmp_path, monkeypat
     assert forked.started_by["mode"] == "fork" and forked.started_by["server_import_s"] > 0
     assert spawned.started_by == {"mode": "spawn", "why": "ZEROBENCH_FORKSERVER=0"}
     # Same seed, same code, same process-per-cell: the same loss curve to the last bit.
-    assert forked.ranks[0]["losses"] == spawned.ranks[0]["losses"]
-    assert forked.ranks[0]["optimizer_class"] == spawned.ranks[0]["optimizer_class"]
+    assert forked.ranks[0].losses == spawned.ranks[0].losses
+    assert forked.ranks[0].optimizer_class == spawned.ranks[0].optimizer_class
     # The point of it: the forked cell does not import torch, DeepSpeed and transformers again. Timed as the
     # worker's import phase, not the whole cell: a busy machine stretches setup and steps of either, the forked
     # import stays empty.
