@@ -76,7 +76,7 @@ def test_a_screened_value_collapses_in_every_group():
     )
     found = collapse.collapses(s)
     tol = math.log(1 + s.s.speed_tolerance)
-    for axis, value, ref, pairs, _ in s.effect_pairs():
+    for axis, value, _ref, pairs, _ in s.effect_pairs():
         edge = collapse.within(pairs, s.cross, 1)
         for g in s.groups():
             got = any(c.group == g and c.axis == axis and value in c.values for c in found)
