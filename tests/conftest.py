@@ -54,6 +54,24 @@ def full_search(matrix_path: str, files: list[str], settings):
     return full
 
 
+def led_search(matrix_path: str, files: list[str], settings):
+    """An answer-mode search over a recorded grid (a replay: each cell measured at most as often as recorded) that has
+    observed one recorded end per group, its first recorded cell's: each group has a leader, the rest is open."""
+    from bench.execute import answer
+    from bench.execute.executors.replay import Recording
+    from bench.execute.plan import hardware, plan
+    from bench.records.record import parse
+
+    rec = Recording(files)
+    items = [it for it in rec.restrict(plan(matrix_path, platform=rec.platform())).items if it.skip is None]
+    ends = {h: [r for r, _ in e] for h, e in rec.ends.items()}
+    s = answer.Search(items, hardware(rec.platform()), settings, cuda=True, ends=ends)
+    for g in s.groups():
+        c = next(c for c in s.candidates if c.group == g and c.cell.hash in ends)
+        s.observe(parse(ends[c.cell.hash][0]))
+    return s
+
+
 def as_written(path, **kw) -> list[dict]:
     """A results file's records as their JSON lines say them (bench.records.record.Record.to_dict): for tests that
     check what is written. kw: bench.records.store.read's."""

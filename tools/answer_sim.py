@@ -368,10 +368,17 @@ def _platform(template: dict):
 
 
 def _call(
-    matrix: str, path: Path, sim: SimRecording, budget: float, resume: bool, settle: float, collapse: bool = False
+    matrix: str,
+    path: Path,
+    sim: SimRecording,
+    budget: float,
+    resume: bool,
+    settle: float,
+    collapse: bool = False,
+    asked: dict | None = None,
 ) -> list[str]:
     lines: list[str] = []
-    ask = answer.Settings(budget_s=budget, settle=settle, collapse=collapse)
+    ask = answer.Settings(budget_s=budget, settle=settle, collapse=collapse, **(asked or {}))
     s = RunSettings(matrix=matrix, results=str(path), answer=ask, progress=False, resume=resume)
     run(s, printer=lines.append, recording=sim)
     return lines
@@ -392,7 +399,7 @@ def _settled(path: Path, printed: list[str]) -> bool:
     left no cell that could still change the answer. Its unmeasured cells alone do not say: a measured cell that may
     still beat its leader (bench.execute.answer.settle.rivals) keeps the chance up with no unmeasured cell needed."""
     found = [line for line in printed if STATED.search(line)]
-    if not found or "(the search stops asking each below" not in found[-1] or ": both below)" not in found[-1]:
+    if not found or not (": both below)" in found[-1] or ": below; the frontier is not asked)" in found[-1]):
         return False
     recs = [r.to_dict() for r in Store(path).records()]
     last = [r for r in recs if r["run_id"] == recs[-1]["run_id"] and r["status"] == Status.UNMEASURED.value]
@@ -411,10 +418,11 @@ def trial(
     calls: int = 2,
     machines: int = 2,
     collapse: bool = False,
+    asked: dict | None = None,
 ) -> Trial:
     """One synthetic truth on `gpu` (its misses drawn as `errors` says), answered in up to `calls` calls on
     `machines` machines (one: every call on the first; at the `--settle` level; `collapse`: answer mode's
-    Settings.collapse), and scored."""
+    Settings.collapse; `asked`: other answer mode Settings by name), and scored."""
     ok, failed, oom = _templates(gpu)
     platform = _platform(ok)
     hw = hardware(platform)
@@ -424,11 +432,11 @@ def trial(
     world = World(seed, hw, ok, optimizers, errors, table)
     sim = SimRecording(world, ok, failed, oom)
     path = workdir / f"trial-{seed}.jsonl"
-    printed = _call(matrix, path, sim, first_s, resume=False, settle=settle, collapse=collapse)
+    printed = _call(matrix, path, sim, first_s, resume=False, settle=settle, collapse=collapse, asked=asked)
     made = 1
     if calls > 1 and not _settled(path, printed):
         sim.machine = world.machines[min(machines, 2) - 1]
-        printed = _call(matrix, path, sim, cap_s, resume=True, settle=settle, collapse=collapse)
+        printed = _call(matrix, path, sim, cap_s, resume=True, settle=settle, collapse=collapse, asked=asked)
         made = 2
     recs = [r.to_dict() for r in Store(path).records()]
     s = _search(items, hw, recs)
@@ -442,13 +450,15 @@ def trial(
 
 
 def _roles(ended: list[dict]) -> tuple[dict[str, float], dict[str, int]]:
-    """Cell seconds and attempts by the role each attempt was asked for (bench.execute.answer.Request.role), an
+    """Cell seconds and attempts by the role each attempt was asked for (bench.execute.answer.Request.role; an effect's
+    pair for the screen, Settings.screen, as "screen"), an
     attempt of a cell attempted before as "<role> again" and one that did not end ok as "<role> <status>"."""
     out: collections.Counter = collections.Counter()
     n: collections.Counter = collections.Counter()
     seen: set[str] = set()
     for r in ended:
-        role = (r.get("answer") or {}).get("role", "none")
+        note = r.get("answer") or {}
+        role = "screen" if note.get("why", "").startswith("a screen's pair") else note.get("role", "none")
         role += " again" if r["cell_hash"] in seen else ""
         role += "" if r["status"] == "ok" else f" {r['status']}"
         seen.add(r["cell_hash"])
@@ -531,10 +541,10 @@ def _score(s: answer.Search, world: World, recs: list[dict]) -> tuple[list[str],
 
 
 def _one(args: tuple) -> Trial:
-    matrix, seed, first_s, cap_s, settle, errors, gpu, calls, machines, collapse = args
+    matrix, seed, first_s, cap_s, settle, errors, gpu, calls, machines, collapse, asked = args
     shm = "/dev/shm" if Path("/dev/shm").is_dir() else None  # every record is fsynced: memory is faster
     with tempfile.TemporaryDirectory(prefix="answer-sim-", dir=shm) as d:
-        return trial(matrix, seed, Path(d), first_s, cap_s, settle, errors, gpu, calls, machines, collapse)
+        return trial(matrix, seed, Path(d), first_s, cap_s, settle, errors, gpu, calls, machines, collapse, asked)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -575,6 +585,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--collapse", action="store_true", help="answer mode's Settings.collapse (bench.execute.answer.collapse)"
     )
+    ap.add_argument("--screen", type=int, default=0, help="answer mode's Settings.screen: pairs per knob value, first")
+    ap.add_argument(
+        "--no-frontier",
+        action="store_true",
+        help="answer mode's Settings.frontier off: the stopping rule asks only who leads",
+    )
     a = ap.parse_args(argv)
     if not a.matrix:
         ap.error("MATRIX is needed")
@@ -584,8 +600,9 @@ def main(argv: list[str] | None = None) -> int:
         settle = chance_level(a.settle)
     except ValueError as e:
         ap.error(str(e))
+    asked = {"screen": a.screen} | ({"frontier": False} if a.no_frontier else {})
     jobs = [
-        (a.matrix, a.seed + k, a.first_call, a.cap, settle, a.errors, a.gpu, a.calls, a.machines, a.collapse)
+        (a.matrix, a.seed + k, a.first_call, a.cap, settle, a.errors, a.gpu, a.calls, a.machines, a.collapse, asked)
         for k in range(a.trials)
     ]
     if a.jobs > 1:  # one BLAS thread per process: 16 processes of 16 threads each on 16 cores hardly moved

@@ -63,6 +63,14 @@ class AnswerSettings:
     collapse: bool = False
     """Cells of a group that differ only in knob values measured within the speed tolerance share their own misfit in
     the stopping rule (bench.execute.collapse)."""
+    screen: int = 0
+    """Pairs per knob value measured first, once each group has its leader, in the cheapest cells that pair
+    (bench.execute.answer.picking); with collapse, a value then collapses in every group where those pairs, wherever
+    measured, put its effect within the speed tolerance on the measurements' known noise (bench.execute.collapse).
+    0: no screen."""
+    frontier: bool = True
+    """The frontier is one of the questions the answer settles (False: the stopping rule asks only who leads, and the
+    frontier is given as measured, not settled)."""
     settle: float = 0.05
     """The answer is settled when the chance that some unmeasured cell beats its group's leader by more than the
     speed tolerance, and the chance that one adds a frontier point, are both below this

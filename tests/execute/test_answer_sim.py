@@ -159,3 +159,16 @@ def test_a_trial_whose_answer_states_a_chance_above_the_level_is_not_settled(tmp
     assert not answer_sim._settled(tmp_path / "absent.jsonl", [line.format("23.3%", "not both below")])
     assert not answer_sim._settled(tmp_path / "absent.jsonl", [])
     assert answer_sim.STATED.search(line.format("23.3%", "not both below"))
+
+
+def test_a_trial_without_the_frontier_is_settled_by_who_leads_alone(tmp_path):
+    """Settings.frontier off: the answer's line says who leads is below the level and the frontier is not asked."""
+    s = tmp_path / "a.jsonl"
+    s.write_text(Path("results/compare-h200-a1.jsonl").read_text())  # a run that left no cell unmeasured
+    line = (
+        "  settled: the chance that one of the 3 unmeasured cell(s) beats its group's fastest by more than 5% is {}, "
+        "that one adds a frontier point 40.0% (the search stops asking who leads below 5%: {}; the frontier is not "
+        "asked)"
+    )
+    assert not answer_sim._settled(s, [line.format("23.3%", "not below")])
+    assert answer_sim._settled(s, [line.format("2.0%", "below")])

@@ -8,10 +8,11 @@ import numpy as np
 from bench.cli import main as cli
 from bench.estimate.planning.online import Online
 from bench.execute import answer
+from bench.execute.answer import text
 from bench.execute.answer.settle import exceed
 from bench.judge import results
 from bench.report import markdown
-from tests.conftest import GRIDS, as_written, full_search
+from tests.conftest import GRIDS, as_written, full_search, led_search
 
 COMPARE = ["results/compare-h200-a1.jsonl", "results/compare-h200-a2.jsonl", "results/compare-h200-a3.jsonl"]
 
@@ -132,3 +133,16 @@ def test_a_measured_cell_that_may_still_beat_its_leader_counts_and_is_measured_a
         c.tries = c.limit  # measured as often as they may be: a tie the answer names, outside the chance
     full.forget()
     assert full.chances.lead == 0.0 and rival.cell.hash not in full.chances.cell_lead
+
+
+def test_without_the_frontier_the_search_asks_only_who_leads_and_says_the_frontier_is_not_settled():
+    asked = led_search("matrices/compare-h200.yaml", GRIDS["compare-h200"], answer.Settings())
+    assert asked.chances.frontier >= asked.s.settle and not asked.settled()[1]  # one cell per group: the frontier open
+    assert next(asked._frontier(), None) is not None
+    s = led_search("matrices/compare-h200.yaml", GRIDS["compare-h200"], answer.Settings(frontier=False))
+    assert s.chances.frontier == asked.chances.frontier and s.settled() == (asked.settled()[0], True)
+    assert next(s._frontier(), None) is None  # nothing measured for it
+    lines = text.summary(s)
+    assert any(ln.startswith("  frontier (lightest first; not settled:") for ln in lines), lines
+    line = next(ln for ln in lines if ln.startswith("  settled:"))
+    assert line.endswith("(the search stops asking who leads below 5%: not below; the frontier is not asked)"), line

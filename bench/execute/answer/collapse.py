@@ -19,10 +19,12 @@ import math
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from ...judge import effects
+from ...judge import blocks, effects
 from ...matrix.axes import AXIS
 
-__all__ = ["Collapse", "collapses", "keys", "line"]
+__all__ = ["Collapse", "collapses", "keys", "line", "within"]
+
+Z95 = 1.959964
 
 
 @dataclass(frozen=True)
@@ -34,22 +36,43 @@ class Collapse:
 
 
 def collapses(s) -> list[Collapse]:
-    """Per group and axis, the values measured within the speed tolerance of the axis's reference in that group."""
+    """Per group and axis, the values measured within the speed tolerance of the axis's reference in that group; with
+    a screen (Settings.screen), every group's values whose screen pairs, wherever measured, put the effect within it
+    (`screened`)."""
     tol = math.log(1 + s.settings.speed_tolerance)
     found: dict[tuple, list] = {}
     for axis, value, ref, pairs, _ in s.effect_pairs():
-        for g in {a.group for a, _ in pairs}:
-            mine = [(a.obs, b.obs) for a, b in pairs if a.group == g and b.group == g]
-            e = effects.knob_effect(mine, s.cross)
-            if e.ci is None or not (-tol < math.log(e.ci[0]) and math.log(e.ci[1]) < tol):
+        screened = within(pairs, s.cross, s.settings.screen) if s.settings.screen else None
+        for g in s.groups() if screened is not None else {a.group for a, _ in pairs}:
+            if screened is not None:
+                edge = screened
+            else:
+                e = effects.knob_effect([(a.obs, b.obs) for a, b in pairs if a.group == g and b.group == g], s.cross)
+                if e.ci is None:
+                    continue
+                edge = max(abs(math.log(e.ci[0])), abs(math.log(e.ci[1])))
+            if edge >= tol:
                 continue
-            edge = max(abs(math.log(e.ci[0])), abs(math.log(e.ci[1])))
             got = found.setdefault((g, axis), [ref, 0.0])
             got += [value]
             got[1] = max(got[1], edge)
     return [
         Collapse(g, axis, (got[0], *got[2:]), math.exp(got[1]) - 1) for (g, axis), got in sorted(found.items(), key=str)
     ]
+
+
+def within(pairs: list, cross: float, least: int) -> float | None:
+    """How far (log) the 95% interval's farther edge lies from no effect, for a knob value's effect over its measured
+    pairs on the measurements' known noise (each pair's gap and variance in the blocks both ran in:
+    bench.judge.blocks.gap; pooled by inverse variance), not the spread of the pairs: three clean pairs put it within
+    about 4%. None with fewer than `least` pairs."""
+    none = blocks.Offsets(ref=None)
+    gaps = [blocks.gap(b.obs, a.obs, none, cross) for a, b in pairs if set(a.obs) & set(b.obs)]
+    if len(gaps) < max(least, 1):
+        return None
+    weight = sum(1 / g.var for g in gaps)
+    mean = sum(g.d / g.var for g in gaps) / weight
+    return abs(mean) + Z95 * math.sqrt(1 / weight)
 
 
 def keys(s, found: list[Collapse]) -> dict[str, Hashable]:

@@ -118,9 +118,10 @@ class Judging:
         return self._memo["chances"]
 
     def settled(self) -> tuple[bool, bool]:
-        """(who leads, the frontier): each settled once its chance is below the level (Settings.settle)."""
+        """(who leads, the frontier): each settled once its chance is below the level (Settings.settle); the frontier
+        is not asked where Settings.frontier is off (True: nothing is measured for it)."""
         ch = self.chances
-        return ch.lead < self.s.settle, ch.frontier < self.s.settle
+        return ch.lead < self.s.settle, not self.s.frontier or ch.frontier < self.s.settle
 
     def chance(self, c: Candidate) -> tuple[float, float]:
         """A cell's own chances: of beating its group's leader by more than the speed tolerance (an unmeasured cell, or

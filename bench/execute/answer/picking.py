@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import math
+import statistics
+
 from ...judge import effects
 from ...matrix.axes import AXIS
 from .candidate import EXTRA_ANCHORS, MAX_MEASUREMENTS, Candidate, Request, State
 from .text import group_name, memory_text, speed_text
+
+SCREEN_COST = 1.0
+"""The screen's pairs are of cells whose short look is predicted to cost at most this many times the median cell's."""
 
 
 def _first(t: tuple):
@@ -27,6 +33,9 @@ class Picking:
         req = self._first_affordable(self._seed())
         if req is not None or self._seeding():
             return req  # the other picks judge against the groups' leaders: wait for them
+        req = self._first_affordable(self._effect(self.s.screen, SCREEN_COST)) if self.s.screen else None
+        if req is not None:
+            return req
         turns = (self._contest, self._frontier, self._effect)
         for k in range(len(turns)):
             req = self._first_affordable(turns[(self._turn + k) % len(turns)]())
@@ -182,24 +191,36 @@ class Picking:
             )
             yield self._req(c, 0, "frontier", why)
 
-    def _effect(self):
-        """A pair partner for each knob value short of its pairs: a cell whose partner has run first (one
-        attempt completes the pair), else the cheaper of two open cells (its partner then comes first). A
-        value whose pair attempts failed MAX_MEASUREMENTS times (they ran out of memory, say) is left."""
+    def _effect(self, want: int = 0, dearest: float = 0.0):
+        """A pair partner for each knob value short of its pairs (`want`, else Settings.pairs): a cell whose partner
+        has run first (one attempt completes the pair), else the cheaper of two open cells (its partner then comes
+        first). A value whose pair attempts failed MAX_MEASUREMENTS times (they ran out of memory, say) is left.
+        `dearest`: only cells whose short look is predicted to cost at most that many times the median cell's (the
+        screen: its pairs in cheap cells)."""
         halves, news = [], []
+        limit = dearest * self._median_cost() if dearest else math.inf
+        screen = "a screen's pair" if want else "a pair"
         for axis, value, ref, pairs, possible in self.effect_pairs():
-            if len(pairs) >= self.s.pairs or self._pair_failures[(axis, value)] >= MAX_MEASUREMENTS:
+            if len(pairs) >= (want or self.s.pairs) or self._pair_failures[(axis, value)] >= MAX_MEASUREMENTS:
                 continue
             for c, partner in possible:
                 cost = self.cost_s(c, 0)
+                if max(cost, self.cost_s(partner, 0)) > limit:
+                    continue
                 if self.ran_here(partner):
                     halves.append((cost, axis, value, ref, c, partner))
                 elif cost <= self.cost_s(partner, 0):
                     news.append((cost + self.cost_s(partner, 0), axis, value, ref, c, partner))
         for _, axis, value, ref, c, partner in sorted(halves, key=_first) + sorted(news, key=_first):
             short = AXIS[axis].short
-            why = f"a pair for {short}={value} against {short}={ref} (with {partner.cell.name})"
+            why = f"{screen} for {short}={value} against {short}={ref} (with {partner.cell.name})"
             yield Request(c, 0, "effect", why, group_name(self.s, c.group), effect=(axis, value))
+
+    def _median_cost(self) -> float:
+        """The median runnable cell's predicted short look, seconds."""
+        if "median_cost" not in self._memo:
+            self._memo["median_cost"] = statistics.median(self.cost_s(c, 0) for c in self.candidates)
+        return self._memo["median_cost"]
 
     # -- knob effects ----------------------------------------------------------------------------------------
 

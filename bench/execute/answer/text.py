@@ -34,11 +34,10 @@ def summary(s: Search) -> list[str]:
     lines += _blocks(s, names) if len(names) > 1 else []
     for g in s.groups():
         lines.append(_fastest(s, g, names))
+    asked = "" if s.s.frontier else "; not settled: the frontier of the cells measured for who leads"
+    tied = "; a cell is off it only where a cell of a block tied to its own beats it" if len(names) > 1 else ""
     lines.append(
-        "  frontier (lightest first; a cell is off it only where a cell of a block tied to its own beats it): "
-        + "; ".join(f"{c.cell.name} {memory_text(s, c)} {speed_text(s, c)}" for c in s.frontier())
-        if len(names) > 1
-        else "  frontier (lightest first): "
+        f"  frontier (lightest first{tied}{asked}): "
         + "; ".join(f"{c.cell.name} {memory_text(s, c)} {speed_text(s, c)}" for c in s.frontier())
     )
     lines += _effects(s)
@@ -68,11 +67,21 @@ def _settled(s: Search) -> str:
     lead, front = s.settled()
     return (
         f"  settled: the chance that one of the {left} unmeasured cell(s){also} beats its group's fastest by more than "
-        f"{s.s.speed_tolerance:.0%} is {ch.lead:.1%}, that one adds a frontier point {ch.frontier:.1%} (the search "
-        f"stops asking each below {level:.0%}: "
+        f"{s.s.speed_tolerance:.0%} is {ch.lead:.1%}, that one adds a frontier point {ch.frontier:.1%} "
+        + _stops(s, lead, front, level)
+        + _untied(s)
+    )
+
+
+def _stops(s: Search, lead: bool, front: bool, level: float) -> str:
+    """Which chances the search stops on, and whether they are below the level."""
+    if not s.s.frontier:
+        below = "below" if lead else "not below"
+        return f"(the search stops asking who leads below {level:.0%}: {below}; the frontier is not asked)"
+    return (
+        f"(the search stops asking each below {level:.0%}: "
         + ("both below" if lead and front else "not both below")
         + ")"
-        + _untied(s)
     )
 
 
