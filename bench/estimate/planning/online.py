@@ -203,11 +203,13 @@ class Online:
             noise = np.array([r.noise_var for r in rows])
             G = (X * v) @ X.T + np.diag(noise)
             S = self._same()
-            misfit = self._learned(G, y, S) if self.learn_misfit and rows else self.misfit_sd
-            L, alpha = self._factor(G + misfit**2 * S, y)
+            misfit = (
+                _learned(G, y, S, self.misfit_sd, self.misfit_floor) if self.learn_misfit and rows else self.misfit_sd
+            )
+            L, alpha = _factor(G + misfit**2 * S, y)
             if rows and not self.learn_misfit:
                 misfit = self._misfit(X, y, (v * X).T @ alpha, noise)
-                L, alpha = self._factor(G + misfit**2 * S, y)
+                L, alpha = _factor(G + misfit**2 * S, y)
             self._fit = (X, v, L, alpha, misfit)
         return self._fit
 
@@ -217,38 +219,6 @@ class Online:
         for rows in self._rows_of().values():
             out[np.ix_(rows, rows)] = 1.0
         return out
-
-    @staticmethod
-    def _factor(C: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        L = np.linalg.cholesky(C) if len(y) else np.zeros((0, 0))
-        alpha = np.linalg.solve(L.T, np.linalg.solve(L, y)) if len(y) else np.zeros(0)
-        return L, alpha
-
-    def _learned(self, G: np.ndarray, y: np.ndarray, S: np.ndarray) -> float:
-        """The misfit that makes the residuals likeliest, the effects integrated out (y ~ N(0, X V X' + noise +
-        misfit^2 S), S: which rows measure one cell), times its log-normal prior around misfit_sd: the most
-        probable value on a grid, or misfit_floor where that is less."""
-
-        def score(k: int) -> float:
-            m = self.misfit_sd * _GRID[k]
-            try:
-                L = np.linalg.cholesky(G + m * m * S)
-            except np.linalg.LinAlgError:
-                return -math.inf
-            z = np.linalg.solve(L, y)
-            return (
-                -float(np.log(np.diag(L)).sum()) - 0.5 * float(z @ z) - 0.5 * (math.log(_GRID[k]) / MISFIT_WIDTH) ** 2
-            )
-
-        # The score is unimodal in the misfit: narrow the bracket on the grid until it is two steps wide.
-        lo, hi, seen = 0, len(_GRID) - 1, {}
-        while hi - lo > 2:
-            a, b = lo + (hi - lo) // 3, hi - (hi - lo) // 3
-            for k in (a, b):
-                seen.setdefault(k, score(k))
-            lo, hi = (lo, b) if seen[a] >= seen[b] else (a, hi)
-        best = max(range(lo, hi + 1), key=lambda k: seen.setdefault(k, score(k)))
-        return max(self.misfit_floor, float(self.misfit_sd * _GRID[best]))  # unimodal: the likeliest above the floor
 
     def _misfit(self, X: np.ndarray, y: np.ndarray, mean: np.ndarray, noise: np.ndarray) -> float:
         """The interaction the effects leave: the residuals' spread beyond the measurement noise, counted only
@@ -393,3 +363,34 @@ class Online:
         mains = [(t, i) for t, i in self._index.items() if not isinstance(t[0], tuple)]
         mean, _ = self._theta([i for _, i in mains])
         return [(t, float(m)) for (t, _), m in zip(mains, mean)]
+
+
+def _factor(C: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    L = np.linalg.cholesky(C) if len(y) else np.zeros((0, 0))
+    alpha = np.linalg.solve(L.T, np.linalg.solve(L, y)) if len(y) else np.zeros(0)
+    return L, alpha
+
+
+def _learned(G: np.ndarray, y: np.ndarray, S: np.ndarray, misfit_sd: float, misfit_floor: float) -> float:
+    """The misfit that makes the residuals likeliest, the effects integrated out (y ~ N(0, X V X' + noise +
+    misfit^2 S), S: which rows measure one cell), times its log-normal prior around misfit_sd: the most
+    probable value on a grid, or misfit_floor where that is less."""
+
+    def score(k: int) -> float:
+        m = misfit_sd * _GRID[k]
+        try:
+            L = np.linalg.cholesky(G + m * m * S)
+        except np.linalg.LinAlgError:
+            return -math.inf
+        z = np.linalg.solve(L, y)
+        return -float(np.log(np.diag(L)).sum()) - 0.5 * float(z @ z) - 0.5 * (math.log(_GRID[k]) / MISFIT_WIDTH) ** 2
+
+    # The score is unimodal in the misfit: narrow the bracket on the grid until it is two steps wide.
+    lo, hi, seen = 0, len(_GRID) - 1, {}
+    while hi - lo > 2:
+        a, b = lo + (hi - lo) // 3, hi - (hi - lo) // 3
+        for k in (a, b):
+            seen.setdefault(k, score(k))
+        lo, hi = (lo, b) if seen[a] >= seen[b] else (a, hi)
+    best = max(range(lo, hi + 1), key=lambda k: seen.setdefault(k, score(k)))
+    return max(misfit_floor, float(misfit_sd * _GRID[best]))  # unimodal: the likeliest above the floor
