@@ -350,7 +350,7 @@ def load(path: str | os.PathLike, ds_configs: list[str] | None = None) -> Matrix
     return loads(read_text(path, "matrix", example), str(path), ds_configs)
 
 
-EMBEDDED = Path(__file__).resolve().parent.parent / "matrices"
+EMBEDDED = Path(__file__).resolve().parents[2] / "matrices"
 """The matrices shipped inside the package (the embedded default among them)."""
 
 
