@@ -6,7 +6,7 @@ The unit of noise between runs is the process-level repeat (`repeats: N`): each 
 process, model build, allocator and clock history, so repeats vary the way two runs of a benchmark
 vary. A repeat's per-step times are not independent samples of that noise (steps of one process share
 its placement, its allocator state and its clocks; their spread is the within-run jitter, several times
-smaller than the spread between runs seen on the H200), so steps give each repeat its figure (the
+smaller than the spread between runs), so steps give each repeat its figure (the
 median step time) and a within-run interval, and only repeats enter the tests.
 
 The one rule for a noisy figure (tokens/s, step time), wherever two are compared (`zerobench compare`, the

@@ -40,8 +40,8 @@ def full_search(matrix_path: str, files: list[str], settings):
     """The answer a recorded grid gives: an answer-mode search (bench.execute.answer.Search) that has observed every
     recorded end."""
     from bench.execute import answer
+    from bench.execute.executors.replay import Recording
     from bench.execute.plan import hardware, plan
-    from bench.execute.replay import Recording
     from bench.records.record import parse
 
     rec = Recording(files)
@@ -54,6 +54,32 @@ def full_search(matrix_path: str, files: list[str], settings):
     return full
 
 
+def led_search(matrix_path: str, files: list[str], settings):
+    """An answer-mode search over a recorded grid (a replay: each cell measured at most as often as recorded) that has
+    observed one recorded end per group, its first recorded cell's: each group has a leader, the rest is open."""
+    from bench.execute import answer
+    from bench.execute.executors.replay import Recording
+    from bench.execute.plan import hardware, plan
+    from bench.records.record import parse
+
+    rec = Recording(files)
+    items = [it for it in rec.restrict(plan(matrix_path, platform=rec.platform())).items if it.skip is None]
+    ends = {h: [r for r, _ in e] for h, e in rec.ends.items()}
+    s = answer.Search(items, hardware(rec.platform()), settings, cuda=True, ends=ends)
+    for g in s.groups():
+        c = next(c for c in s.candidates if c.group == g and c.cell.hash in ends)
+        s.observe(parse(ends[c.cell.hash][0]))
+    return s
+
+
+def as_written(path, **kw) -> list[dict]:
+    """A results file's records as their JSON lines say them (bench.records.record.Record.to_dict): for tests that
+    check what is written. kw: bench.records.store.read's."""
+    from bench.records.store import read
+
+    return [r.to_dict() for r in read(path, **kw)]
+
+
 @functools.cache
 def cuda_available() -> bool:
     # In a subprocess: importing torch here would slow every test session and hold a CUDA context.
@@ -63,7 +89,28 @@ def cuda_available() -> bool:
     return r.returncode == 0
 
 
+LONG_FIRST = (
+    "test_nvme.py",
+    "test_e2e_cpu.py",
+    "test_answer_sim.py",
+    "test_autotuner_baseline.py",
+    "test_slurm_executor.py",
+    "test_ray.py",
+    "test_slurm_cluster.py",
+    "test_trainer_configs.py",
+)
+"""Modules whose tests take minutes (the slowest in CI's --durations: their cells, a cluster, an op's compile),
+collected first: pytest-xdist hands out files in collection order, one per worker, and a long file started last
+leaves the other worker idle at the end."""
+
+
+def _long_first(item) -> int:
+    name = item.path.name
+    return LONG_FIRST.index(name) if name in LONG_FIRST else len(LONG_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_long_first)  # stable: every module's tests stay together and in order
     gpu_items = [it for it in items if it.get_closest_marker("gpu")]
     if gpu_items and not cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU (run `nox -s gpu_tests` on the GPU host)")
@@ -116,7 +163,7 @@ timeout_s: 600
 """
 
 # The multi-node comparison every executor's path passes: ZeRO-3 over 2 nodes x 1 rank and over 1 node x 2 ranks is
-# the same training. fp32: a two-rank bf16 ZeRO-3 CPU cell once ended in a NaN loss (tests/test_multirank.py).
+# the same training. fp32: a two-rank bf16 ZeRO-3 CPU cell once ended in a NaN loss (tests/worker/test_multirank.py).
 ZERO3 = TINY + "axes: {zero_stage: [3], precision: [fp32]}\n"
 
 
@@ -138,14 +185,14 @@ EXECUTOR_CELLS = (
 """The smoke matrix's cells another executor (Ray, Slurm) runs as `local` does (one --filter): a ZeRO-0 cell, its
 LoRA twin, ZeRO-2 offloading the optimizer and ZeRO-3 offloading optimizer and parameters (their steps in the CPU
 Adam op, loaded on the node) and an fp16 cell the rules skip. What a cell computes is the same under every
-executor, and local runs the whole matrix (tests/test_e2e_cpu.py); an executor's share of a run is starting cells
+executor, and local runs the whole matrix (tests/cli/test_e2e_cpu.py); an executor's share of a run is starting cells
 on its nodes, recording their ends and skipping by the rules."""
 
 
 def ends_as_planned(matrix: Path, ends: list[dict], only: str | None = None) -> list[dict]:
     """The ends of a run of `matrix` (its cells the filter `only` keeps) through another executor, as `local` ends
     it: the same cells skipped by the same rules, every other one ok (local's ends of the whole matrix:
-    tests/test_e2e_cpu.py; running it again would prove that twice). The ok records."""
+    tests/cli/test_e2e_cpu.py; running it again would prove that twice). The ok records."""
     from bench.execute.plan import host_platform, plan
 
     planned = plan(str(matrix), [only] if only else None, platform=host_platform(None))

@@ -26,7 +26,7 @@ def test_fill_replaces_only_the_generated_blocks():
 
 
 def test_every_matrix_key_is_described():
-    # docs/matrix.md lists each key with the docstring under its field in bench/matrix/spec.py.
+    # docs/matrix.md lists each key with the docstring under its field in bench/matrix/spec/schema.py.
     assert docs.undocumented() == []
 
 

@@ -7,7 +7,7 @@ wrong sign of an effect, and how much cell time it takes to settle.
 Each trial draws a truth for every runnable cell of the matrix (as planned on the machine of `--gpu`: the H200
 of results/7b-answer-h200.jsonl, or the H100 of the ok record tools.worlds' table keeps) and runs answer mode
 against it through the replay path: `zerobench run --answer` in this process, its replay executor serving
-synthetic records made from the truth (SimRecording, a bench.execute.replay.Recording). The search sees the
+synthetic records made from the truth (SimRecording, a bench.execute.executors.replay.Recording). The search sees the
 models' prior on that machine, as a real answer there would. Like a real answer on lent machines, the search runs
 in two calls on two machines: the first with --budget FIRST_CALL_S, then, unless that settled it, `--resume` on a
 second machine (a new block, tied by anchors) until it is settled or CAP_S of cell time is spent (`--calls 1`:
@@ -37,7 +37,7 @@ committed records:
   without its file; a host term per machine taken out): 0.05, 0.01 per pair (about 0.05 over a cell's 28
   pairs) and below 0.01 (OWN is taken at 0.02, the noise's size, not below it);
 - machines: each call's machine has a host offset drawn from HOST_OFFSETS (the per-machine host offsets the
-  step-time fit finds on the committed files, bench.estimate.timecheck.machine_offsets: 24 H200 machines,
+  step-time fit finds on the committed files, bench.estimate.checks.timecheck.machine_offsets: 24 H200 machines,
   -0.39 to +0.13), which moves a cell by its host share (bench.estimate.steptime.host_share): the 7b answer's
   two machines, 0.45 apart, ran its LoRA cells 17-26% apart; and each cell deviates per machine by CROSS_OWN
   (0.02, as OWN is taken: of bench.records.quality.CROSS, 0.039 between blocks, the committed records leave
@@ -98,8 +98,8 @@ from bench.cli.run_options import chance_level
 from bench.estimate import predict
 from bench.estimate.steptime import predict_setup, predict_start, step_and_share, steps_of
 from bench.execute import answer
+from bench.execute.executors.replay import Recording, Replayed
 from bench.execute.plan import Planned, arrange, hardware, plan
-from bench.execute.replay import Recording, Replayed
 from bench.execute.run import run
 from bench.execute.settings import RunSettings
 from bench.judge import effects, results
@@ -346,6 +346,7 @@ class Trial:
     roles: dict[str, float] = dataclasses.field(default_factory=dict)  # cell seconds by why it was measured (`_roles`)
     chance: float | None = None  # the lead chance its answer states (printed to 0.1%; None: it printed none)
     misses: dict[str, tuple[int, int, int, float]] = dataclasses.field(default_factory=dict)  # per group (`_misses`)
+    attempts: dict[str, int] = dataclasses.field(default_factory=dict)  # attempts by role, as `roles`
 
 
 def _templates(gpu: str = "H200") -> tuple[dict, dict, dict]:
@@ -361,20 +362,30 @@ def _templates(gpu: str = "H200") -> tuple[dict, dict, dict]:
 
 
 def _platform(template: dict):
-    """The machine a record was made on, as a replay of it plans for (bench.execute.replay.Recording.platform)."""
+    """The machine a record was made on, as a replay of it plans for
+    (bench.execute.executors.replay.Recording.platform)."""
     return Recording.platform(types.SimpleNamespace(first=template))
 
 
-def _call(matrix: str, path: Path, sim: SimRecording, budget: float, resume: bool, settle: float) -> list[str]:
+def _call(
+    matrix: str,
+    path: Path,
+    sim: SimRecording,
+    budget: float,
+    resume: bool,
+    settle: float,
+    collapse: bool = False,
+    asked: dict | None = None,
+) -> list[str]:
     lines: list[str] = []
-    ask = answer.Settings(budget_s=budget, settle=settle)
+    ask = answer.Settings(budget_s=budget, settle=settle, collapse=collapse, **(asked or {}))
     s = RunSettings(matrix=matrix, results=str(path), answer=ask, progress=False, resume=resume)
     run(s, printer=lines.append, recording=sim)
     return lines
 
 
 STATED = re.compile(r"settled: the chance that one of .* beats its group's fastest by more than \d+% is ([\d.]+)%")
-"""The lead chance in the answer a call prints (bench.execute.answer_text._settled)."""
+"""The lead chance in the answer a call prints (bench.execute.answer.text._settled)."""
 
 
 def _stated(printed: list[str]) -> float | None:
@@ -383,9 +394,14 @@ def _stated(printed: list[str]) -> float | None:
     return float(found[-1]) / 100 if found else None
 
 
-def _settled(path: Path) -> bool:
-    """Whether the last call left no cell that could still change the answer."""
-    recs = Store(path).records()
+def _settled(path: Path, printed: list[str]) -> bool:
+    """Whether the last call settled the answer: its `settled:` line says both chances are below the level, and it
+    left no cell that could still change the answer. Its unmeasured cells alone do not say: a measured cell that may
+    still beat its leader (bench.execute.answer.settle.rivals) keeps the chance up with no unmeasured cell needed."""
+    found = [line for line in printed if STATED.search(line)]
+    if not found or not (": both below)" in found[-1] or ": below; the frontier is not asked)" in found[-1]):
+        return False
+    recs = [r.to_dict() for r in Store(path).records()]
     last = [r for r in recs if r["run_id"] == recs[-1]["run_id"] and r["status"] == Status.UNMEASURED.value]
     return not any((r.get("answer") or {}).get("needed") for r in last)
 
@@ -400,9 +416,13 @@ def trial(
     errors: str = "measured",
     gpu: str = "H200",
     calls: int = 2,
+    machines: int = 2,
+    collapse: bool = False,
+    asked: dict | None = None,
 ) -> Trial:
-    """One synthetic truth on `gpu` (its misses drawn as `errors` says), answered in up to `calls` calls on two
-    machines (at the `--settle` level), and scored."""
+    """One synthetic truth on `gpu` (its misses drawn as `errors` says), answered in up to `calls` calls on
+    `machines` machines (one: every call on the first; at the `--settle` level; `collapse`: answer mode's
+    Settings.collapse; `asked`: other answer mode Settings by name), and scored."""
     ok, failed, oom = _templates(gpu)
     platform = _platform(ok)
     hw = hardware(platform)
@@ -412,33 +432,39 @@ def trial(
     world = World(seed, hw, ok, optimizers, errors, table)
     sim = SimRecording(world, ok, failed, oom)
     path = workdir / f"trial-{seed}.jsonl"
-    printed = _call(matrix, path, sim, first_s, resume=False, settle=settle)
+    printed = _call(matrix, path, sim, first_s, resume=False, settle=settle, collapse=collapse, asked=asked)
     made = 1
-    if calls > 1 and not _settled(path):
-        sim.machine = world.machines[1]
-        printed = _call(matrix, path, sim, cap_s, resume=True, settle=settle)
+    if calls > 1 and not _settled(path, printed):
+        sim.machine = world.machines[min(machines, 2) - 1]
+        printed = _call(matrix, path, sim, cap_s, resume=True, settle=settle, collapse=collapse, asked=asked)
         made = 2
-    recs = Store(path).records()
+    recs = [r.to_dict() for r in Store(path).records()]
     s = _search(items, hw, recs)
     wrong, called, wrong_fx = _score(s, world, recs)
     ended = [r for r in recs if r["status"] not in ("started", "unmeasured", "skipped")]
     spent = sum(r.get("wall_s") or 0.0 for r in ended)
-    roles, stated = _roles(ended), _stated(printed)
-    return Trial(seed, wrong, called, wrong_fx, spent, _settled(path), made, roles, stated, _misses(s, world))
+    (roles, attempts), stated = _roles(ended), _stated(printed)
+    return Trial(
+        seed, wrong, called, wrong_fx, spent, _settled(path, printed), made, roles, stated, _misses(s, world), attempts
+    )
 
 
-def _roles(ended: list[dict]) -> dict[str, float]:
-    """Cell seconds by the role each attempt was asked for (bench.execute.answer.Request.role), an attempt of a cell
-    attempted before as "<role> again" and one that did not end ok as "<role> <status>"."""
+def _roles(ended: list[dict]) -> tuple[dict[str, float], dict[str, int]]:
+    """Cell seconds and attempts by the role each attempt was asked for (bench.execute.answer.Request.role; an effect's
+    pair for the screen, Settings.screen, as "screen"), an
+    attempt of a cell attempted before as "<role> again" and one that did not end ok as "<role> <status>"."""
     out: collections.Counter = collections.Counter()
+    n: collections.Counter = collections.Counter()
     seen: set[str] = set()
     for r in ended:
-        role = (r.get("answer") or {}).get("role", "none")
+        note = r.get("answer") or {}
+        role = "screen" if note.get("why", "").startswith("a screen's pair") else note.get("role", "none")
         role += " again" if r["cell_hash"] in seen else ""
         role += "" if r["status"] == "ok" else f" {r['status']}"
         seen.add(r["cell_hash"])
         out[role] += r.get("wall_s") or 0.0
-    return dict(out)
+        n[role] += 1
+    return dict(out), dict(n)
 
 
 def _reference(s: answer.Search, world: World) -> Machine:
@@ -453,13 +479,13 @@ def _misses(s: answer.Search, world: World) -> dict[str, tuple[int, int, int, fl
     one trial share effects, so their z move together: the mean per trial says how much."""
     ref = _reference(s, world)
     out = {}
-    for g in s._groups():
+    for g in s.groups():
         cells = [c for c in s.candidates if c.group == g and not c.obs and c.base_tps is not None]
         cells = [c for c in cells if world.fate(c.cell) is None]
         if cells:
             mean, sd = s.tps.marginals([(c.model, c.base_tps) for c in cells])
             z = (np.array([world.speed(c.cell, ref) for c in cells]) - mean) / sd
-            out[answer._group(s.s, g)] = (len(z), int((z > 2).sum()), int((z > 3).sum()), float(z.mean()))
+            out[answer.group_name(s.settings, g)] = (len(z), int((z > 2).sum()), int((z > 3).sum()), float(z.mean()))
     return out
 
 
@@ -487,16 +513,16 @@ def _score(s: answer.Search, world: World, recs: list[dict]) -> tuple[list[str],
     """The groups whose fastest cell is wrong in truth, the effects called, those called the wrong way."""
     machine = {m.id: m for m in world.machines}
     ref = _reference(s, world)
-    tol = math.log(1 + s.s.speed_tolerance)
+    tol = math.log(1 + s.settings.speed_tolerance)
     wrong = []
-    for g in s._groups():
+    for g in s.groups():
         runs = [c for c in s.candidates if c.group == g and world.fate(c.cell) is None]
         if not runs:
             continue
         best = max(world.speed(c.cell, ref) for c in runs)
         lead = s.leader(g)
         if lead is None or best - world.speed(lead.cell, ref) > tol:
-            wrong.append(answer._group(s.s, g))
+            wrong.append(answer.group_name(s.settings, g))
     called, wrong_fx = 0, []
     for (axis, value, _, pairs, _), (_, _, _, e) in zip(s.effect_pairs(), s.effects()):
         if e.verdict not in (effects.FASTER, effects.SLOWER):
@@ -515,10 +541,10 @@ def _score(s: answer.Search, world: World, recs: list[dict]) -> tuple[list[str],
 
 
 def _one(args: tuple) -> Trial:
-    matrix, seed, first_s, cap_s, settle, errors, gpu, calls = args
+    matrix, seed, first_s, cap_s, settle, errors, gpu, calls, machines, collapse, asked = args
     shm = "/dev/shm" if Path("/dev/shm").is_dir() else None  # every record is fsynced: memory is faster
     with tempfile.TemporaryDirectory(prefix="answer-sim-", dir=shm) as d:
-        return trial(matrix, seed, Path(d), first_s, cap_s, settle, errors, gpu, calls)
+        return trial(matrix, seed, Path(d), first_s, cap_s, settle, errors, gpu, calls, machines, collapse, asked)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -549,6 +575,22 @@ def main(argv: list[str] | None = None) -> int:
         default=2,
         help="calls per trial: 1 ends a trial when the first call's budget is spent",
     )
+    ap.add_argument(
+        "--machines",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="machines the calls run on: 1 puts the second call on the first's machine (a new block all the same)",
+    )
+    ap.add_argument(
+        "--collapse", action="store_true", help="answer mode's Settings.collapse (bench.execute.answer.collapse)"
+    )
+    ap.add_argument("--screen", type=int, default=0, help="answer mode's Settings.screen: pairs per knob value, first")
+    ap.add_argument(
+        "--no-frontier",
+        action="store_true",
+        help="answer mode's Settings.frontier off: the stopping rule asks only who leads",
+    )
     a = ap.parse_args(argv)
     if not a.matrix:
         ap.error("MATRIX is needed")
@@ -558,7 +600,11 @@ def main(argv: list[str] | None = None) -> int:
         settle = chance_level(a.settle)
     except ValueError as e:
         ap.error(str(e))
-    jobs = [(a.matrix, a.seed + k, a.first_call, a.cap, settle, a.errors, a.gpu, a.calls) for k in range(a.trials)]
+    asked = {"screen": a.screen} | ({"frontier": False} if a.no_frontier else {})
+    jobs = [
+        (a.matrix, a.seed + k, a.first_call, a.cap, settle, a.errors, a.gpu, a.calls, a.machines, a.collapse, asked)
+        for k in range(a.trials)
+    ]
     if a.jobs > 1:  # one BLAS thread per process: 16 processes of 16 threads each on 16 cores hardly moved
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(var, "1")
@@ -585,12 +631,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def by_role(done: list[Trial]) -> str:
-    """Where the cell time went: seconds per trial by role (`_roles`), the mean over the trials, largest first."""
+    """Where the cell time went: seconds per trial by role (`_roles`), the mean over the trials, largest first, each
+    with its attempts per trial and seconds per attempt."""
     total: collections.Counter = collections.Counter()
+    count: collections.Counter = collections.Counter()
     for t in done:
         total.update(t.roles)
-    parts = [f"{role} {s / max(len(done), 1):.0f}" for role, s in total.most_common()]
-    return "cell seconds per trial by role (mean): " + ", ".join(parts)
+        count.update(t.attempts)
+    k = max(len(done), 1)
+    parts = [
+        f"{role} {s / k:.0f}" + (f" ({count[role] / k:.1f} x {s / count[role]:.1f} s)" if count[role] else "")
+        for role, s in total.most_common()
+    ]
+    return "cell seconds per trial by role (mean; attempts x seconds each): " + ", ".join(parts)
 
 
 def _pct(p: float | None) -> str:

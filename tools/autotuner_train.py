@@ -73,7 +73,8 @@ def train(cell: Cell, cfg: dict, local_rank: int) -> None:
     import deepspeed
     import torch
 
-    from bench.worker import data, models, setup
+    from bench.worker import setup
+    from bench.worker.parts import data, models
 
     cuda = torch.cuda.is_available()
     if cuda:

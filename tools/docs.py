@@ -38,7 +38,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bench.estimate import check, heldout, timecheck
+from bench.estimate import check
+from bench.estimate.checks import heldout, timecheck, timetext
 from bench.estimate.fitted import FIT
 from bench.estimate.steptime import REF_OPS_S, STEP_BAND, STEP_BAND_HOST
 from bench.estimate.verdict import DEFAULT_MARGIN
@@ -155,7 +156,7 @@ def _optimizers_section() -> str:
     head.append("state bytes/param")
     return (
         "## Optimizers\n\nThe values of the `optimizer` axis (`bench.matrix.axes.OPTIMIZERS`). Before the first step "
-        "the worker refuses a cell whose engine built another optimizer than the one named (`bench/worker/"
+        "the worker refuses a cell whose engine built another optimizer than the one named (`bench/worker/parts/"
         "optimizer.py`: the class, bitsandbytes' state bits and paging, the learning rate and betas; the HF "
         "Trainer's `bitsandbytes.optim.AdamW` with the named class's bits and paging is that class). "
         "*Precisions*: those it trains in. *Under offload*: runs (steps on the CPU as "
@@ -238,14 +239,14 @@ _BLOCKS: tuple[tuple[str, type[BaseModel]], ...] = (
 
 
 def undocumented() -> list[str]:
-    """Matrix keys with no description (a docstring under the field in bench/matrix/spec.py)."""
+    """Matrix keys with no description (a docstring under the field in bench/matrix/spec/schema.py)."""
     return [f"{block + '.' if block else ''}{k}" for block, m in _BLOCKS for k, d in _key_docs(m).items() if not d]
 
 
 def _keys_section() -> str:
     parts = [
-        "## The matrix file\n\nEvery key a matrix file may hold (`bench/matrix/spec.py`); an unknown key is an error "
-        "that names the likely intended one. The whole file is checked before anything runs.\n"
+        "## The matrix file\n\nEvery key a matrix file may hold (`bench/matrix/spec/schema.py`); an unknown key is an "
+        "error that names the likely intended one. The whole file is checked before anything runs.\n"
     ]
     for block, model in _BLOCKS:
         docs = _key_docs(model)
@@ -258,7 +259,7 @@ def _keys_section() -> str:
 def matrix_page() -> str:
     return (
         "# Matrix reference\n\n"
-        + HEADER.format(src="bench/matrix/axes.py, bench/matrix/rules.py and bench/matrix/spec.py")
+        + HEADER.format(src="bench/matrix/axes.py, bench/matrix/rules.py and bench/matrix/spec/schema.py")
         + "A matrix file names a model and fixed settings, and lists values per axis; zerobench crosses the "
         "axes into cells, adds `include` entries, drops `exclude` matches, and skips the cells a rule stops. "
         "How to add an axis, an optimizer or a rule: [extending.md](extending.md).\n\n"
@@ -476,12 +477,12 @@ def _time_machines(m: dict[str, Any]) -> str:
 
 
 def _time_files(m: dict[str, Any]) -> str:
-    return check.md_table(timecheck.file_rows(m["time"]))
+    return check.md_table(timetext.file_rows(m["time"]))
 
 
 def time_blocks(m: dict[str, Any]) -> dict[str, str]:
     cats = {
-        f"time-{which}-categories": check.md_table(timecheck.category_rows(m["time"], which))
+        f"time-{which}-categories": check.md_table(timetext.category_rows(m["time"], which))
         for which in ("step", "setup", "wall")
     }
     return {

@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             return code
     run_ids = {}
     for path in (alone, beside):  # this call's records only: the files may hold earlier runs
-        recs = read(path)
+        recs = [r.to_dict() for r in read(path)]
         last = recs[-1]["run_id"] if recs else None
         run_ids[path] = [r for r in recs if r["run_id"] == last]
     text = summarize(run_ids[alone], run_ids[beside], args.gpus)

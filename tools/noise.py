@@ -16,7 +16,8 @@
   noise explains, halved (two blocks' deviations in each difference); pooled over pairs by degrees of freedom.
 - CROSS after the host terms (`cross_hosted`): the same pairs, each shared cell's difference fitted with the pair's
   offset plus a host term times the cell's host share (bench.estimate.steptime.host_share: two machines whose hosts
-  differ move a host-bound cell and a GPU-bound one apart, as answer mode's model has it, bench.estimate.online);
+  differ move a host-bound cell and a GPU-bound one apart, as answer mode's model has it,
+  bench.estimate.planning.online);
   what is left beyond the noise, halved, pooled by degrees of freedom: a cell's own deviation per machine that
   neither the machine's offset nor its host explains.
 - Answer mode's short look (`short_look`): each GPU ok record of an adaptive cell, its step times replayed through
@@ -43,7 +44,6 @@ from bench.execute.answer import rung_cell
 from bench.matrix.cells import Cell
 from bench.records import quality
 from bench.records.adaptive import Schedule
-from bench.records.record import parse
 from bench.records.status import Status
 from bench.records.store import read
 
@@ -67,8 +67,7 @@ def groups(pattern: str, gpu: bool) -> dict[tuple[str, str], list[Measured]]:
     """(block, cell hash) -> its ok measurements, from the files matching `pattern`."""
     out: dict = collections.defaultdict(list)
     for path in sorted(glob.glob(pattern)):
-        for raw in read(path):
-            r = parse(raw)
+        for r in read(path):
             m = r.metrics
             if r.status is not Status.OK or m is None or not m.tokens_per_s or r.variant:
                 continue
@@ -88,8 +87,7 @@ def shares(pattern: str) -> dict[str, float]:
     hold H200 records)."""
     out: dict[str, float] = {}
     for path in sorted(glob.glob(pattern)):
-        for raw in read(path):
-            r = parse(raw)
+        for r in read(path):
             gpus = r.provenance.gpus if r.provenance else []
             if r.status is not Status.OK or r.cell_hash in out or not r.cell or not gpus:
                 continue
@@ -215,12 +213,11 @@ def short_look(pattern: str = GPU_FILES) -> dict:
     record's own); "unfinished": records whose steps ran out before rung 0's replay ended."""
     d: dict = {"clean": [], "flagged": [], "unfinished": 0}
     for path in sorted(glob.glob(pattern)):
-        for raw in read(path):
-            r = parse(raw)
+        for r in read(path):
             times = r.step_times_s or []
             if r.status is not Status.OK or not r.metrics or quality.kind(r) != "gpu" or len(times) < 6:
                 continue
-            cell = Cell.from_dict(raw["cell"])
+            cell = Cell.from_dict(r.cell)
             if cell.adaptive is None:
                 continue
             look, own = _replay(rung_cell(cell, 0), times), statistics.median(times[r.steps.warmup :])

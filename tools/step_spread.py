@@ -29,7 +29,6 @@ import statistics
 import sys
 
 from bench.records import quality
-from bench.records.record import parse
 from bench.records.status import Status
 from bench.records.store import read
 from tools.noise import _loglik, split
@@ -57,8 +56,7 @@ def rank_corr(xs: list[float]) -> float:
 def measured(path: str) -> list:
     """(record, its measured step times) for the ok GPU measurements of a file."""
     out = []
-    for raw in read(path):
-        r = parse(raw)
+    for r in read(path):
         m = r.metrics
         if r.status is not Status.OK or m is None or not m.tokens_per_s or quality.kind(r) != "gpu" or r.variant:
             continue

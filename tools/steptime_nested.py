@@ -1,9 +1,9 @@
 """The step-time model's held-out error with its fit's hyperparameters chosen inside each fold: for each
-results file, OVERLAP (bench.estimate.steptime), STEP_RIDGE and MACHINE_RIDGE (bench.estimate.timecheck) are
+results file, OVERLAP (bench.estimate.steptime), STEP_RIDGE and MACHINE_RIDGE (bench.estimate.checks.timecheck) are
 picked from GRID by the leave-one-file-out p95 on the other files alone, then that file is predicted with
 constants fitted on the other files at the picked values. What the shipped values (picked on the whole set's
 leave-one-file-out error) would score had they been picked without seeing the file; and how many of those
-errors fall inside the band derived and calibrated (bench.estimate.timecheck.calibrated_levels) on the other
+errors fall inside the band derived and calibrated (bench.estimate.checks.timecheck.calibrated_levels) on the other
 files' nested errors alone. Tens of minutes: a fit per grid point and pair of results files.
 
     python -m tools.steptime_nested [RESULTS ...]   (default: results/*.jsonl)
@@ -18,8 +18,9 @@ import itertools
 import sys
 from collections.abc import Iterator, Sequence
 
-from bench.estimate import steptime, timecheck
-from bench.estimate.timecheck import (
+from bench.estimate import steptime
+from bench.estimate.checks import timecheck
+from bench.estimate.checks.timecheck import (
     TimeCase,
     TimeRow,
     evaluate_time,

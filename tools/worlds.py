@@ -8,8 +8,8 @@ Made from results files (gzipped ones too), every ok record with a median step t
 - `step`: held-out residuals, ln(measured tokens/s over the step-time model's prediction for the typical host,
   bench.estimate.steptime), one per cell and machine (a cell measured more than once on a machine: the mean of its
   records). Held out: an H200 record of a run the constants were fitted on (FITTED_RUNS) is predicted by constants
-  fitted on the other results files (bench.estimate.timecheck.cross_validate_time); any other record by the fitted
-  constants, which never saw it (an H100 record: no H100 record was ever fitted on).
+  fitted on the other results files (bench.estimate.checks.timecheck.cross_validate_time); any other record by the
+  fitted constants, which never saw it (an H100 record: no H100 record was ever fitted on).
 - `fixed`: ln(the record's wall time less its steps' time, over the predicted start and setup
   (bench.estimate.steptime.predict_start + predict_setup, the fitted constants, as the simulator predicts them)):
   what a cell costs beside its steps, as the records show it.
@@ -19,7 +19,7 @@ Made from results files (gzipped ones too), every ok record with a median step t
 
 Each keyed by family (`family`): PEFT mode, offload and the optimizer's kind, the split on which the model's misses
 differ most (a paged optimizer's state pages over PCIe in a full fine-tune, not under LoRA: docs/answer-mode.md);
-the band groups (bench.estimate.band: gpu-bound, host-bound, unfamiliar) pool those. The simulator reads a family's step
+the step-time band's groups (bench.estimate.band.group_of) pool those. The simulator reads a family's step
 residuals as its mean (`center`: the structural miss, on as few as one cell) and the spread of cells about their
 family's mean (`deviations`); fixed costs and flags as a pool (`pool`). Where a family has too few entries on a GPU
 (none for a mean; fewer than MIN_FAMILY for a spread or a pool) it takes a coarser family's: PEFT mode and offload,
@@ -38,11 +38,10 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
+from bench.estimate.checks.timecheck import TimeCase, cross_validate_time, evaluate_time, fitted, time_cases
 from bench.estimate.steptime import predict_setup, predict_start
-from bench.estimate.timecheck import TimeCase, cross_validate_time, evaluate_time, fitted, time_cases
 from bench.matrix.axes import OPTIMIZERS
 from bench.records import quality
-from bench.records.record import parse
 from bench.records.status import Status
 from bench.records.store import read
 
@@ -154,10 +153,10 @@ def _flags(paths: list[str], gpu: str) -> tuple[dict, dict | None]:
     out: dict = collections.defaultdict(list)
     template = None
     for path in paths:
-        for raw in read(path):
+        for r in read(path):
+            raw = r.to_dict()
             if raw.get("status") != Status.OK.value or gpu_of((raw.get("provenance") or {}).get("gpu_name")) != gpu:
                 continue
-            r = parse(raw)
             if r.metrics is None or not r.metrics.tokens_per_s or r.variant or quality.kind(r) != "gpu":
                 continue
             if r.worker and r.worker.fault_injected:

@@ -155,7 +155,7 @@ def _print_run_time(args, m, cells, rows, hw) -> None:
     model), on one GPU and on this host's GPUs side by side, and their predicted memory/speed frontier. m: the
     matrix loaded; rows: per cell of `cells`, the cell as estimated and its predicted GPU peak (None: unknown)."""
     from ..estimate import Verdict, verdict
-    from ..estimate.frontier import frontier_lines
+    from ..estimate.planning.frontier import frontier_lines
     from ..estimate.steptime import run_time_line
     from ..execute.plan import decide, host_platform
 
@@ -225,7 +225,7 @@ def _estimate_check(args) -> int:
         print(ONE_FILE.format(file=every[0].file))
     groups = _heldout_memory(cs, unfit, args.margin)
     _memory_groups(groups)
-    from ..estimate import timecheck
+    from ..estimate.checks import timecheck
 
     steps: dict[str, list[float]] = {}
     for t in timecheck.time_cases(files, gpu=args.gpu_name or "") if predictions else ():
@@ -237,7 +237,7 @@ def _estimate_check(args) -> int:
     _time_check(files, args.gpu_name or "", _rates(args.rates))
     if args.markdown:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        from ..estimate import heldout
+        from ..estimate.checks import heldout
 
         tables = [(name, heldout.memory_table(groups[by])) for by, name in heldout.BY.items()]
         text = check.markdown(args.check, files, rows, cv, args.margin, held, unfit_rows, tables)
@@ -252,15 +252,15 @@ def _gpu(args) -> str:
 
 def _heldout_memory(cs, unfit, margin: float) -> dict:
     """The memory model held out by GPU model and machine, for the constants it ships (fit.json)."""
-    from ..estimate import heldout
+    from ..estimate.checks import heldout
     from ..estimate.fitted import FIT
 
     return heldout.memory_groups(cs, unfit, {"gpu": FIT.gpus or {}, "machine": FIT.machines or {}}, margin=margin)
 
 
 def _memory_groups(groups: dict) -> None:
-    from ..estimate import heldout
     from ..estimate.check import text_table
+    from ..estimate.checks import heldout
 
     for by, name in heldout.BY.items():
         print(f"\nMemory model, held out by {name} (NVML process peak):\n")
@@ -270,8 +270,8 @@ def _memory_groups(groups: dict) -> None:
 
 def _time_groups(groups: dict, complete: bool = True) -> None:
     """`complete`: the groups' fitted counts are over every record the constants were fitted on."""
-    from ..estimate import heldout
     from ..estimate.check import text_table
+    from ..estimate.checks import heldout
 
     for by, name in heldout.BY.items():
         if any(g.rows for g in groups[by]):
@@ -323,7 +323,8 @@ def _refit_memory(files: list[str], command: str, gpu: str | None) -> None:
 
 
 def _refit_time(files: list[str], command: str, gpu: str | None) -> None:
-    from ..estimate import fitdata, timecheck
+    from ..estimate import fitdata
+    from ..estimate.checks import timecheck
     from ..matrix.problems import InputError
 
     if not timecheck.time_cases(files, gpu=gpu or ""):
@@ -338,7 +339,8 @@ def _refit_time(files: list[str], command: str, gpu: str | None) -> None:
 def _check_held_out(args, files: list[str], held_files: list[str], predictions: list[str]) -> int:
     """The held-out results files predicted with constants fitted on `files` alone (none of them held out),
     memory and step time, by GPU model and machine; predictions files scored against both's records."""
-    from ..estimate import check, heldout, timecheck
+    from ..estimate import check
+    from ..estimate.checks import heldout, timecheck
     from ..estimate.fitted import NEUTRAL
 
     train = check.cases(files, gpu=args.gpu_name, unfitted=True)
@@ -398,9 +400,9 @@ ONE_FILE = (
 def _time_check(files: list[str], gpu: str | None, rates=None) -> None:
     """The step-time model's check beside the memory model's (ok records on one or two GPUs), held out by
     results file, machine and GPU model."""
-    from ..estimate import heldout, timecheck
+    from ..estimate.checks import heldout, timecheck, timetext
 
     check = timecheck.time_check(files, gpu=gpu, rates=rates)
     if check.held_out or check.rows:
-        print(timecheck.time_text(check))
+        print(timetext.time_text(check))
         _time_groups(heldout.time_groups(check), complete=False)

@@ -5,6 +5,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..records.status import Status
+
+if TYPE_CHECKING:
+    from ..records.record import Record
 
 
 def add_report_parser(sub) -> None:
@@ -103,15 +109,15 @@ def cmd_report(args) -> int:
     return 0
 
 
-def _latest_records(paths: list[str]) -> list[dict]:
+def _latest_records(paths: list[str]) -> list[Record]:
     """The last attempt of each cell (per matrix), in first-seen order."""
     from ..records.store import read
 
-    last: dict[tuple, dict] = {}
+    last: dict[tuple, Record] = {}
     for path in paths:
         for rec in read(path):
-            if rec.get("status") != "started":
-                last[(rec.get("matrix"), rec.get("cell_hash"), rec.get("variant"))] = rec
+            if rec.status is not Status.STARTED:
+                last[(rec.matrix, rec.cell_hash, rec.variant)] = rec
     return list(last.values())
 
 
@@ -135,7 +141,7 @@ def cmd_export(args) -> int:
         _say_replayed(df["replay_source"].dropna() if "replay_source" in df else [])
         return 0
     records = (
-        [r for p in args.results for r in read(p) if r.get("status") != "started"]
+        [r for p in args.results for r in read(p) if r.status is not Status.STARTED]
         if args.all_attempts
         else _latest_records(args.results)
     )
@@ -146,7 +152,7 @@ def cmd_export(args) -> int:
         return 2
     where = f" under {args.dir}" if args.dir else ""
     print(f"W&B: {len(folders)} runs logged to project {args.project!r}{where}")
-    _say_replayed([r["replay"]["source"] for r in records if r.get("replay")])
+    _say_replayed([r.replay.source for r in records if r.replay])
     return 0
 
 
@@ -168,7 +174,7 @@ def _results_files(path: str) -> list[Path]:
 def cmd_compare(args) -> int:
     """Exit 0: no regression; 1: a regression; 2: bad input (no such file, no records, bad thresholds); 3: it
     compared too little (compare.Comparison.too_little)."""
-    from ..judge import compare
+    from ..judge import compare, comparetext
     from ..judge.results import load
     from ..records.store import read
 
@@ -187,9 +193,7 @@ def cmd_compare(args) -> int:
             print(f"zerobench compare: {path} holds no finished cell", file=sys.stderr)
             return 2
         sides[name] = df
-    matrix_files = sorted(
-        {r["matrix_file"] for f in _results_files(args.current) for r in read(f) if r.get("matrix_file")}
-    )
+    matrix_files = sorted({r.matrix_file for f in _results_files(args.current) for r in read(f) if r.matrix_file})
     settings, source = compare.settings(matrix_files, args.thresholds)
     cmp = compare.compare(
         sides["baseline"],
@@ -199,7 +203,7 @@ def cmd_compare(args) -> int:
         baseline=args.baseline,
         current=args.current,
     )
-    text = compare.markdown(cmp)
+    text = comparetext.markdown(cmp)
     if args.md:
         Path(args.md).parent.mkdir(parents=True, exist_ok=True)
         from ..host.safefile import write_atomic

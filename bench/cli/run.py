@@ -70,7 +70,7 @@ def _add_plan(r: argparse.ArgumentParser) -> None:
 
 def _add_where(r: argparse.ArgumentParser) -> None:
     """Where the cells run: this host's GPUs, packed or not; a Ray cluster; Slurm; one shard of them."""
-    from ..execute.registry import EXECUTORS
+    from ..execute.executors.registry import EXECUTORS
 
     r.add_argument(
         "--gpus-available",
@@ -294,7 +294,7 @@ def _run(args, s: RunSettings) -> int:
                 return e.exit_code
     if stopped:
         return 1
-    bad = [r for r in written if r["status"] not in ("ok", "skipped")]
+    bad = [r for r in written if r.status.value not in ("ok", "skipped")]
     return 1 if (bad and args.strict) else 0
 
 

@@ -95,10 +95,10 @@ def _duration(text: str) -> float:
 
 
 def chance_level(text: str) -> float:
-    """A chance from "5%" or "0.05", from one in the settling draws (bench.execute.settle.DRAWS: below that no chance
-    is told from none, and the search would never settle) to one half (above, "settled" would allow a cell that
+    """A chance from "5%" or "0.05", from one in the settling draws (bench.execute.answer.settle.DRAWS: below that no
+    chance is told from none, and the search would never settle) to one half (above, "settled" would allow a cell that
     more likely than not beats the leader)."""
-    from ..execute.settle import DRAWS
+    from ..execute.answer.settle import DRAWS
 
     try:
         v = float(text[:-1]) / 100 if text.endswith("%") else float(text)

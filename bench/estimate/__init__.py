@@ -1,6 +1,6 @@
 """Memory a cell needs, predicted before it runs (bench.estimate.model), from the cell and the hardware
 alone; checked against the measured records (bench.estimate.check). Its time beside it: seconds per step and
-per cell (bench.estimate.steptime), checked by bench.estimate.timecheck, with its held-out error as a band
+per cell (bench.estimate.steptime), checked by bench.estimate.checks.timecheck, with its held-out error as a band
 (bench.estimate.band). The ZeRO paper's model-state floor (bench.estimate.paper) stays beside it."""
 
 from ..matrix.shapes import Shape, shape_of, trainable_params

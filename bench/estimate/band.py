@@ -9,14 +9,15 @@ cells; the nominal 95% percentiles of one set of errors hold fewer than 95% of a
 a cell with a trait (bench.estimate.steptime.traits: offload to NVMe, a PEFT mode, a precision, ...) that
 fewer than FAMILIAR_FILES of the fitting results files showed is "unfamiliar"; a familiar cell is
 "host-bound" when at least HOST_BOUND of its predicted step moves with the host's speed
-(bench.estimate.steptime.host_share), where machines with the same GPU differ most, else "gpu-bound".
-STEP_BAND also holds "familiar", the two familiar groups together (answer mode's prior width). A prediction
+(bench.estimate.steptime.host_share), where machines with the same GPU differ most, "gpu-bound" when less than
+GPU_BOUND does, where the GPU's work hides the host's, else "mixed". STEP_BAND also holds "familiar", the
+familiar groups together (answer mode's prior width). A prediction
 for a host whose time was measured before its cells (Hardware.host_time) takes STEP_BAND_HOST, the error of
 predictions that took it; one for a host not measured, STEP_BAND, the error of predictions for the typical
 host, wider where the host's work is: it holds the machines whose hosts were far from typical
 (bands_for). The bands are data beside the fitted constants (fit.json's "step_time" section, read as
 steptime.STEP_BAND, STEP_BAND_HOST, TRAIT_FILES) and are regenerated with them
-(bench.estimate.timecheck.error_band)."""
+(bench.estimate.checks.timecheck.error_band)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,16 @@ from typing import Any
 from .model import Hardware
 from .steptime import STEP_BAND, STEP_BAND_HOST, TRAIT_FILES, host_share, predict_step, traits
 
-__all__ = ["BAND_COVERAGE", "FAMILIAR_FILES", "HOST_BOUND", "band_group", "bands_for", "group_of", "step_time_band"]
+__all__ = [
+    "BAND_COVERAGE",
+    "FAMILIAR_FILES",
+    "GPU_BOUND",
+    "HOST_BOUND",
+    "band_group",
+    "bands_for",
+    "group_of",
+    "step_time_band",
+]
 
 BAND_COVERAGE = 0.95
 """The share of held-out records, of files the band was neither derived nor calibrated on, it should hold."""
@@ -36,13 +46,20 @@ mood, two can be one matrix run twice)."""
 HOST_BOUND = 0.5
 """The host share (bench.estimate.steptime.host_share) from which a familiar cell's band is the host-bound
 group's: the host's parts are the larger share of what moves its step."""
+GPU_BOUND = 0.1
+"""The host share below which a familiar cell's band is the gpu-bound group's (between it and HOST_BOUND: the
+mixed group's). Picked on the committed records' held-out errors (leave one results file out), where cells of a
+small host share miss least: of the thresholds 0.1-0.3, the one whose bands are narrowest at the median over those
+records, every one holding 96% of the records of files it was not derived from (docs/step-time.md, "The band")."""
 
 
 def group_of(familiar: bool, share: float | None) -> str:
     """The band group of a cell whose traits are familiar or not, at this host share."""
     if not familiar:
         return "unfamiliar"
-    return "host-bound" if share is not None and share >= HOST_BOUND else "gpu-bound"
+    if share is None or share < GPU_BOUND:
+        return "gpu-bound"
+    return "host-bound" if share >= HOST_BOUND else "mixed"
 
 
 def bands_for(hw: Hardware | None) -> dict[str, dict[str, float]]:

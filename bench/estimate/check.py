@@ -4,7 +4,7 @@ was measured; errors per category; the fitted constants refitted leaving each re
 
 `zerobench estimate --check RESULTS...` prints this; reports/memory-model.md is its Markdown. Records of any GPU
 count: the constants carry to a GPU model they were never fitted on as well as the model's terms do, and
-bench.estimate.heldout says how well, by machine and by GPU model. `refit` writes the constants
+bench.estimate.checks.heldout says how well, by machine and by GPU model. `refit` writes the constants
 (fit.json's "memory" section).
 """
 
@@ -632,7 +632,7 @@ def markdown(
     """The check of the shipped constants as Markdown: `paths` as given on the command line, `files` the results
     files read, `held` the predictions files (as given, scored), `unfitted` the rows of the runs no constant was
     fitted on, `groups` the held-out tables by GPU model and machine (title, table:
-    bench.estimate.heldout.memory_table)."""
+    bench.estimate.checks.heldout.memory_table)."""
     s_in, s_cv = summarize(rows), summarize(cv)
     only = sorted({r.case.file for r in unfitted} - {r.case.file for r in rows})  # held-out files
     fitted_files = [os.path.basename(p) for p in files if os.path.basename(p) not in only]

@@ -1,7 +1,7 @@
 """The memory model's fitted constants: the few numbers not read off code, each named here with what it is,
 each fitted on the measurement that shows it (bench.estimate.check.fit). Their values, and the records they
 were fitted on, are the "memory" section of fit.json (bench.estimate.fitdata), written by
-`zerobench estimate --check RESULTS --refit` (bench.estimate.check.refit); tests/test_estimate.py holds them
+`zerobench estimate --check RESULTS --refit` (bench.estimate.check.refit); tests/estimate/test_estimate.py holds them
 to that fit. `zerobench estimate --check` also refits them leaving each results file, machine and GPU model
 out in turn, to show how well they carry to measurements they were not fitted on.
 """

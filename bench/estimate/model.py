@@ -35,8 +35,8 @@ GiB = 2**30
 MiB = 2**20
 
 # cuBLAS and cuBLASLt workspaces the first matmul allocates through the caching allocator (PyTorch's
-# default on Hopper): the 64.2 MiB above 14 bytes per parameter in results/1b-2gpu-mb1.jsonl's ZeRO-0
-# "allocated between steps" figure.
+# default on Hopper): what a ZeRO-0 cell holds between steps above its 14 bytes per parameter
+# (docs/memory-model.md).
 CUBLAS_WORKSPACE = 64 * MiB
 # DeepSpeed's 1-bit compressed all-reduce (runtime/comm/nccl.py, compressed_allreduce) makes two fp32
 # temporaries the size of the momentum (`buffer_m - worker_scale * buffer_m.sign()...`): 8 bytes per
@@ -478,7 +478,7 @@ def _token_scale(c: _Setting, k: Constants) -> float:
 def _activations(c: _Setting, k: Constants) -> dict[str, float]:
     """Activation bytes at the forward pass's end, the loss's backward, and the end of backward."""
     s, a, cell = c.s, c.a, c.cell
-    fused_ce = c.liger and c.stage != 3  # bench.worker.models.liger_settings: no fused CE under ZeRO-3
+    fused_ce = c.liger and c.stage != 3  # bench.worker.parts.models.liger_settings: no fused CE under ZeRO-3
     per_block = _block_saved(c)
     lg_fwd, lg_kept = _logits_bytes(s, a, fused_ce=fused_ce, liger_ce=c.liger and c.stage == 3)
     if cell.grad_ckpt:

@@ -13,10 +13,10 @@ micro-batch, the optimizer's per-tensor launches once per step, and per-layer wa
 time). Each efficiency is the exponential of fitted log factors, one per thing that changes it (precision, PEFT
 mode, ZeRO stage, offload, pinning, optimizer, GPU count, engine, compile, kernels), shared by every GPU. The
 GPU's work and the host's work that feeds it overlap (a smooth maximum of the two, OVERLAP); the other parts add.
-The factors are fitted on the committed records, each at its GPU's rates (bench.estimate.timecheck.fit_section),
+The factors are fitted on the committed records, each at its GPU's rates (bench.estimate.checks.timecheck.fit_section),
 each machine's host speed apart (HOST_PARTS): the host's parts take the host's time as measured before any cell
 ran (host_time_of, the op prebuild's), and a prediction for a host not measured is for the typical host. The fit
-lives in fit.json's "step_time" section (FIT), and tests/test_steptime.py holds it to a refit. Setup and the
+lives in fit.json's "step_time" section (FIT), and tests/estimate/test_steptime.py holds it to a refit. Setup and the
 rest of the wall time are log-linear in model size and stage. The functions are pure (cell, hardware ->
 seconds), so a search can rank cells by them; the model's error on records it was not fitted on is published
 beside the fit (bench.estimate.band), and host_share says how much of a cell's step a faster or slower host
@@ -58,6 +58,7 @@ __all__ = [
     "host_time_of",
     "matmul_rate",
     "paged_excess",
+    "pageable_ratio",
     "rates_of",
     "pinned",
     "predict_setup",
@@ -82,8 +83,9 @@ REF_CORES = 16
 """Host cores the fitting records' CPU optimizer mostly ran on: a hardware with no core count is taken to have
 these."""
 REF_CPU_ADAM = 1e9
-"""A reference CPU Adam rate (parameters per second at REF_CORES cores) for a host not probed: the host part's
-efficiency is fitted against it, and a probed rate (Rates.cpu_adam) takes its place."""
+"""A reference CPU Adam rate (parameters per second at REF_CORES cores): the host part's efficiency is fitted
+against it, scaled by a host's cores, or by a probed rate (Rates.cpu_adam) over the fitting hosts' probed rate
+(REF_PROBED_CPU_ADAM) where they carried one (_cpu_adam)."""
 REF_NVME = 2e9
 """A reference NVMe rate (bytes per second each way; no probe measures it): the nvme part's efficiency is fitted
 against it."""
@@ -175,10 +177,12 @@ PART_DOCS = {
     "params": "the optimizer step on the GPU (with the gradient copies, reduction and, in fp16, the overflow "
     "check): UPDATE_BYTES per trainable parameter over the memory bandwidth",
     "host": "the optimizer step on the host under offload: trainable parameters over the CPU Adam rate "
-    "(Rates.cpu_adam where probed, else REF_CPU_ADAM scaled by the host's cores over REF_CORES)",
+    "(REF_CPU_ADAM scaled by the host's cores over REF_CORES, or by a probed Rates.cpu_adam over the fitting "
+    "hosts' probed rate, REF_PROBED_CPU_ADAM)",
     "pcie": "offload's copies between host and GPU: 16-bit gradients out (Rates.d2h_pinned), updated 16-bit "
     "parameters back and, with parameter offload, every parameter in for each pass (Rates.h2d_pinned); "
-    "pageable rates where the buffers are not pinned and the probe measured them",
+    "buffers not pinned take the pcie_unpinned factor, and a probed pageable-to-pinned ratio over the fitting "
+    "machines' (REF_PAGEABLE)",
     "nvme": "ZeRO-Infinity's NVMe swaps: optimizer state read and written each step, parameters read for "
     "each pass, over REF_NVME",
     "paged": "bitsandbytes' paged optimizer state that does not fit beside the GPU's peak (the memory model's "
@@ -233,7 +237,7 @@ TimeConstants.__doc__ = (
 
 TIME_NAMES = tuple(f.name for f in fields(TimeConstants))
 SETUP_NAMES = SETUP_FEATURES + START_FEATURES
-# The fit (bench.estimate.timecheck.fit_section, written by `zerobench estimate --check --refit` into fit.json's
+# The fit (bench.estimate.checks.timecheck.fit_section, written by `zerobench estimate --check --refit` into fit.json's
 # "step_time" section): the constants, the error band, the traits' files and the runs it was fitted on.
 FIT = fitdata.section("step_time")
 FITTED_TIME = TimeConstants(**{n: v for n, v in FIT.get("constants", {}).items() if n in TIME_NAMES})
@@ -264,7 +268,7 @@ record of any other run as held out."""
 # that compiled them, is the host's time (Hardware.host_time), and the host's parts (HOST_PARTS) take it as
 # measured: a host that compiles in half the typical time launches kernels and runs hooks in half the typical
 # time. The exponent is 1, the physics, not fitted (left free, the fit on every record puts it at 1.27:
-# bench.estimate.timecheck.host_exponent).
+# bench.estimate.checks.timecheck.host_exponent).
 HOST_OPS = ("FusedAdamBuilder", "CPUAdamBuilder", "FusedLambBuilder")
 """The ops whose prebuild times the host (an AsyncIO or shared-memory op alone compiles far less)."""
 REF_OPS_S: float = FIT.get("ref_ops_s", 60.0)
@@ -272,6 +276,15 @@ REF_OPS_S: float = FIT.get("ref_ops_s", 60.0)
 REF_HOST_OVERHEAD_S: float | None = FIT.get("ref_host_overhead_s")
 """The median per-step host overhead (Rates.host_overhead_s) the probe measured on the fitted runs' machines: the
 typical host's; None where no fitting record carries a probe's figures (host_scale then reads host_time alone)."""
+# A probe's host and link figures are read relative to the same figure probed on the fitting machines, as the GPU's
+# are relative to the data sheets: each efficiency already holds the gap between the reference it was fitted against
+# and what the fitting hosts achieved, so a probed figure used as is would count that gap twice.
+REF_PROBED_CPU_ADAM: float | None = FIT.get("ref_cpu_adam")
+"""The median CPU Adam rate (Rates.cpu_adam) the probe measured on the fitted runs' machines; None where none carried
+one (a probed rate then tells nothing the fit can use: the host's cores scale REF_CPU_ADAM)."""
+REF_PAGEABLE: float | None = FIT.get("ref_pageable")
+"""The median ratio of pageable to pinned PCIe rates (both ways together) the probe measured on the fitted runs'
+machines; None where none carried one (the pcie_unpinned factor alone then carries pageable buffers' slowdown)."""
 
 
 def host_time_of(fixed_costs: FixedCosts | Mapping[str, Any] | None, ref: float | None = None) -> float | None:
@@ -447,19 +460,31 @@ def host_scale(hw: Hardware | None) -> float:
 
 
 def _cpu_adam(hw: Hardware | None, r: Rates) -> float:
-    """The host's CPU Adam rate (parameters/s): probed, else REF_CPU_ADAM at the host's cores."""
-    if r.cpu_adam:
-        return r.cpu_adam
+    """The host's CPU Adam rate (parameters/s) against which the host part's efficiency was fitted: REF_CPU_ADAM
+    times the probed rate over the fitting hosts' (REF_PROBED_CPU_ADAM) where both are known, else REF_CPU_ADAM
+    at the host's cores."""
+    if r.cpu_adam and REF_PROBED_CPU_ADAM:
+        return REF_CPU_ADAM * r.cpu_adam / REF_PROBED_CPU_ADAM
     cores = (hw.host_cores if hw else None) or REF_CORES
     return REF_CPU_ADAM * cores / REF_CORES
 
 
+def pageable_ratio(r: Rates) -> float | None:
+    """Pageable over pinned PCIe rates, both ways together (harmonic: what a copy each way takes), where the
+    probe measured all four."""
+    if not (r.h2d_pageable and r.d2h_pageable and r.h2d_pinned and r.d2h_pinned):
+        return None
+    return (1 / r.h2d_pinned + 1 / r.d2h_pinned) / (1 / r.h2d_pageable + 1 / r.d2h_pageable)
+
+
 def _pcie(cell: Any, r: Rates, ds_config: dict | None) -> tuple[float, float]:
-    """(host to device, device to host) bytes/s for offload's buffers: pinned, or pageable where they are not
-    pinned and the probe measured pageable rates (else the pinned rates, and the pcie_unpinned factor)."""
-    if not pinned(cell, ds_config) and r.h2d_pageable and r.d2h_pageable:
-        return r.h2d_pageable, r.d2h_pageable
-    return r.h2d_pinned, r.d2h_pinned
+    """(host to device, device to host) bytes/s for offload's buffers: the pinned rates; for buffers not pinned
+    (whose slowdown the pcie_unpinned factor carries, fitted against the fitting machines' links) times this
+    link's pageable-to-pinned ratio over the fitting machines' (REF_PAGEABLE), where both are known."""
+    ratio = pageable_ratio(r)
+    if pinned(cell, ds_config) or ratio is None or not REF_PAGEABLE:
+        return r.h2d_pinned, r.d2h_pinned
+    return r.h2d_pinned * ratio / REF_PAGEABLE, r.d2h_pinned * ratio / REF_PAGEABLE
 
 
 def paged_excess(cell: Any, hw: Hardware | None, ds_config: dict | None = None) -> float:
@@ -508,7 +533,7 @@ GPU_PARTS = ("compute", "activations", "adapter", "dequant", "gather")
 CPU_PARTS = ("hooks", "launch", "wrappers")
 # The parts the host runs or the GPU waits on it for, by the host's speed (its launches, hooks, per-tensor
 # work and per-layer synchronisations): what differs between machines with the same GPU (the fit's machine
-# offsets, bench.estimate.timecheck) and what makes a cell's band wide (bench.estimate.band).
+# offsets, bench.estimate.checks.timecheck) and what makes a cell's band wide (bench.estimate.band).
 HOST_PARTS = ("hooks", "tensors", "launch", "wrappers", "layers")
 OVERLAP = 4.0
 # A forward's kernels are launched from Python, module by module (HF's and PEFT's forward methods, their
@@ -531,11 +556,11 @@ def combine(seconds: dict[str, Any], p: float | None = None) -> tuple[Any, dict[
 
 def searched(cell: Any, hw: Hardware | None) -> Any:
     """A micro_batch: auto cell as its search's first probe: at the largest micro-batch the memory model
-    predicts to fit (bench.estimate.search.seed_micro_batch; 1 without a GPU to judge against). The search's
+    predicts to fit (bench.estimate.planning.search.seed_micro_batch; 1 without a GPU to judge against). The search's
     further probes are not counted."""
     if cell.micro_batch != AUTO:
         return cell
-    from .search import seed_micro_batch
+    from .planning.search import seed_micro_batch
 
     return dataclasses.replace(cell, micro_batch=seed_micro_batch(cell, hw or Hardware()))
 

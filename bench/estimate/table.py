@@ -63,7 +63,7 @@ def estimates(
             cell = dataclasses.replace(cell, gpus=gpus)
         if cell.micro_batch == AUTO:
             # A search's template: estimated at the search's seed, the largest micro-batch predicted to fit.
-            from .search import seed_micro_batch
+            from .planning.search import seed_micro_batch
 
             cell = dataclasses.replace(cell, micro_batch=seed_micro_batch(cell, hw, k=k))
         try:

@@ -2,9 +2,9 @@
 
 run: the public run(); settings: what a run was asked (RunSettings) and the environment's settings; plan:
 what runs, in which order, and what is implied or pruned; session: the loop's state; attempt: one attempt
-of one cell; prepare: one-off costs; progress: the console; signals: a clean stop; executor: the seam every
-executor implements; local: cells packed on one host's GPUs; ray: cells as Ray tasks on a cluster; registry:
-their names; launch: the one child protocol."""
+of one cell; prepare: one-off costs; probe: the machine's rates; progress: the console; signals: a clean stop;
+executors: where and when attempts run (the protocol, local, ray, slurm, replay and their names); launch: the one
+child protocol."""
 
 from .attempt import HarnessError
 from .plan import LOCAL, Plan, Planned, default_report_path, default_results_path, plan, preview

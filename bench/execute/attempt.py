@@ -1,4 +1,4 @@
-"""One attempt of one cell's end as a record: the Outcome its job (bench.execute.executor.Job) came back with,
+"""One attempt of one cell's end as a record: the Outcome its job (bench.execute.executors.executor.Job) came back with,
 or how the job failed. Shared by the run (bench.execute.session, whichever executor ran the job) and
 selfcheck (which runs it here). Whatever happens, a Record comes back, except for zerobench's own failure
 to write its files (HarnessError), which stops the run.
@@ -12,9 +12,9 @@ import traceback
 
 from ..matrix.cells import Cell
 from ..records.record import Record
-from .executor import Job
+from .executors.executor import Job
+from .executors.replay import Replayed
 from .launch import Launch
-from .replay import Replayed
 
 __all__ = ["HarnessError", "now", "attempt", "ended"]
 
@@ -65,8 +65,7 @@ def ended(
         return Record.replayed(started, value.record, source=value.source, reused=value.reused, ended_at=now())
     if error is None:
         try:
-            # Inside the try: a record that cannot be built is an error record, not a lost run
-            # (seen on the H200: GPU-indexed figures the record model once refused).
+            # Inside the try: a record that cannot be built is an error record, not a lost run.
             return Record.from_outcome(
                 started, value, ds_config=job.ds_config, log=log, ended_at=now(), variant=variant,
                 beside=value.beside,

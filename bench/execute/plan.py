@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..estimate import Hardware, Verdict, predict, short_of, verdict
-from ..estimate.frontier import frontier_lines
+from ..estimate.planning.frontier import frontier_lines
 from ..estimate.steptime import run_seconds, run_time_line
 from ..host import env, hostmem
 from ..host.rates import Rates
@@ -293,7 +293,7 @@ def _check_faults(p: Plan, text: str | None) -> None:
 def placed_by(platform: env.Platform, executor: str) -> env.Platform:
     """The platform the rules judge cells by under `executor`: under `ray`, a cell's nodes are nodes of a cluster
     the plan does not count (hosts None), and the executor refuses, before any cell, what its cluster cannot
-    place (bench.execute.ray)."""
+    place (bench.execute.executors.ray)."""
     if executor != "ray":
         return platform
     import dataclasses

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..matrix.cells import Cell
 from ..records import quality
-from ..records.record import parse
+from ..records.record import Record
 from ..records.status import Status
 from . import schedule
 
@@ -13,33 +13,29 @@ def _fmt_bytes(b) -> str:
     return "-" if not b else f"{b / 2**30:.2f} GiB"
 
 
-def line(i: int, n: int, rec: dict) -> str:
-    m = rec.get("metrics") or {}
-    mem = rec.get("memory") or {}
-    peak = mem.get("nvml_proc_peak_bytes") or mem.get("host_rss_peak_bytes")
-    bits = [f"[{i}/{n}]", f"{rec['status']:<11}", rec["cell_name"]]
-    if rec.get("repeat", 1) > 1:
-        bits.append(f"(repeat {rec['repeat']})")
-    if rec["status"] == "ok":
-        losses = rec.get("losses") or []
+def line(i: int, n: int, rec: Record) -> str:
+    m, mem = rec.metrics, rec.memory
+    peak = mem and (mem.nvml_proc_peak_bytes or mem.host_rss_peak_bytes)
+    bits = [f"[{i}/{n}]", f"{rec.status.value:<11}", rec.cell_name]
+    if rec.repeat > 1:
+        bits.append(f"(repeat {rec.repeat})")
+    if rec.status is Status.OK:
+        losses = rec.losses or []
         bits += [
-            f"{rec.get('wall_s', 0):.1f}s",
-            f"{m.get('tokens_per_s', 0):,.0f} tok/s",
+            f"{rec.wall_s or 0:.1f}s",
+            f"{(m and m.tokens_per_s) or 0:,.0f} tok/s",
             f"loss {losses[0]:.2f}->{losses[-1]:.2f}" if losses else "",
             f"peak {_fmt_bytes(peak)}",
             _weak(rec),
         ]
-    elif rec.get("reason"):
-        bits.append(f"- {rec['reason'][:160]}")
+    elif rec.reason:
+        bits.append(f"- {rec.reason[:160]}")
     return "  ".join(b for b in bits if b)
 
 
-def _weak(rec: dict) -> str:
+def _weak(rec: Record) -> str:
     """The flags that make a measurement weaker evidence (bench.records.quality), by name; "" for a clean one."""
-    try:
-        flags = quality.flags(parse(rec))
-    except ValueError:  # a record this version cannot read says nothing here; the store reports it
-        return ""
+    flags = quality.flags(rec)
     return f"({', '.join(f.split(':')[0] for f in flags)})" if flags else ""
 
 
@@ -63,16 +59,16 @@ def costs_line(c: dict) -> str:
     return f"fixed costs: {'; '.join(bits)}; setup {c['setup_s']:.1f} s in all"
 
 
-def not_run_group(rec: dict) -> str | None:
+def not_run_group(rec: Record) -> str | None:
     """What a record of a cell that did not run shares with others like it ("skipped by RULE", "unmeasured: ...",
     the cell an implied_oom names); None for an attempt."""
-    st = rec["status"]
-    if st == Status.SKIPPED.value:
-        return f"skipped by {(rec.get('skip') or {}).get('rule', 'a rule')}"
-    if st == Status.IMPLIED_OOM.value:
-        return f"implied out of memory by {(rec.get('implied_by') or {}).get('cell_name', 'a cell')}"
-    if st == Status.UNMEASURED.value:
-        return f"unmeasured: {rec.get('reason', '')}"
+    st = rec.status
+    if st is Status.SKIPPED:
+        return f"skipped by {rec.skip.rule if rec.skip else 'a rule'}"
+    if st is Status.IMPLIED_OOM:
+        return f"implied out of memory by {rec.implied_by.cell_name if rec.implied_by else 'a cell'}"
+    if st is Status.UNMEASURED:
+        return f"unmeasured: {rec.reason}"
     return None
 
 
@@ -116,8 +112,8 @@ class Progress:
         if self.bar:
             self.bar.update(self.task, description=f"cell {i}/{self.total}: {cell.name}")
 
-    def done(self, i: int, rec: dict, elapsed: float | None = None, eta: float | None = None) -> None:
-        self.counts[rec["status"]] = self.counts.get(rec["status"], 0) + 1
+    def done(self, i: int, rec: Record, elapsed: float | None = None, eta: float | None = None) -> None:
+        self.counts[rec.status.value] = self.counts.get(rec.status.value, 0) + 1
         group = not_run_group(rec)
         if group is not None:
             self.not_run[group] = self.not_run.get(group, 0) + 1

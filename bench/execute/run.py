@@ -15,15 +15,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..estimate.search import ladder
+from ..estimate import Hardware
+from ..estimate.planning.search import ladder
 from ..host import env
 from ..matrix import dsconfig, rules, spec
 from ..matrix.axes import AUTO
 from ..matrix.problems import InputError
 from ..records import cache
+from ..records.record import Record
 from ..records.store import Store, check_writable, read_records
-from . import launch, local, schedule
-from .answer import Search
+from . import launch, schedule
+from .answer import Search, State
+from .executors import local
+from .executors.registry import EXECUTORS
+from .executors.replay import Recording
 from .plan import (
     Plan,
     Planned,
@@ -35,13 +40,11 @@ from .plan import (
     host_platform,
     placed_by,
 )
-from .registry import EXECUTORS
-from .replay import Recording
-from .session import Options, Session
+from .session import Run, Session
 from .settings import AnswerSettings, RunSettings, check_folder, check_settings
 
-if TYPE_CHECKING:  # the executors are imported only when chosen (bench.execute.registry)
-    from .slurm import Partition
+if TYPE_CHECKING:  # the executors are imported only when chosen (bench.execute.executors.registry)
+    from .executors.slurm import Partition
 
 __all__ = ["run", "new_run_id", "Target", "target", "answer_items", "answer_preview", "family_of"]
 
@@ -53,7 +56,7 @@ def new_run_id() -> str:
 
 def run(
     s: RunSettings, *, printer=print, on_record=None, recording: Recording | None = None
-) -> tuple[Plan, Path, list[dict]]:
+) -> tuple[Plan, Path, list[Record]]:
     """Run a matrix as s asks (bench.execute.settings.RunSettings); return the plan, the results path and the
     records written by this call.
 
@@ -72,8 +75,8 @@ def run(
     written whole (a full disk): the run stops there, having printed what it wrote and what it lost. SIGINT and
     SIGTERM raise Stopped (with the results path) after the running cell is recorded as interrupted.
 
-    Where and how: s.executor (bench.execute.registry) runs the cells on this host's GPUs (local), a Ray cluster,
-    Slurm jobs or, replaying results files, nowhere (every record and report says it is a replay, written by
+    Where and how: s.executor (bench.execute.executors.registry) runs the cells on this host's GPUs (local), a Ray
+    cluster, Slurm jobs or, replaying results files, nowhere (every record and report says it is a replay, written by
     default to results/local/<matrix name>.replay.jsonl). This process writes every record, whichever executor runs
     the cells."""
     _check_choices(s, recording)
@@ -90,20 +93,20 @@ def run(
     if not s.other_matrix:
         check_same_matrix(store.path, p.matrix.name, s.matrix, s.resume)
     slots, slurm_settings = _placing(s, t, logs)
-    o = Options(
-        s, logs=logs, printer=printer, on_record=on_record, repeats=s.repeats or p.matrix.repeats,
-        platform=t.platform, slots=slots, executor="replay" if recording else s.executor, replay=recording,
-        slurm=slurm_settings,
+    resolved = dataclasses.replace(
+        s, results=str(store.path), logs=str(logs), repeats=s.repeats or p.matrix.repeats, platform=t.platform,
+        executor="replay" if recording else s.executor,
     )  # fmt: skip
+    how = Run(resolved, slots, recording=recording, slurm=slurm_settings, printer=printer, on_record=on_record)
     # One run per results file: a second run (or a --resume) beside this one would measure every cell
     # twice, number both attempts 1, share their log files and take each other's started cells for dead.
     with store.hold("zerobench run --resume" if s.resume else "zerobench run"):
-        session = Session(p, store, o, new_run_id())
+        session = Session(p, store, how, new_run_id())
         launch.sweep_attempt_folders()  # what a SIGKILLed run before this one could not remove
-        _say_hardware(o, session)
+        _say_hardware(how, session.hw)
         session.load()
         session.go()
-    return p, store.path, [r.to_dict() for r in session.written]
+    return p, store.path, list(session.written)
 
 
 def _check_choices(s: RunSettings, recording: Recording | None) -> None:
@@ -117,7 +120,7 @@ def _check_choices(s: RunSettings, recording: Recording | None) -> None:
     if s.executor == "slurm" and not (s.replay or recording):
         if s.gpus_available or s.pack:
             raise InputError("--gpus-available and --pack place cells on this host; a Slurm run's width is --max-jobs")
-        from . import slurm
+        from .executors import slurm
 
         slurm.require()
 
@@ -151,7 +154,7 @@ def target(s: RunSettings, m: spec.Matrix, recording: Recording | None = None) -
     if recording is not None:
         platform = recording.platform()
     elif s.executor == "slurm":
-        from . import slurm
+        from .executors import slurm
 
         block = m.slurm.model_copy(update={k: v for k, v in (s.slurm or {}).items() if v is not None})
         part = slurm.partition(block.partition)
@@ -216,7 +219,7 @@ def _placing(s: RunSettings, t: Target, logs: Path):
     in Slurm at once, and its settings."""
     if t.partition is None:
         return _slots(t.platform, s.gpus_available, s.pack), None
-    from .slurm import Settings
+    from .executors.slurm import Settings
 
     settings = Settings.of(t.slurm, t.partition, t.platform.cuda, logs)
     check_folder(settings.folder, "the Slurm folder (--slurm-folder)")
@@ -226,9 +229,9 @@ def _placing(s: RunSettings, t: Target, logs: Path):
 def answer_items(p: Plan, platform: env.Platform) -> Plan:
     """The plan answer mode searches. With batch.size each runnable cell belongs to a family, its configuration
     (the cell but its micro-batch and accumulation), and a micro_batch: auto cell becomes one cell per micro-batch
-    that divides batch.size, its accumulation holding the batch (bench.estimate.search.ladder), each judged by the
-    rules; the search measures of each family the largest the memory model fits and the neighbours that could be
-    faster (bench.execute.families). Without batch.size there is no batch to hold: micro_batch: auto is refused
+    that divides batch.size, its accumulation holding the batch (bench.estimate.planning.search.ladder), each judged
+    by the rules; the search measures of each family the largest the memory model fits and the neighbours that could be
+    faster (bench.execute.answer.outcomes). Without batch.size there is no batch to hold: micro_batch: auto is refused
     (InputError)."""
     size = p.matrix.batch.size
     auto = [it.cell.name for it in p.items if it.cell.micro_batch == AUTO]
@@ -284,8 +287,8 @@ def answer_preview(p: Plan, s: RunSettings, platform: env.Platform) -> list[str]
     if search.families:
         size = p.matrix.batch.size
         mbs = sorted({c.cell.micro_batch for c in search.candidates})
-        first = {mb: sum(c.state == "open" for c in search.candidates if c.cell.micro_batch == mb) for mb in mbs}
-        parked = sum(c.state == "parked" for c in search.candidates)
+        first = {mb: sum(c.state == State.OPEN for c in search.candidates if c.cell.micro_batch == mb) for mb in mbs}
+        parked = sum(c.state == State.PARKED for c in search.candidates)
         lines.append(
             f"  {len(search.families)} configurations x micro-batch {', '.join(map(str, mbs))} at {size} sequences per "
             f"optimizer step (the accumulation makes up the rest); open to measure: "
@@ -308,20 +311,19 @@ def family_of(cell) -> str:
     return dataclasses.replace(cell, micro_batch=AUTO, grad_accum=1).hash
 
 
-def _say_hardware(o: Options, s: Session) -> None:
-    if o.platform.cuda and not o.platform.nvml:
-        o.printer(
+def _say_hardware(r: Run, hw: Hardware) -> None:
+    if r.platform.cuda and not r.platform.nvml:
+        r.printer(
             "warning: this GPU host has no NVML (pip install nvidia-ml-py): records will "
             "carry the torch allocator's memory only, not NVML's process and device memory, power or utilisation"
         )
-    hw = s.hw
     if hw.gpu_memory_bytes:
-        o.printer(
+        r.printer(
             f"memory model: judging cells against {hw.gpu_memory_bytes / 2**30:.1f} GiB of GPU memory"
             + (f" and {hw.host_memory_bytes / 2**30:.1f} GiB of host memory" if hw.host_memory_bytes else "")
             + (
-                f", margin {o.s.margin:.0%}; cells predicted not to fit are skipped (--no-prune runs them)"
-                if o.s.prune
+                f", margin {r.settings.margin:.0%}; cells predicted not to fit are skipped (--no-prune runs them)"
+                if r.settings.prune
                 else ""
             )
         )

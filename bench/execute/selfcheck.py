@@ -45,7 +45,7 @@ VARIANTS = (
 
 def selfcheck(
     matrix_path: str, *, filters: list[str] | None = None, results: str | None = None, printer=print
-) -> tuple[Path, list[dict]]:
+) -> tuple[Path, list[Record]]:
     p = plan(matrix_path, filters)
     path = Path(results) if results else Path("results") / f"selfcheck-{p.matrix.name}.jsonl"
     check_writable(path)
@@ -65,7 +65,7 @@ def selfcheck(
     return path, written
 
 
-def _variants(p, matrix_path, store, logs, run_id, platform, printer) -> list[dict]:
+def _variants(p, matrix_path, store, logs, run_id, platform, printer) -> list[Record]:
     written = []
     for it in p.runnable:
         gpus = list(range(it.cell.gpus)) if platform.cuda else None
@@ -75,22 +75,22 @@ def _variants(p, matrix_path, store, logs, run_id, platform, printer) -> list[di
             log = logs / f"{it.cell.hash}.{name}.log"
             kw = {"sample_interval_s": telemetry.interval_for(platform.cuda), **kw}
             rec = attempt(started, it.cell, it.ds_config, launch.Launch(log, gpus=gpus, **kw), variant=name)
-            rec = store.append(rec)
+            store.append(rec)
             written.append(rec)
-            printer(f"{name:<13} {rec['status']:<8} {it.cell.name}  {_median(rec) or 0:.4f} s/step")
+            printer(f"{name:<13} {rec.status.value:<8} {it.cell.name}  {_median(rec) or 0:.4f} s/step")
     return written
 
 
-def _median(rec: dict) -> float | None:
-    return (rec.get("metrics") or {}).get("step_time_median_s")
+def _median(rec: Record) -> float | None:
+    return rec.metrics.step_time_median_s if rec.metrics else None
 
 
-def compare(records: list[dict]) -> list[str]:
+def compare(records: list[Record]) -> list[str]:
     """The three comparisons, per cell, from selfcheck records."""
-    by_cell: dict[str, dict[str, dict]] = {}
+    by_cell: dict[str, dict[str, Record]] = {}
     for r in records:
-        if r.get("variant"):
-            by_cell.setdefault(r["cell_id"], {})[r["variant"]] = r
+        if r.variant:
+            by_cell.setdefault(r.cell_id, {})[r.variant] = r
     lines = []
     for cid, v in by_cell.items():
         zb, ref, nt = v.get("zerobench"), v.get("reference"), v.get("no-telemetry")
@@ -102,7 +102,7 @@ def compare(records: list[dict]) -> list[str]:
                 f"({_verdict(d, BARS['step_time_vs_reference'])} of ±{BARS['step_time_vs_reference']:.0%})"
             )
         if zb and nt and _median(zb) and _median(nt):
-            tz, tn = zb["metrics"]["tokens_per_s"], nt["metrics"]["tokens_per_s"]
+            tz, tn = zb.metrics.tokens_per_s, nt.metrics.tokens_per_s
             d = 1 - tz / tn
             parts.append(
                 f"telemetry cost: {d * 100:+.1f}% tokens/s "
@@ -110,8 +110,8 @@ def compare(records: list[dict]) -> list[str]:
             )
         fixed = fixed_cost_s(zb) if zb else None
         if fixed is not None:
-            build = (zb.get("worker") or {}).get("model_build_s") or 0.0
-            how = (zb.get("started_by") or {}).get("mode", "spawn")
+            build = (zb.worker.model_build_s if zb.worker else None) or 0.0
+            how = zb.started_by.mode if zb.started_by else "spawn"
             parts.append(
                 f"fixed per-cell cost beyond model build: {fixed:.1f} s ({_verdict(fixed, BARS['fixed_cost_s'])} "
                 f"of {BARS['fixed_cost_s']:g} s; model build {build:.2f} s, worker "

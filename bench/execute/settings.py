@@ -60,15 +60,29 @@ class AnswerSettings:
     needed to settle it; compare's minimum effect, so the answer and the gate agree on what is noise."""
     halving: bool = True
     """First measurements on the short schedule (rung 0), the contenders again on the full one."""
+    collapse: bool = False
+    """Cells of a group that differ only in knob values measured within the speed tolerance share their own misfit in
+    the stopping rule (bench.execute.collapse)."""
+    screen: int = 0
+    """Pairs per knob value measured first, once each group has its leader, in the cheapest cells that pair
+    (bench.execute.answer.picking); with collapse, a value then collapses in every group where those pairs, wherever
+    measured, put its effect within the speed tolerance on the measurements' known noise (bench.execute.collapse).
+    0: no screen."""
+    frontier: bool = True
+    """The frontier is one of the questions the answer settles (False: the stopping rule asks only who leads, and the
+    frontier is given as measured, not settled)."""
     settle: float = 0.05
     """The answer is settled when the chance that some unmeasured cell beats its group's leader by more than the
-    speed tolerance, and the chance that one adds a frontier point, are both below this (bench.execute.settle)."""
+    speed tolerance, and the chance that one adds a frontier point, are both below this
+    (bench.execute.answer.settle)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunSettings:
     """What a run was asked (`zerobench run`'s options): built once, read alike by its dry run
-    (bench.execute.plan.preview, bench.execute.run.answer_preview) and the run (bench.execute.run.run)."""
+    (bench.execute.plan.preview, bench.execute.run.answer_preview) and the run (bench.execute.run.run), which fills
+    in what it resolves (the results file, the logs folder, the repeats, the platform, the executor) for its session
+    (bench.execute.session.Run)."""
 
     matrix: str
     """The matrix file."""
@@ -102,7 +116,7 @@ class RunSettings:
     margin: float = DEFAULT_MARGIN
     """The memory model's margin: pruned beyond (1 + margin) of the memory, unsure within it."""
     executor: str = "local"
-    """What runs the cells: a name in bench.execute.registry.EXECUTORS (local, ray, slurm, replay)."""
+    """What runs the cells: a name in bench.execute.executors.registry.EXECUTORS (local, ray, slurm, replay)."""
     gpus_available: int | None = None
     """This host's first N GPUs (default: every GPU NVML shows); on a CPU host, N slots side by side (default 1)."""
     pack: bool | None = None
@@ -116,7 +130,8 @@ class RunSettings:
     answer: AnswerSettings | None = None
     """Answer mode (bench.execute.answer): measure only the cells that settle the answer; None: every cell."""
     replay: tuple[str, ...] = ()
-    """Results files whose recorded ends are served as if the cells ran (bench.execute.replay); nothing runs."""
+    """Results files whose recorded ends are served as if the cells ran (bench.execute.executors.replay); nothing
+    runs."""
     progress: bool = True
     """A progress bar (one line per cell is printed regardless)."""
     extra_env: Mapping[str, str] | None = None

@@ -133,91 +133,31 @@ def line(r: Rates, cached: str | None = None) -> str:
 # the PCIe link's one-way figure. Host figures are no GPU's data sheet: a datasheet Rates has none.
 _GB = 1e9
 _T = 1e12
+
+
+def _sheet(device: str, bf16: float, tf32: float, fp32: float, hbm: float, pcie: float) -> Rates:
+    """A data sheet's rates: dense bf16 (= fp16), TF32 and fp32 in TFLOP/s, memory bandwidth and the PCIe link's
+    one-way figure (both directions alike) in GB/s."""
+    return Rates(
+        matmul_bf16=bf16 * _T,
+        matmul_fp16=bf16 * _T,
+        matmul_tf32=tf32 * _T,
+        matmul_fp32=fp32 * _T,
+        hbm=hbm * _GB,
+        h2d_pinned=pcie * _GB,
+        d2h_pinned=pcie * _GB,
+        source="datasheet",
+        device=device,
+    )
+
+
 DATASHEETS: tuple[tuple[str, Rates], ...] = (
-    (
-        "H200",
-        Rates(
-            matmul_bf16=989.4 * _T,
-            matmul_fp16=989.4 * _T,
-            matmul_tf32=494.7 * _T,
-            matmul_fp32=66.9 * _T,
-            hbm=4800 * _GB,
-            h2d_pinned=64 * _GB,
-            d2h_pinned=64 * _GB,
-            source="datasheet",
-            device="H200",
-        ),
-    ),
-    (
-        "H100",
-        Rates(
-            matmul_bf16=989.4 * _T,
-            matmul_fp16=989.4 * _T,
-            matmul_tf32=494.7 * _T,
-            matmul_fp32=66.9 * _T,
-            hbm=3350 * _GB,
-            h2d_pinned=64 * _GB,
-            d2h_pinned=64 * _GB,
-            source="datasheet",
-            device="H100",
-        ),
-    ),
-    (
-        "A100",
-        Rates(
-            matmul_bf16=312 * _T,
-            matmul_fp16=312 * _T,
-            matmul_tf32=156 * _T,
-            matmul_fp32=19.5 * _T,
-            hbm=2039 * _GB,
-            h2d_pinned=32 * _GB,
-            d2h_pinned=32 * _GB,
-            source="datasheet",
-            device="A100",
-        ),
-    ),
-    (
-        "L40S",
-        Rates(
-            matmul_bf16=362 * _T,
-            matmul_fp16=362 * _T,
-            matmul_tf32=183 * _T,
-            matmul_fp32=91.6 * _T,
-            hbm=864 * _GB,
-            h2d_pinned=32 * _GB,
-            d2h_pinned=32 * _GB,
-            source="datasheet",
-            device="L40S",
-        ),
-    ),
-    (
-        "A10",
-        Rates(
-            matmul_bf16=125 * _T,
-            matmul_fp16=125 * _T,
-            matmul_tf32=62.5 * _T,
-            matmul_fp32=31.2 * _T,
-            hbm=600 * _GB,
-            h2d_pinned=32 * _GB,
-            d2h_pinned=32 * _GB,
-            source="datasheet",
-            device="A10",
-        ),
-    ),
-    (
-        "4090",
-        Rates(
-            matmul_bf16=165.2 * _T,
-            matmul_fp16=165.2 * _T,
-            matmul_tf32=82.6 * _T,
-            matmul_fp32=82.6 * _T,
-            hbm=1008 * _GB,
-            h2d_pinned=32 * _GB,
-            d2h_pinned=32 * _GB,
-            source="datasheet",
-            device="RTX 4090",
-        ),
-    ),
+    ("H200", _sheet("H200", bf16=989.4, tf32=494.7, fp32=66.9, hbm=4800, pcie=64)),
+    ("H100", _sheet("H100", bf16=989.4, tf32=494.7, fp32=66.9, hbm=3350, pcie=64)),
+    ("A100", _sheet("A100", bf16=312, tf32=156, fp32=19.5, hbm=2039, pcie=32)),
+    ("L40S", _sheet("L40S", bf16=362, tf32=183, fp32=91.6, hbm=864, pcie=32)),
+    ("A10", _sheet("A10", bf16=125, tf32=62.5, fp32=31.2, hbm=600, pcie=32)),
+    ("4090", _sheet("RTX 4090", bf16=165.2, tf32=82.6, fp32=82.6, hbm=1008, pcie=32)),
 )
 
 

@@ -18,7 +18,7 @@ from ..matrix.axes import SHOWN, lora_targets_name
 from ..matrix.cells import Cell
 from ..matrix.problems import ConfigError, InputError
 from ..records import quality
-from ..records.record import STEP_PARTS, Provenance, Record, WorkerFacts, parse
+from ..records.record import STEP_PARTS, Provenance, Record, WorkerFacts
 from ..records.status import Status
 from ..records.store import read_records
 
@@ -138,11 +138,9 @@ def axis_values(cell: dict) -> dict:
     return out
 
 
-def fixed_cost_s(rec: Record | dict) -> float | None:
+def fixed_cost_s(rec: Record) -> float | None:
     """What a cell costs besides its steps and its model build: process start, imports, engine setup,
     teardown. From a result record; None when it has no steps."""
-    if isinstance(rec, dict):
-        rec = parse(rec)
     if not rec.step_times_s or not rec.wall_s:
         return None
     return rec.wall_s - sum(rec.step_times_s) - ((rec.worker.model_build_s if rec.worker else None) or 0.0)
@@ -409,13 +407,13 @@ def _quality_columns(rec: Record) -> dict:
     }
 
 
-def records_to_frame(records: Iterable[dict | Record], near: Sequence[Path] = ()):
-    """Records (of any schema version, upgraded here, or already read as Record values) -> one row per
+def records_to_frame(records: Iterable[Record], near: Sequence[Path] = ()):
+    """Records (bench.records.store's; a stored line of any version is bench.records.record.parse's) -> one row per
     attempt; started records left out. A compact record's cell comes from its matrix file (with_cells: as
     recorded, else in the folders `near`)."""
     import pandas as pd
 
-    parsed = with_cells((r if isinstance(r, Record) else parse(r) for r in records), near)
+    parsed = with_cells(records, near)
     rows = [_row(r) for r in parsed if r.status is not Status.STARTED]
     df = _settings_of_unknown_cells(pd.DataFrame(rows))
     for col in ("started_at", "ended_at"):

@@ -182,10 +182,10 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = MappingProxyType(
             under_offload=UnderOffload.REQUIRED,
             jit_op="CPUAdamBuilder",
         ),
-        # No bf16 path: "lamb_cuda_kernel" not implemented for 'BFloat16' (H200, deepspeed 0.19.6).
+        # No bf16 path: DeepSpeed's "lamb_cuda_kernel" is not implemented for 'BFloat16'.
         # Not among the optimizers DeepSpeed's ZeRO takes (runtime/zero/utils.py ZERO_SUPPORTED_OPTIMIZERS).
         # Its trust ratio scales each layer's step to lr x the layer's weight norm: at an AdamW learning rate its
-        # loss barely moves (results/gpu-evidence/2026-12-03_lamb-lr-*); a LAMB matrix wants a LAMB rate.
+        # loss barely moves (results/README.md, the LAMB learning rates); a LAMB matrix wants a LAMB rate.
         "fusedlamb": OptimizerSpec(
             cls="FusedLamb",
             ds_section=_section("Lamb"),
@@ -391,8 +391,8 @@ AXES: tuple[Axis, ...] = (
         default=0,
         values=ZERO_STAGES,
         hashed_at_default=True,
-        # No heavier direction: on one GPU a lower stage is not always heavier (results/1b.jsonl, 1.1B,
-        # bf16, checkpointing, mb 4: NVML process peak 28.4 GiB at ZeRO-1, 30.5 at ZeRO-2, 31.4 at ZeRO-3).
+        # No heavier direction: on one GPU a lower stage is not always heavier (measured: docs/running.md, the
+        # order of cells).
         doc="What ZeRO partitions across GPUs: 1 optimizer state, 2 also gradients, 3 also parameters.",
     ),
     Axis(

@@ -9,7 +9,7 @@ recording dict is asked for and the types of their defaults. A type DeepSpeed do
 default of None) is written as null; bench.matrix.dsconfig supplies it by hand.
 
 Imports deepspeed, so only when run: bench.matrix.dsconfig reads the JSON and the orchestrator stays light.
-tests/test_dsconfig_check.py regenerates the file in memory and compares it with the checked-in one.
+tests/matrix/test_dsconfig_check.py regenerates the file in memory and compares it with the checked-in one.
 """
 
 from __future__ import annotations

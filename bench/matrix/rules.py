@@ -312,9 +312,8 @@ RULES: tuple[Rule, ...] = (
         "run them on a GPU host with cupy",
         "seen on a CPU run (tests/test_rules_evidence.py)",
     ),
-    # Not rules, since they ran on the H200 (results/gpu-evidence/2026-11-30_gpu-rules-h200_removed-rules.log;
-    # GPU tests in tests/test_gpu_rules.py keep them running): onebitadam with LoRA, 1-bit under the HF
-    # Trainer, QLoRA in fp32, QLoRA with ZeRO-3 parameter offload.
+    # Not rules, since they run on a GPU (results/README.md; tests/test_gpu_rules.py keeps them running):
+    # onebitadam with LoRA, 1-bit under the HF Trainer, QLoRA in fp32, QLoRA with ZeRO-3 parameter offload.
 )
 
 

@@ -1,6 +1,6 @@
 """How far one measurement of tokens/s can be trusted, from its own record: flags with their figures, and the
 noise a measurement carries. Every threshold and noise figure here is measured on the committed records
-(`python -m tools.noise` derives each; tests/test_quality.py holds them to those files; docs/comparing.md
+(`python -m tools.noise` derives each; tests/records/test_quality.py holds them to those files; docs/comparing.md
 says where each comes from):
 
 - *host-bound*: the GPU was busy less than HOST_BOUND_UTIL_PCT of the measured steps (NVML's utilisation), in

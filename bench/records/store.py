@@ -41,7 +41,7 @@ import sys
 import threading
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -208,10 +208,10 @@ class ResultsInUse(InputError):
     """Another process holds the results file's lock (a run, a --resume, a selfcheck)."""
 
 
-def read(path: str | os.PathLike, *, warn=True) -> list[dict]:
+def read(path: str | os.PathLike, *, warn=True) -> list[Record]:
     """All records of a results file, as the current schema version (bench.records.record.upgrade), skipping
     lines that are not complete JSON objects and JSON that is not a zerobench record (named in a warning)."""
-    return [r.to_dict() for r in read_records(path, warn=warn)]
+    return list(read_records(path, warn=warn))
 
 
 def read_records(path: str | os.PathLike, *, warn=True) -> Iterator[Record]:
@@ -445,8 +445,8 @@ def _refuse_gzip(path) -> None:
 class Store:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        # Cells packed side by side (bench.execute.local) append from their threads: one append at a time, or a
-        # failed one's cut back to "its" previous end would cut off a neighbour's record.
+        # Cells packed side by side (bench.execute.executors.local) append from their threads: one append at a time,
+        # or a failed one's cut back to "its" previous end would cut off a neighbour's record.
         self._lock = threading.Lock()
         self._held: int | None = None
         """While held (hold()), the locked descriptor every append writes through."""
@@ -606,24 +606,24 @@ class Store:
                 os.close(fd)
         return "another process (it has not said which yet)"
 
-    def records(self) -> list[dict]:
+    def records(self) -> list[Record]:
         return read(self.path)
 
-    def latest(self) -> dict[str, dict]:
+    def latest(self) -> dict[str, Record]:
         """The last record of each cell (by hash)."""
-        out: dict[str, dict] = {}
+        out: dict[str, Record] = {}
         for rec in self.records():
-            out[rec["cell_hash"]] = rec
+            out[rec.cell_hash] = rec
         return out
 
-    def resume_state(self, records: list[dict] | None = None) -> tuple[set[tuple[str, int]], list[dict]]:
+    def resume_state(self, records: Sequence[Record] | None = None) -> tuple[set[tuple[str, int]], list[Record]]:
         """((cell hash, repeat) pairs with an outcome, start records whose attempt never ended), from the file
         or these records. A record without a repeat index (written before repeats existed) is repeat 1. A skip is
         no attempt: it neither gives its cell an outcome nor takes away one an attempt gave."""
         done, open_starts = set(), {}
         for rec in self.records() if records is None else records:
-            key = (rec.get("cell_hash"), rec.get("repeat", 1))
-            st = Status(rec.get("status", "error"))
+            key = (rec.cell_hash, rec.repeat)
+            st = rec.status
             if st is Status.SKIPPED:
                 continue
             if st is Status.STARTED:

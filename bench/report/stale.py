@@ -59,7 +59,7 @@ FIXES: tuple[Fix, ...] = (
 
 
 FIELDS = ("cell_name", "status", "zero_stage", "weights_init", "model", "engine", "gpu_name")
-"""The results-row columns the fixes' tests read (tests/test_stale_records.py fails on a fix reading another)."""
+"""The results-row columns the fixes' tests read (tests/report/test_stale_records.py fails on a fix reading another)."""
 
 
 def notes(rows: list[dict]) -> list[tuple[str, str]]:

@@ -13,7 +13,12 @@ Imports wandb only when called: the orchestrator stays light.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..records.record import Record
 
 __all__ = ["to_wandb", "TrackerError"]
 
@@ -30,41 +35,46 @@ def _flat(prefix: str, d: dict | None) -> dict:
     return out
 
 
-def _config(rec: dict) -> dict:
-    cell = dict(rec.get("cell") or {})
+def _dump(part) -> dict:
+    """A part of a record as written (its set fields, as JSON values); {} where the record has none."""
+    return part.model_dump(mode="json", exclude_unset=True) if part is not None else {}
+
+
+def _config(rec: Record) -> dict:
+    cell = dict(rec.cell or {})
     for k in ("lora", "qlora"):  # nested settings as flat keys, so W&B's table can sort and filter them
         for kk, v in (cell.pop(k, None) or {}).items():
             cell[f"{k}.{kk}"] = ",".join(v) if isinstance(v, list) else v
-    prov = rec.get("provenance") or {}
+    prov = _dump(rec.provenance)
     return {
         **cell,
-        "cell_id": rec.get("cell_id"),
-        "cell_hash": rec.get("cell_hash"),
-        "matrix": rec.get("matrix"),
-        "run_id": rec.get("run_id"),
-        "attempt": rec.get("attempt"),
-        "repeat": rec.get("repeat", 1),
-        "ds_config": rec.get("ds_config"),
+        "cell_id": rec.cell_id,
+        "cell_hash": rec.cell_hash,
+        "matrix": rec.matrix,
+        "run_id": rec.run_id,
+        "attempt": rec.attempt,
+        "repeat": rec.repeat,
+        "ds_config": rec.ds_config,
         **_flat("provenance.", {k: v for k, v in prov.items() if k not in ("gpus", "versions")}),
         **_flat("versions.", prov.get("versions")),
-        **_flat("replay.", rec.get("replay")),
+        **_flat("replay.", _dump(rec.replay)),
     }
 
 
-def _summary(rec: dict) -> dict:
-    worker = rec.get("worker") or {}
+def _summary(rec: Record) -> dict:
+    worker = _dump(rec.worker)
     return {
-        "status": rec.get("status"),
-        "reason": rec.get("reason") or "",
-        "wall_s": rec.get("wall_s"),
-        **_flat("", rec.get("metrics")),
-        **_flat("memory.", rec.get("memory")),
+        "status": rec.status.value,
+        "reason": rec.reason or "",
+        "wall_s": rec.wall_s,
+        **_flat("", _dump(rec.metrics)),
+        **_flat("memory.", _dump(rec.memory)),
         **_flat("worker.", {k: v for k, v in worker.items() if k != "versions"}),
     }
 
 
 def to_wandb(
-    records: list[dict],
+    records: Iterable[Record],
     *,
     project: str = "zerobench",
     entity: str | None = None,
@@ -84,24 +94,24 @@ def to_wandb(
         Path(directory).mkdir(parents=True, exist_ok=True)
     folders = []
     for rec in records:
-        if rec.get("status") == "started":
+        if rec.status.value == "started":
             continue
         run = wandb.init(
             project=project,
             entity=entity,
             dir=None if directory is None else str(directory),
             mode=mode,
-            name=rec.get("cell_name"),
-            group=rec.get("matrix"),
-            job_type=rec.get("run_id"),
+            name=rec.cell_name,
+            group=rec.matrix,
+            job_type=rec.run_id,
             # A replay (`zerobench run --replay`) ran nothing anew: said in its tags and its config.
-            tags=[str(rec.get("status"))] + (["replay"] if rec.get("replay") else []),
+            tags=[rec.status.value] + (["replay"] if rec.replay else []),
             config=_config(rec),
             reinit="create_new",
             settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
         )
         try:
-            losses, times = rec.get("losses") or [], rec.get("step_times_s") or []
+            losses, times = rec.losses or [], rec.step_times_s or []
             for i in range(max(len(losses), len(times))):
                 row = {}
                 if i < len(losses) and losses[i] is not None:
@@ -112,5 +122,5 @@ def to_wandb(
             run.summary.update(_summary(rec))
             folders.append(str(Path(run.dir).parent))
         finally:
-            run.finish(exit_code=0 if rec.get("status") in ("ok", "skipped") else 1)
+            run.finish(exit_code=0 if rec.status.value in ("ok", "skipped") else 1)
     return folders

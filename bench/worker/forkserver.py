@@ -1,9 +1,9 @@
 """A pre-imported parent for single-rank workers: import torch, DeepSpeed and transformers once per run,
 then fork one fresh process per cell.
 
-Why: on the H200 host a worker spent 13-20 s of every cell importing its stack, most of a cell's
-fixed cost. A fork of a process that has the modules in memory starts training at once, and each
-cell is still its own process (own CUDA context, own allocator, own crash).
+Why: importing the stack is most of a cell's fixed cost (its seconds per cell: results/README.md). A fork
+of a process that has the modules in memory starts training at once, and each cell is still its own
+process (own CUDA context, own allocator, own crash).
 
 Fork safety, checked here rather than assumed:
 - CUDA must be untouched before the fork (a forked child cannot use a CUDA driver its parent
@@ -15,9 +15,8 @@ Fork safety, checked here rather than assumed:
   around a fork with pthread_atfork handlers), jemalloc's background thread (pyarrow; atfork handlers
   too), and NVML's thread (DeepSpeed calls nvmlInit at import; NVML is not CUDA and a child needs
   no state from it). The server starts those first, counts its threads, and refuses to serve if
-  anything imported afterwards adds one.
-  On the H200 host that is 15 + 15 + 1 + 1 threads; a forked child there ran CUDA, NCCL and a fused
-  optimizer (results/gpu-evidence/2026-11-30_fork-probe-threads.log).
+  anything imported afterwards adds one (on a GPU host a forked child so started ran CUDA, NCCL and a
+  fused optimizer: results/README.md).
 A refusal is not an error: the parent falls back to starting each worker from scratch, and the
 result records which way the cell was started.
 
@@ -48,8 +47,8 @@ PRELOAD = (
     "bench.worker.train",
     "bench.worker.setup",
     "bench.worker.measure",
-    "bench.worker.models",
-    "bench.worker.data",
+    "bench.worker.parts.models",
+    "bench.worker.parts.data",
     "bench.worker.metrics",
 )
 

@@ -232,8 +232,8 @@ def _prebuild(builders: list[str], report_path: str | None = None) -> int:
 
 def _prebuild_side_by_side(builders: list[str], report_path: str | None) -> int:
     """Each op in a process of its own, all at once: a compile uses few cores and the ops do not share a build
-    folder, so three ops take about as long as the slowest (on the H200 host one after another took 144 s,
-    the slowest alone 46 s). One report, merged; their lines go to this process's log."""
+    folder, so three ops take about as long as the slowest, not their sum. One report, merged; their lines go to
+    this process's log."""
     import subprocess
     import tempfile
 
@@ -260,10 +260,10 @@ def _prebuild_side_by_side(builders: list[str], report_path: str | None) -> int:
 def _checkpoint(preset: str, precision: str) -> int:
     """Build a preset's random-weight checkpoint once, in one process, before the cells. Ranks of a
     multi-GPU cell must not build it themselves: save_pretrained on one rank while another waits on
-    the cache lock stalled a 2-GPU QLoRA cell on the H200."""
+    the cache lock stalls the cell."""
     import torch
 
-    from . import models
+    from .parts import models
 
     t0 = time.time()
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from ..matrix.cells import Cell
-from . import data, models
 from .events import Events
+from .parts import data, models
 
 __all__ = ["Setup", "gloo_safe", "start", "record_kernels"]
 
@@ -199,8 +199,7 @@ def _build_model(cell, ds_config, dtype, device, local_rank, under_trainer):
 def _runs_liger(module) -> bool:
     """Whether a module's forward is Liger's: a Liger class (the class-level patch before the build) or
     Liger's forward bound onto the instance (how the HF Trainer applies Liger to a built model: the
-    module keeps its transformers class; results/gpu-evidence/2026-11-30_gpu-tests-h200_4-passed-1-failed.log
-    shows a class-only check counting none of them on the Trainer path)."""
+    module keeps its transformers class, so a class-only check counts none of them on the Trainer path)."""
     fwd = getattr(module.forward, "__func__", module.forward)
     return getattr(fwd, "__module__", "").startswith("liger_kernel")
 

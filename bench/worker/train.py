@@ -112,7 +112,7 @@ def _train_deepspeed(s: Setup, measure: Measure, doc: dict, fault: Fault | None)
             batch = batches[step * cell.grad_accum + micro]
             # Keep the loss only: holding the model's output would keep its logits (micro-batch x
             # seq_len x vocab) alive into the next step, adding them to every peak and to the memory
-            # between steps (500 MiB per GPU at 1.1B, micro-batch 4: results/1b-2gpu-b.jsonl).
+            # between steps.
             loss = engine(input_ids=batch, labels=batch).loss
             if kind == "nan" and step >= fault_step:
                 loss = loss * float("nan")
@@ -143,8 +143,8 @@ def _loss_scale(engine, cell) -> float | None:
 
 def _check_optimizer(cell, opt, ds_config: dict, doc: dict, builder: str) -> None:
     """Record the optimizer that was built and refuse it, before the first step, unless it is the cell's
-    (bench/worker/optimizer.py: class, bitsandbytes' bits and paging, learning rate, betas)."""
-    from .optimizer import facts, refusal
+    (bench/worker/parts/optimizer.py: class, bitsandbytes' bits and paging, learning rate, betas)."""
+    from .parts.optimizer import facts, refusal
 
     built = facts(opt)
     doc["optimizer_class"] = built["class"] if opt is not None else None
@@ -165,7 +165,7 @@ def _training_args(cell, ds_config, scratch: str):
     import torch
     from transformers import TrainingArguments
 
-    from .models import liger_settings
+    from .parts.models import liger_settings
 
     optim = OPTIMIZERS[cell.optimizer].hf_optim
     # bench.matrix.dsconfig leaves the optimizer section out for these client optimizers, so the Trainer

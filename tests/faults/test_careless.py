@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.records.record import parse
 from bench.records.status import Status
 from bench.report.tracking import _config
 from tests.conftest import ROOT, zerobench
@@ -134,7 +135,7 @@ def test_a_replay_is_named_in_compare_reports_and_exports(tmp_path, ledger):
     benches = json.loads((tmp_path / "pb.json").read_text())["benchmarks"]
     assert benches and all(b["extra_info"]["replayed_from"] == str(A1) for b in benches)
     replayed = next(x for x in _lines(rep) if x.get("replay"))
-    assert _config(replayed)["replay.source"] == str(A1)  # W&B: its config (and a `replay` tag)
+    assert _config(parse(replayed))["replay.source"] == str(A1)  # W&B: its config (and a `replay` tag)
 
 
 # -- compare ---------------------------------------------------------------------------------------------------

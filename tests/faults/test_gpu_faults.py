@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.records.store import read
-from tests.conftest import write_matrix, zerobench
+from tests.conftest import as_written, write_matrix, zerobench
 
 pytestmark = pytest.mark.gpu
 
@@ -66,7 +65,7 @@ def one_gpu(tmp_path_factory):
         env={"ZEROBENCH_FAULT": "sigkill@2~zero=0,cudaoom@2~zero=1"},
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    recs = {x["cell"]["zero_stage"]: x for x in read(res) if x["status"] != "started"}
+    recs = {x["cell"]["zero_stage"]: x for x in as_written(res) if x["status"] != "started"}
     return {"results": res, "records": recs, "baseline": base[0]}
 
 

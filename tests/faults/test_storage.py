@@ -147,7 +147,7 @@ def test_store_append_on_a_full_disk(tmp_path, ledger):
         fill(disk / "filler")  # what is left is the rest of the results file's last page: a short write
         before = p.read_bytes()
         # Longer than a page, whatever the slack the file's size leaves in its last page: always a short write.
-        rec = read(p)[0]
+        rec = read(p)[0].to_dict()
         big = {**rec, "reason": rec["reason"] + " " + "." * 4096}
         with pytest.raises(StoreWriteError, match=r"No space left on device; the file is back to its \d+ bytes"):
             Store(p).append(big)
@@ -165,7 +165,7 @@ def test_store_append_past_the_file_size_limit(tmp_path, ledger):
     code = (
         "import resource, signal, sys\n"
         "from bench.records.store import Store, read, StoreWriteError\n"
-        "p = sys.argv[1]; rec = read(p)[0]\n"
+        "p = sys.argv[1]; rec = read(p)[0].to_dict()\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         f"resource.setrlimit(resource.RLIMIT_FSIZE, ({size + 100}, resource.RLIM_INFINITY))\n"
         "try:\n    Store(p).append(rec)\nexcept StoreWriteError as e:\n    print(e.strerror)\n"

@@ -17,8 +17,8 @@ from bench.host import hostmem
 from bench.matrix import dsconfig
 from bench.matrix.cells import Cell
 from bench.records.record import Record
-from bench.records.store import Store, read
-from tests.conftest import ROOT, TINY, copy_built_ops, write_matrix, zerobench
+from bench.records.store import Store
+from tests.conftest import ROOT, TINY, as_written, copy_built_ops, write_matrix, zerobench
 
 # copies_ops: it copies the machine's built DeepSpeed ops (a build beside it would leave a partial copy).
 pytestmark = [pytest.mark.slow, pytest.mark.copies_ops]
@@ -35,7 +35,7 @@ def _run(tmp_path, fault: str, extra: str = "", env: dict | None = None, *, ledg
     assert r.returncode == 0, r.stderr[-2000:]
     if ledger is not None:
         ledger.account(res, {"": allowed}, runs=1)
-    recs = [x for x in read(res) if x["status"] != "started"]
+    recs = [x for x in as_written(res) if x["status"] != "started"]
     assert len(recs) == 1
     return recs[0]
 
@@ -62,7 +62,7 @@ def test_wall_clock_timeout(tmp_path):
         env={"ZEROBENCH_FAULT": "hang@1"},
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    rec = [x for x in read(tmp_path / "t.jsonl") if x["status"] != "started"][0]
+    rec = [x for x in as_written(tmp_path / "t.jsonl") if x["status"] != "started"][0]
     assert rec["status"] == "timeout" and "12 s limit" in rec["reason"], rec["reason"]
 
 
@@ -101,7 +101,7 @@ def test_matrix_continues_after_failures(tmp_path):
     res = tmp_path / "c.jsonl"
     r = zerobench("run", str(m), "--results", str(res), "--no-report", cwd=tmp_path, env={"ZEROBENCH_FAULT": "raise@1"})
     assert r.returncode == 0
-    assert [x["status"] for x in read(res) if x["status"] != "started"] == ["error", "error"]
+    assert [x["status"] for x in as_written(res) if x["status"] != "started"] == ["error", "error"]
     r = zerobench(
         "run",
         str(m),
@@ -173,7 +173,7 @@ def single(tmp_path_factory):
             },
         )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    recs = [x for x in read(res) if x["status"] != "started"]
+    recs = [x for x in as_written(res) if x["status"] != "started"]
     cells = {fid: next(x["cell_name"] for x in recs if sel in x["cell_name"]) for fid, (sel, *_) in SINGLE.items()}
     cells["clean"] = next(x["cell_name"] for x in recs if CLEAN in x["cell_name"])
     return {"results": res, "records": {x["cell_name"]: x for x in recs}, "cells": cells, "port": port, "root": root}

@@ -23,7 +23,7 @@ from .protocol import Launch, Rendezvous, StopRequest, run_launch
 def run_cell(cell: Cell, ds_config: dict | None, launch: Launch, stop: StopRequest | None = None) -> Outcome:
     """Run one cell attempt to its end, whatever that end is. A Ctrl-C (or the orchestrator's SIGTERM,
     as KeyboardInterrupt) stops the worker and is raised again after cleaning up; so is stop.exc once
-    another thread sets `stop` (a cell run beside others, bench.execute.local). A cell of several nodes runs
+    another thread sets `stop` (a cell run beside others, bench.execute.executors.local). A cell of several nodes runs
     every node here, at 127.0.0.1 (bench.execute.launch.nodes.launch_here)."""
     if stop is not None and stop.is_set():
         raise stop.exc  # nothing started yet: nothing to stop

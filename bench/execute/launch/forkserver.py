@@ -61,7 +61,8 @@ class ForkServer:
         self._replies: dict[int, int] = {}
         self._buf = b""
         self._next = 0
-        # Cells packed on one host (bench.execute.local) share a server from their threads: one reader at a time.
+        # Cells packed on one host (bench.execute.executors.local) share a server from their threads: one reader at
+        # a time.
         self._lock = threading.RLock()
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with os.fdopen(open_append(log_path), "ab") as log:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from ...host import hostmem
 from ...matrix.cells import Cell
+from ...records.measured import WorkerDoc
 from ...records.status import Status
 from . import telemetry
 
@@ -30,7 +31,9 @@ _SIGKILL_RE = re.compile(r"Signal 9 \(SIGKILL\)|exitcode\s*:\s*-9|Killed\b")
 class Outcome:
     status: Status
     reason: str
-    ranks: list[dict] = field(default_factory=list)  # the worker's result documents, by rank
+    ranks: list[WorkerDoc] = field(default_factory=list)  # the worker's result documents, by rank, parsed once
+    # "rank N: why" for each result document that does not match WorkerDoc (the record says so instead of guessing)
+    unreadable: list[str] = field(default_factory=list)
     telemetry: dict = field(default_factory=dict)
     exit_code: int | None = None
     wall_s: float = 0.0
@@ -76,10 +79,9 @@ _COLLATERAL_RE = re.compile(
 )
 
 
-def _collateral(d: dict) -> bool:
+def _collateral(d: WorkerDoc) -> bool:
     # An error with no reason is a rank stopped while it was writing one: it cannot be the cause.
-    reason = d.get("reason", "")
-    return d.get("status") == Status.ERROR.value and (not reason or bool(_COLLATERAL_RE.search(reason)))
+    return d.status is Status.ERROR and (not d.reason or bool(_COLLATERAL_RE.search(d.reason)))
 
 
 def _classify(o: Outcome, killed_for: str | None, cell: Cell) -> tuple[Status, str]:
@@ -92,33 +94,29 @@ def _classify(o: Outcome, killed_for: str | None, cell: Cell) -> tuple[Status, s
     if killed_for == "interrupt":
         return Status.INTERRUPTED, f"stopped by the user ({ended_where(o)})"
     ranks = o.ranks
-    failed = [d for d in ranks if d.get("status") != Status.OK.value]
+    failed = [d for d in ranks if d.status is not Status.OK]
     if failed:
         # The cell ended the way its first failing rank did, by time: when one rank fails, the others
         # fail after it, of it. torchrun stops them with SIGTERM ("interrupted": we did not interrupt,
         # killed_for is None here), or their next collective finds the connection closed. Neither is
         # the cause. A rank that died without a document (killed, exited) shows in the exit code and log.
-        victims = (
-            [d for d in failed if d.get("status") == Status.INTERRUPTED.value or _collateral(d)]
-            if cell.ranks > 1
-            else []
-        )
+        victims = [d for d in failed if d.status is Status.INTERRUPTED or _collateral(d)] if cell.ranks > 1 else []
         causes = [d for d in failed if d not in victims]
         if not causes:
             st, reason = _classify_without_result(o)
             if st is Status.ERROR and not _torchrun_root_cause(o.log_tail) and (o.exit_code or 0) >= 0:
-                first = min(victims, key=lambda d: d.get("t_end") or float("inf"))
+                first = min(victims, key=lambda d: d.t_end or float("inf"))
                 # No other end to blame: the connection failure is what is known.
-                if _collateral(first) and first.get("reason"):
-                    st, reason = Status.ERROR, f"{_who(o, first.get('rank'))}: {first.get('reason', '')}"
+                if _collateral(first) and first.reason:
+                    st, reason = Status.ERROR, f"{_who(o, first.rank)}: {first.reason}"
             return st, reason
         first = min(
             causes,
-            key=lambda d: (d.get("t_end") or float("inf"), -_SEVERITY.index(Status(d.get("status", "error")))),
+            key=lambda d: (d.t_end or float("inf"), -_SEVERITY.index(d.status)),
         )
-        st, reason = Status(first.get("status", "error")), first.get("reason", "")
+        st, reason = first.status, first.reason
         if cell.ranks > 1:
-            reason = f"{_who(o, first.get('rank'))}: {reason}"
+            reason = f"{_who(o, first.rank)}: {reason}"
         return st, reason
     if ranks:
         if len(ranks) < cell.ranks:
@@ -224,6 +222,7 @@ def of_nodes(cell: Cell, ends: list[NodeEnd]) -> Outcome:
         status=Status.ERROR,
         reason="",
         ranks=[d for e in ends for d in e.outcome.ranks],
+        unreadable=[u for e in ends for u in e.outcome.unreadable],
         telemetry=telemetry.across_nodes([e.outcome.telemetry for e in ends]),
         exit_code=blamed[-1].outcome.exit_code,
         wall_s=max(e.outcome.wall_s for e in ends),

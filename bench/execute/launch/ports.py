@@ -61,8 +61,8 @@ def first_port(env: dict[str, str]) -> int:
     return int(pinned) if pinned.isdigit() else free_port()
 
 
-# Ports held by the cells this process runs now: cells packed side by side (bench.execute.local) never share one,
-# though the OS may call a port free twice before either worker binds it.
+# Ports held by the cells this process runs now: cells packed side by side (bench.execute.executors.local) never
+# share one, though the OS may call a port free twice before either worker binds it.
 _held_ports: set[int] = set()
 _ports_lock = threading.Lock()
 

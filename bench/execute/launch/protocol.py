@@ -22,6 +22,7 @@ from ...host import hostmem
 from ...host.safefile import open_append, safe_open_new
 from ...matrix import faults
 from ...matrix.cells import Cell
+from ...records.measured import worker_documents
 from ...records.status import Status
 from . import telemetry
 from .folders import clear_attempt_folder
@@ -48,7 +49,7 @@ class StopRequest(threading.Event):
 @dataclass(frozen=True)
 class Launch:
     """How an attempt's worker(s) are launched, whatever cell they run: built once where the attempt is prepared
-    and handed down whole (bench.execute.executor.Job, launch.run_cell, each node's NodeLaunch). Plain
+    and handed down whole (bench.execute.executors.executor.Job, launch.run_cell, each node's NodeLaunch). Plain
     picklable values: a cluster executor ships it to the node that runs it."""
 
     log_path: Path
@@ -282,18 +283,20 @@ def _outcome(
         (t, phases[k + 1][1] if k + 1 < len(phases) else end_t) for k, (ph, t) in enumerate(phases) if ph == "measured"
     ]
     steps = [e for e in events if e.get("event") == "step"]
-    docs = []
+    raw = []
     for r in ranks:
         p = work / f"result.rank{r}.json"
         if p.exists():
             try:
-                docs.append(json.loads(p.read_text()))
+                raw.append(json.loads(p.read_text()))
             except json.JSONDecodeError:
                 pass
+    docs, unreadable = worker_documents(raw)
     out = Outcome(
         status=Status.ERROR,
         reason="",
         ranks=docs,
+        unreadable=unreadable,
         exit_code=proc.returncode,
         wall_s=end_t - before.t0,
         log_tail=log_tail(log_path),
