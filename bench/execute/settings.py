@@ -62,12 +62,12 @@ class AnswerSettings:
     """First measurements on the short schedule (rung 0), the contenders again on the full one."""
     collapse: bool = False
     """Cells of a group that differ only in knob values measured within the speed tolerance share their own misfit in
-    the stopping rule (bench.execute.collapse)."""
+    the stopping rule (bench.execute.answer.collapse)."""
     screen: int = 0
     """Pairs per knob value measured first, once each group has its leader, in the cheapest cells that pair
     (bench.execute.answer.picking); with collapse, a value then collapses in every group where those pairs, wherever
-    measured, put its effect within the speed tolerance on the measurements' known noise (bench.execute.collapse).
-    0: no screen."""
+    measured, put its effect within the speed tolerance on the measurements' known noise
+    (bench.execute.answer.collapse). 0: no screen."""
     frontier: bool = True
     """The frontier is one of the questions the answer settles (False: the stopping rule asks only who leads, and the
     frontier is given as measured, not settled)."""

@@ -291,7 +291,7 @@ class Online:
         """n draws (rows) of these cells' true log values from the joint posterior: the parameters they have drawn
         together (cells that share a value share its draw), the misfit per cell, drawn afresh for a cell not
         measured. cells: per item, the key it was observed under (None or absent: not measured; items under one key
-        share one draw of the misfit, bench.execute.collapse's classes); a measured cell's
+        share one draw of the misfit, bench.execute.answer.collapse's classes); a measured cell's
         misfit is drawn given the parameters' draw and its own measurements (_misfit_given), so its value is its
         measurements pulled towards what the model says of it, by as much as its noise against the misfit."""
         if not items:
@@ -308,7 +308,7 @@ class Online:
         theta = mean + rng.standard_normal((n, len(used))) @ root.T
         base = np.array([b for _, b in items])
         own = misfit * rng.standard_normal((n, len(items)))
-        shared: dict = {}  # items under one key share its misfit's draw (bench.execute.collapse's classes)
+        shared: dict = {}  # items under one key share its misfit's draw (bench.execute.answer.collapse's classes)
         for i, key in enumerate(cells):
             if key in rows and key not in shared:
                 shared[key] = self._misfit_given(rows[key], theta, X[:, used], misfit, rng)

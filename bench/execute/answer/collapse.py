@@ -7,8 +7,8 @@ in that axis alone, both measured in one block: bench.judge.effects.knob_effect)
 inside the speed tolerance either way. Cells of the group that differ only in collapsed values form a class: the
 stopping rule (bench.execute.answer.settle) draws one own misfit per class (the model's effects stay in the draws, each
 collapsed value's effect with its posterior width), and a class with a measured cell takes that cell's misfit as its
-measurements say (bench.estimate.online.Online.draws with its key). Two cells of one class differ by less than the
-tolerance in the pairs that were measured; the class assumes the same of the pairs that were not.
+measurements say (bench.estimate.planning.online.Online.draws with its key). Two cells of one class differ by less
+than the tolerance in the pairs that were measured; the class assumes the same of the pairs that were not.
 
 Pure: reads a bench.execute.answer.Search.
 """
