@@ -99,7 +99,7 @@ def _trained(out, runaway_only: bool = False) -> tuple[bool, list | None]:
     """Whether the cell trained: it ended ok, every loss finite, and its last two steps' mean loss is below its
     first step's by more than noise; with the losses. A 7B cell of four steps is asked only not to run away:
     its first Adam steps moved a random 7B model's loss 10.99 -> 11.22 -> 10.98."""
-    losses = out.ranks[0].get("losses") if out.ranks else None
+    losses = out.ranks[0].losses if out.ranks else None
     if out.status.value != "ok" or not losses or not all(x is not None and math.isfinite(x) for x in losses):
         return False, losses
     if runaway_only:
@@ -142,4 +142,4 @@ def test_formerly_ruled_out_combination_runs(tmp_path, name, cell):
     trained, losses = _trained(out, runaway_only=cell.model == BIG["model"])
     assert trained, f"{name}: {out.status.value}, losses {losses}: {out.reason[:300]}"
     spec = OPTIMIZERS[cell.optimizer]
-    assert out.ranks[0]["optimizer_class"].rsplit(".", 1)[-1] in (spec.cls, *spec.built_as)
+    assert out.ranks[0].optimizer_class.rsplit(".", 1)[-1] in (spec.cls, *spec.built_as)

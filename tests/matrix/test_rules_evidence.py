@@ -98,7 +98,7 @@ def test_torch_adamw_with_offload_really_runs(tmp_path):
     assert rules.check(cell, CPU) is None
     out = launch.run_cell(cell, dsconfig.build(cell), launch.Launch(tmp_path / "log"))
     assert out.status.value == "ok", out.reason
-    assert out.ranks[0]["optimizer_class"] == "torch.optim.adamw.AdamW"
+    assert out.ranks[0].optimizer_class == "torch.optim.adamw.AdamW"
 
 
 def test_param_offload_below_zero3_is_ignored(tmp_path):

@@ -30,7 +30,7 @@ def test_compiled_cell_runs_compiled_and_matches_eager(tmp_path):
         )
         o = launch.run_cell(c, dsconfig.build(c), launch.Launch(tmp_path / f"{comp}.log", sample_interval_s=0.05))
         assert o.status.value == "ok", o.reason
-        outs[comp] = o.ranks[0]
+        outs[comp] = o.ranks[0].model_dump()
     assert outs[True]["compiled"] is True and outs[False]["compiled"] is False
     # A named mode reaches torch.compile through DeepSpeed's compile_kwargs.
     # Two compiled runs agree to rounding: Inductor's CPU reductions are not bitwise repeatable across runs.

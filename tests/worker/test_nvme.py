@@ -132,7 +132,7 @@ import deepspeed, torch
 from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
 from bench.matrix import dsconfig
 from bench.matrix.cells import Cell
-from bench.worker import models
+from bench.worker.parts import models
 cell = Cell(model="llama-small", zero_stage=3, offload="nvme", optimizer="cpuadam", micro_batch=2,
             nvme_path=sys.argv[1])
 cfg = dsconfig.build(cell)

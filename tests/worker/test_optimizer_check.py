@@ -90,7 +90,7 @@ def _trainer_cell(tmp_path, optimizer: str, builds: str = ""):
 def test_a_trainer_cell_with_the_right_optimizer_is_measured(tmp_path):
     out = _trainer_cell(tmp_path, "paged_adamw_8bit")
     assert out.status.value == "ok", out.reason
-    rank = out.ranks[0]
+    rank = out.ranks[0].model_dump()
     assert rank["optimizer_class"] == "bitsandbytes.optim.AdamW" and len(rank["step_times_s"]) == 3
 
 
@@ -99,5 +99,5 @@ def test_a_trainer_cell_with_the_wrong_optimizer_ends_before_any_step(tmp_path):
     out = _trainer_cell(tmp_path, "paged_adamw_8bit", builds="unpaged")
     assert out.status.value == "error" and out.phase_at_end == "setup", (out.status, out.phase_at_end, out.reason)
     assert "asked for PagedAdamW8bit, but the Trainer built AdamW with is_paged=False (asked True)" in out.reason
-    rank = out.ranks[0]
+    rank = out.ranks[0].model_dump()
     assert not rank.get("step_times_s") and not rank.get("losses")
