@@ -19,8 +19,10 @@ made from the committed results files and the H200 and H100 answers' records, pe
 - a cell's speed on the first machine: the step-time model's prediction missed by its family's held-out residual
   (the family: PEFT mode, offload, optimizer kind; the residual: ln measured over a prediction by constants not
   fitted on that record), bootstrapped (World._measured_miss): the family's mean residual, moved by how well its
-  records pin it, plus a cell's own draw of the spread about family means, tails and all. The first machine's offset
-  is in the residuals; the second's host differs from it by the difference of two of HOST_OFFSETS;
+  records pin it, plus a cell's own miss: a draw of how far the cells of a family measured on one machine, of one
+  model, lie from their mean, each less its measurement's noise (tools.worlds.own: the simulated measurement adds
+  noise of its own, and the machines' offsets are drawn apart), tails and all. The first machine's offset is in the
+  residuals; the second's host differs from it by the difference of two of HOST_OFFSETS;
 - a measurement is flagged with its family's share of flagged records on that GPU;
 - a cell's start and setup: the prediction times a draw of its family's ln(measured over predicted).
 
@@ -195,14 +197,16 @@ class World:
     def _measured_miss(self, cell) -> float:
         """The cell's held-out residual, bootstrapped: its family's mean residual (the structural miss) moved by the
         mean of as many draws of the family's spread as the mean rests on (at least one: how well the records pin
-        it; once per family and trial), plus a draw of that spread of its own (tails and all)."""
+        it; once per family and trial), plus a draw of its own miss (tools.worlds.own: how far cells of its family
+        measured on one machine, of one model, lie apart, the measurements' noise taken out, tails and all)."""
         table, fam = self.table["step"], worlds.family(cell)
         devs = worlds.deviations(table, fam)
         if fam not in self._shift:
             mean, n = worlds.center(table, fam)
             again = [devs[_index(self.seed, len(devs), "shift", fam, k)] for k in range(max(n, 1))]
             self._shift[fam] = mean + statistics.fmean(again)
-        return self._shift[fam] + devs[_index(self.seed, len(devs), "step", cell.hash)]
+        mine = worlds.own(self.table["own"], fam)
+        return self._shift[fam] + mine[_index(self.seed, len(mine), "step", cell.hash)]
 
     def speed(self, cell, m: Machine) -> float:
         """True log tokens/s of the cell on machine m."""

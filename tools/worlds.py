@@ -45,7 +45,7 @@ from bench.records import quality
 from bench.records.status import Status
 from bench.records.store import read
 
-__all__ = ["GPUS", "MIN_FAMILY", "TABLE", "center", "deviations", "family", "gpu_of", "load", "pool", "derive"]
+__all__ = ["GPUS", "MIN_FAMILY", "TABLE", "center", "deviations", "derive", "family", "gpu_of", "load", "own", "pool"]
 
 TABLE = Path(__file__).with_name("measured_world.json")
 GPUS = ("H200", "H100")
@@ -175,14 +175,40 @@ def derive(paths: list[str]) -> dict:
             continue
         step: dict = collections.defaultdict(list)
         fixed: dict = collections.defaultdict(list)
-        for (fam, _, _), rs in sorted(_by_cell(rows).items()):
-            step[fam].append(round(statistics.fmean(math.log(r.typical / r.case.step_s) for r in rs), 4))
+        alike: dict = collections.defaultdict(list)  # (family, machine, model): [(residual, its noise's variance)]
+        for (fam, machine, _), rs in sorted(_by_cell(rows).items()):
+            x = statistics.fmean(math.log(r.typical / r.case.step_s) for r in rs)
+            step[fam].append(round(x, 4))
+            noise = statistics.fmean(r.case.noise**2 for r in rs) / len(rs)  # the mean of len(rs) measurements'
+            alike[(fam, machine, rs[0].case.cell.model)].append((x, noise))
             got = [f for r in rs if (f := _fixed(r.case)) is not None]
             if got:
                 fixed[fam].append(round(statistics.fmean(got), 4))
         flags, template = _flags(paths, gpu)
-        gpus[gpu] = {"step": dict(step), "fixed": dict(fixed), "flags": flags, "template": template}
+        gpus[gpu] = {"step": dict(step), "own": _own(alike), "fixed": dict(fixed), "flags": flags, "template": template}
     return {"made_from": sorted(os.path.basename(p) for p in paths), "min_family": MIN_FAMILY, "gpus": gpus}
+
+
+def _own(alike: dict) -> dict:
+    """Per family, [deviation, its noise's variance] of each cell from the mean of its family's cells measured on its
+    machine, of its model (groups of two or more; times sqrt(n / (n - 1)), the spread about the true mean): a cell's
+    own miss where neither the machine nor the model differs, with the measurement's noise still in it (own_spread
+    `own` takes that out)."""
+    out: dict = collections.defaultdict(list)
+    for (fam, _, _), xs in sorted(alike.items()):
+        if len(xs) > 1:
+            mean, k = statistics.fmean(x for x, _ in xs), math.sqrt(len(xs) / (len(xs) - 1))
+            out[fam] += [[round((x - mean) * k, 4), round(v, 6)] for x, v in xs]
+    return dict(out)
+
+
+def own(table: dict, fam: tuple[str, str, str]) -> list[float]:
+    """A family's own misses, the measurements' noise taken out (`_own`'s entries: the family's own, else the first
+    coarser family's with MIN_FAMILY, else the GPU's whole table): each deviation d, whose noise has variance v, as
+    sign(d) sqrt(max(d^2 - v, 0)), since d^2 - v estimates the miss's own square (d^2's mean is that plus v). A
+    deviation within its noise says nothing of the cell beyond it (0); a record's far miss keeps its size, tails
+    and all. The simulated measurement adds its own noise."""
+    return [math.copysign(math.sqrt(max(d * d - v, 0.0)), d) for d, v in pool(table, fam)] or [0.0]
 
 
 def _by_cell(rows: list) -> dict:

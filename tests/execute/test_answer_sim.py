@@ -102,6 +102,24 @@ def test_a_family_takes_its_own_residuals_and_a_coarser_familys_where_it_has_too
     )  # fmt: skip
 
 
+def test_a_cells_own_miss_is_its_spread_on_one_machine_less_its_measurements_noise():
+    """The truth's own miss leaves out what the simulator adds itself: the machines' offsets (deviations are taken
+    within one machine and model) and the measurement's noise (each deviation's square less its noise's variance)."""
+    alike = {
+        ("lora/none/adam", "m1", "llama-7b"): [(0.10, 0.0025), (0.10, 0.0025), (-0.20, 0.0025)],
+        ("lora/none/adam", "m2", "llama-7b"): [(0.50, 0.0007)],  # alone on its machine: no deviation to take
+        ("lora/none/adam", "m1", "llama-1b"): [(0.02, 0.001), (-0.02, 0.001)],
+    }
+    own = worlds._own(alike)["lora/none/adam"]  # the groups in order: the 1b's, then the 7b's on m1
+    k3, k2 = math.sqrt(3 / 2), math.sqrt(2)
+    assert [d for d, _ in own] == pytest.approx([0.02 * k2, -0.02 * k2, 0.1 * k3, 0.1 * k3, -0.2 * k3], abs=1e-4)
+    drawn = worlds.own({"lora/none/adam": own}, ("lora", "none", "adam"))
+    # Within its noise (0.028 against sd 0.032): nothing of its own; far out (-0.245): its size less the noise's.
+    assert drawn[:2] == [0.0, 0.0]
+    assert drawn[4] == pytest.approx(-math.sqrt((0.2 * k3) ** 2 - 0.0025), abs=1e-3) and -0.245 < drawn[4] < -0.235
+    assert worlds.own({}, ("qlora", "none", "adam")) == [0.0]
+
+
 def test_the_measured_world_moves_a_family_by_what_its_records_show():
     """The H100's paged AdamW full fine-tunes: the measured world draws each cell's miss about its family's mean
     held-out residual on that GPU, within the family's spread; a table whose records showed that family missing by

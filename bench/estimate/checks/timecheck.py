@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from ...host.rates import Rates, datasheet
 from ...matrix.shapes import shape_of
+from ...records.quality import noise_sd
 from ...records.record import Record
 from ...records.status import Status
 from ...records.store import read_records
@@ -100,6 +101,8 @@ class TimeCase:
     """Its run's op prebuild seconds where the prebuild compiled the ops that time the host
     (bench.estimate.steptime.host_time_of), else None: its host's time is this over a reference
     (ops_reference; its hardware's host_time, REF_OPS_S's)."""
+    noise: float = 0.0
+    """The measurement's own spread within its block, log scale (bench.records.quality.noise_sd: flagged or not)."""
 
 
 EXCLUDED = "a fault injected (ZEROBENCH_FAULT): a deliberately slowed or burdened run, not the cell's time"
@@ -167,6 +170,7 @@ def _case(file: str, rec: Record, cell, step: float, rates: Rates | None = None)
         run=rec.run_id or "",
         machine=(prov.gpus[0].uuid if prov and prov.gpus else None) or rec.run_id or "",
         ops_s=ops_s,
+        noise=noise_sd(rec),
     )
 
 
