@@ -90,12 +90,13 @@ def cuda_available() -> bool:
 
 
 LONG_FIRST = (
-    "test_nvme.py",
-    "test_e2e_cpu.py",
-    "test_answer_sim.py",
-    "test_autotuner_baseline.py",
-    "test_slurm_executor.py",
     "test_ray.py",
+    "test_e2e_cpu.py",
+    "test_nvme.py",
+    "test_answer_sim.py",
+    "test_ranks.py",
+    "test_slurm_executor.py",
+    "test_autotuner_baseline.py",
     "test_slurm_cluster.py",
     "test_trainer_configs.py",
 )

@@ -423,10 +423,12 @@ def trial(
     machines: int = 2,
     collapse: bool = False,
     asked: dict | None = None,
+    score: bool = True,
 ) -> Trial:
     """One synthetic truth on `gpu` (its misses drawn as `errors` says), answered in up to `calls` calls on
     `machines` machines (one: every call on the first; at the `--settle` level; `collapse`: answer mode's
-    Settings.collapse; `asked`: other answer mode Settings by name), and scored."""
+    Settings.collapse; `asked`: other answer mode Settings by name), and scored against the truth (`score` False:
+    not, for a caller that asks only whether it settled and what it spent: a fifth of a 7b trial's time)."""
     ok, failed, oom = _templates(gpu)
     platform = _platform(ok)
     hw = hardware(platform)
@@ -443,14 +445,14 @@ def trial(
         printed = _call(matrix, path, sim, cap_s, resume=True, settle=settle, collapse=collapse, asked=asked)
         made = 2
     recs = [r.to_dict() for r in Store(path).records()]
-    s = _search(items, hw, recs)
-    wrong, called, wrong_fx = _score(s, world, recs)
     ended = [r for r in recs if r["status"] not in ("started", "unmeasured", "skipped")]
     spent = sum(r.get("wall_s") or 0.0 for r in ended)
     (roles, attempts), stated = _roles(ended), _stated(printed)
-    return Trial(
-        seed, wrong, called, wrong_fx, spent, _settled(path, printed), made, roles, stated, _misses(s, world), attempts
-    )
+    wrong, called, wrong_fx, misses = [], 0, [], {}
+    if score:
+        s = _search(items, hw, recs)
+        (wrong, called, wrong_fx), misses = _score(s, world, recs), _misses(s, world)
+    return Trial(seed, wrong, called, wrong_fx, spent, _settled(path, printed), made, roles, stated, misses, attempts)
 
 
 def _roles(ended: list[dict]) -> tuple[dict[str, float], dict[str, int]]:
