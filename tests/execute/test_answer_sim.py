@@ -192,3 +192,20 @@ def test_a_trial_without_the_frontier_is_settled_by_who_leads_alone(tmp_path):
     )
     assert not answer_sim._settled(s, [line.format("23.3%", "not below")])
     assert answer_sim._settled(s, [line.format("2.0%", "below")])
+
+
+def test_misses_split_into_the_knobs_main_effects_and_each_cells_own():
+    """tools.misses on one machine's neighbouring cells: the level and one effect per axis value take out what the
+    cells that share a value share (least squares: each value's cells' own misses sum to nothing), and what is left
+    is each cell's own, set against the measurements' noise."""
+    from tools import misses
+
+    s = misses.split("results/held-out/neighbours-7b-h100.jsonl")
+    assert s.df == len(s.misses) - len(s.effects) > 0 and len(s.cells) == len(s.misses)
+    assert abs(s.own.sum()) < 1e-9
+    for name in s.effects:
+        if name != "level":
+            axis, value = name.split("=")
+            holding = [i for i, c in enumerate(s.cells) if str(c[axis]) == value]
+            assert holding and abs(s.own[holding].sum()) < 1e-9, name
+    assert 0 < s.own_sd < s.misses.std(ddof=1) and s.noise > 0 and s.own_beyond_noise >= 0
