@@ -74,10 +74,17 @@ QUICK = "not gpu and not slow"
 SLOW = "slow and not gpu"
 
 
+ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1"}
+"""numpy's BLAS (the fits, the answer simulator) one thread per test process: two test files run at once on the
+2-core CI machine, and each process's second BLAS thread only contends with the other file (the simulator's slow
+test: 72 s alone with two threads, 96 s with one, 210 s with two beside another file). Torch's threads, which the
+CPU cells use, are not BLAS's."""
+
+
 def _quick_suite(session, *extra):
     """Two at a time, one file per pytest-xdist worker (as the slow suite): on the 2-core CI machine the
     quick suite took 957 s in one process and 298 s so (docs/testing.md)."""
-    session.run("pytest", "-m", QUICK, "-n", "2", "--dist", "loadfile", *extra, *session.posargs)
+    session.run("pytest", "-m", QUICK, "-n", "2", "--dist", "loadfile", *extra, *session.posargs, env=ONE_BLAS_THREAD)
 
 
 COPIED_OPS = ("CPUAdamBuilder", "ShareMemCommBuilder")
@@ -104,7 +111,8 @@ def _slow_suite(session, *extra):
         ("the rest", f"{SLOW} and not serial and not copies_ops", two),
     ):
         with _timed(session, f"slow suite, {name}"):
-            session.run("pytest", "-m", marks, *workers, *extra, *session.posargs, success_codes=[0, 5])
+            args = ("-m", marks, *workers, *extra, *session.posargs)
+            session.run("pytest", *args, success_codes=[0, 5], env=ONE_BLAS_THREAD)
 
 
 @contextlib.contextmanager
