@@ -76,9 +76,8 @@ SLOW = "slow and not gpu"
 
 ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1"}
 """numpy's BLAS (the fits, the answer simulator) one thread per test process: two test files run at once on the
-2-core CI machine, and each process's second BLAS thread only contends with the other file (the simulator's slow
-test: 72 s alone with two threads, 96 s with one, 210 s with two beside another file). Torch's threads, which the
-CPU cells use, are not BLAS's."""
+2-core CI machine, where a second BLAS thread only contends with the other file (docs/testing.md). Torch's threads,
+which the CPU cells use, are not BLAS's."""
 
 
 def _quick_suite(session, *extra):

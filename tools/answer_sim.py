@@ -428,7 +428,7 @@ def trial(
     """One synthetic truth on `gpu` (its misses drawn as `errors` says), answered in up to `calls` calls on
     `machines` machines (one: every call on the first; at the `--settle` level; `collapse`: answer mode's
     Settings.collapse; `asked`: other answer mode Settings by name), and scored against the truth (`score` False:
-    not, for a caller that asks only whether it settled and what it spent: a fifth of a 7b trial's time)."""
+    not, for a caller that asks only whether it settled and what it spent: scoring builds a second Search)."""
     ok, failed, oom = _templates(gpu)
     platform = _platform(ok)
     hw = hardware(platform)

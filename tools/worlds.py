@@ -10,6 +10,8 @@ Made from results files (gzipped ones too), every ok record with a median step t
   records). Held out: an H200 record of a run the constants were fitted on (FITTED_RUNS) is predicted by constants
   fitted on the other results files (bench.estimate.checks.timecheck.cross_validate_time); any other record by the
   fitted constants, which never saw it (an H100 record: no H100 record was ever fitted on).
+- `own`: per family, [deviation, its noise's variance] of each cell from the mean of its family's cells measured on
+  the same machine, of the same model (`_own`): a cell's own miss, which `own` draws with the noise taken out.
 - `fixed`: ln(the record's wall time less its steps' time, over the predicted start and setup
   (bench.estimate.steptime.predict_start + predict_setup, the fitted constants, as the simulator predicts them)):
   what a cell costs beside its steps, as the records show it.
@@ -192,8 +194,8 @@ def derive(paths: list[str]) -> dict:
 def _own(alike: dict) -> dict:
     """Per family, [deviation, its noise's variance] of each cell from the mean of its family's cells measured on its
     machine, of its model (groups of two or more; times sqrt(n / (n - 1)), the spread about the true mean): a cell's
-    own miss where neither the machine nor the model differs, with the measurement's noise still in it (own_spread
-    `own` takes that out)."""
+    own miss where neither the machine nor the model differs, with the measurement's noise still in it (`own` takes
+    that out)."""
     out: dict = collections.defaultdict(list)
     for (fam, _, _), xs in sorted(alike.items()):
         if len(xs) > 1:
