@@ -25,7 +25,7 @@ from ..matrix.problems import InputError
 from ..records.store import read_records
 from .fitdata import write_section
 from .fitted import FITTED, FITTED_RUNS, NEUTRAL, SECTION, Constants
-from .model import Estimate, Hardware, predict
+from .model import Estimate, Hardware, allocated_by_scale, predict
 from .verdict import DEFAULT_MARGIN, Verdict, verdict
 
 __all__ = [
@@ -203,11 +203,12 @@ def fit(cs: Sequence[Case], base: Constants = FITTED) -> Constants:
     # The activation scale on the allocator's peak (what it scales), the fragmentation constants on the
     # reservation above that peak (what they predict), each by least absolute relative error.
     alloc = [c for c in gpu if c.measured_allocated and c.measured_reserved]
-    scale_err = []
-    for scale in _SCALES:
-        k0 = dataclasses.replace(base, activation_scale=scale)
-        err = sum(abs(predict(c.cell, c.ds_config, c.hw, k0).allocated_bytes / c.measured_allocated - 1) for c in alloc)
-        scale_err.append((err, scale))
+    ks = [dataclasses.replace(base, activation_scale=scale) for scale in _SCALES]
+    by_case = [allocated_by_scale(c.cell, c.ds_config, ks) for c in alloc]
+    scale_err = [
+        (sum(abs(got[i] / c.measured_allocated - 1) for c, got in zip(alloc, by_case)), scale)
+        for i, scale in enumerate(_SCALES)
+    ]
     scale = min(scale_err)[1] if alloc else base.activation_scale
     k0 = dataclasses.replace(base, **_ZERO_GPU, cuda_context=ctx, nccl=nccl, activation_scale=scale)
     rows, y, b = [], [], []

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 from ..host.rates import Rates
@@ -532,6 +533,16 @@ def predict(cell: Any, ds_config: dict | None = None, hw: Hardware | None = None
             "activations": dict(act),
         },
     )
+
+
+def allocated_by_scale(cell: Any, ds_config: dict | None, ks: Sequence[Constants]) -> list[float]:
+    """predict(cell, ds_config, k=k).allocated_bytes for each k of `ks`, the cell's setting and buffers worked
+    out once: the activation scale's grid search (bench.estimate.check.fit) asks this of every case."""
+    c = _setting(cell, ds_config)
+    persistent, _ = _persistent(c)
+    b = _buffers(c)
+    persistent.update(b.persistent)
+    return [sum(_peak(persistent, b, _activations(c, k))[1].values()) for k in ks]
 
 
 def _peak(persistent: dict[str, float], b: _Buffers, act: dict[str, float]) -> tuple[str, dict[str, float]]:

@@ -509,14 +509,25 @@ def _logs(ms: Sequence[Miss], band: str) -> list[float]:
     return [m.log for m in ms if m.group in BANDS[band]]
 
 
-def _hits(ms: Sequence[Miss], band: str, level: float) -> tuple[int, int]:
-    """(records, of the band's, inside it at `level` derived from the other files' records; records)."""
+def _held_out_pairs(ms: Sequence[Miss], band: str) -> list[tuple[list[float], list[float]]]:
+    """Per file with records in the band: (its logs, the other files' logs, sorted)."""
+    by_file: dict[str, list[float]] = {}
+    for m in ms:
+        if m.group in BANDS[band]:
+            by_file.setdefault(m.file, []).append(m.log)
+    return [
+        (mine, sorted(x for g, logs in by_file.items() if g != f for x in logs))
+        for f, mine in sorted(by_file.items())
+    ]
+
+
+def _hits(pairs: Sequence[tuple[list[float], list[float]]], level: float) -> tuple[int, int]:
+    """(records inside the band at `level` derived from the other files' records; records), over
+    _held_out_pairs."""
     inside = n = 0
-    for f in sorted({m.file for m in ms}):
-        other = _logs([m for m in ms if m.file != f], band)
-        mine = _logs([m for m in ms if m.file == f], band)
-        if other and mine:
-            q = (1 - level) / 2
+    q = (1 - level) / 2
+    for mine, other in pairs:
+        if other:
             low, high = _pct(other, q), _pct(other, 1 - q)
             inside, n = inside + sum(low <= x <= high for x in mine), n + len(mine)
     return inside, n
@@ -529,7 +540,8 @@ def calibrated_levels(ms: Sequence[Miss]) -> dict[str, float]:
     edges the largest errors seen)."""
     out = {}
     for band in BANDS:
-        hits = ((level, *_hits(ms, band, level)) for level in LEVELS)
+        pairs = _held_out_pairs(ms, band)
+        hits = ((level, *_hits(pairs, level)) for level in LEVELS)
         out[band] = next((level for level, i, n in hits if n and i >= BAND_COVERAGE * n), LEVELS[-1])
     return out
 
