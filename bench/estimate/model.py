@@ -21,8 +21,8 @@ are fitted on recorded measurements: named in bench.estimate.fitted, their value
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..host.rates import Rates

@@ -516,8 +516,7 @@ def _held_out_pairs(ms: Sequence[Miss], band: str) -> list[tuple[list[float], li
         if m.group in BANDS[band]:
             by_file.setdefault(m.file, []).append(m.log)
     return [
-        (mine, sorted(x for g, logs in by_file.items() if g != f for x in logs))
-        for f, mine in sorted(by_file.items())
+        (mine, sorted(x for g, logs in by_file.items() if g != f for x in logs)) for f, mine in sorted(by_file.items())
     ]
 
 
