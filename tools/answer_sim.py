@@ -206,7 +206,13 @@ class World:
             again = [devs[_index(self.seed, len(devs), "shift", fam, k)] for k in range(max(n, 1))]
             self._shift[fam] = mean + statistics.fmean(again)
         mine = worlds.own(self.table["own"], fam)
-        return self._shift[fam] + mine[_index(self.seed, len(mine), "step", cell.hash)]
+        own_var = statistics.fmean(x * x for x in mine)
+        knobs = 0.0
+        for axis, value in worlds.knobs_of(cell).items():
+            got = worlds.knob(self.table.get("knobs", {}), fam[0], axis, own_var)
+            sign = 1.0 if _draw(self.seed, "knob sign", fam[:2], axis, repr(value)) > 0 else -1.0
+            knobs += sign * got[_index(self.seed, len(got), "knob", fam[:2], axis, repr(value))]
+        return self._shift[fam] + knobs + mine[_index(self.seed, len(mine), "step", cell.hash)]
 
     def speed(self, cell, m: Machine) -> float:
         """True log tokens/s of the cell on machine m."""

@@ -10,8 +10,13 @@ Made from results files (gzipped ones too), every ok record with a median step t
   records). Held out: an H200 record of a run the constants were fitted on (FITTED_RUNS) is predicted by constants
   fitted on the other results files (bench.estimate.checks.timecheck.cross_validate_time); any other record by the
   fitted constants, which never saw it (an H100 record: no H100 record was ever fitted on).
-- `own`: per family, [deviation, its noise's variance] of each cell from the mean of its family's cells measured on
-  the same machine, of the same model (`_own`): a cell's own miss, which `own` draws with the noise taken out.
+- `own`: per family, [deviation, its noise's variance] of each cell from the fit of a level and its knobs' main
+  effects to its family's cells measured on the same machine, of the same model (`_own`): a cell's own miss, beyond
+  what the knobs it shares with its neighbours explain, which `own` draws with the noise taken out.
+- `knobs`: per PEFT mode and knob (`knobs_of`: an axis the family leaves free, micro-batch and accumulation as one),
+  [half the difference, half its noise's variance] of each pair of cells of one family measured on one machine, of
+  one model, that differ in that knob alone (`_knobs`): how far one value of a knob moves a cell from another, which
+  `knob` draws with the noise and the cells' own misses taken out.
 - `fixed`: ln(the record's wall time less its steps' time, over the predicted start and setup
   (bench.estimate.steptime.predict_start + predict_setup, the fitted constants, as the simulator predicts them)):
   what a cell costs beside its steps, as the records show it.
@@ -40,14 +45,19 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from bench.estimate.checks.timecheck import TimeCase, cross_validate_time, evaluate_time, fitted, time_cases
 from bench.estimate.steptime import predict_setup, predict_start
-from bench.matrix.axes import OPTIMIZERS
+from bench.matrix.axes import AXES, OPTIMIZERS
 from bench.records import quality
 from bench.records.status import Status
 from bench.records.store import read
 
-__all__ = ["GPUS", "MIN_FAMILY", "TABLE", "center", "deviations", "derive", "family", "gpu_of", "load", "own", "pool"]
+__all__ = [
+    "GPUS", "MIN_FAMILY", "TABLE", "center", "deviations", "derive", "family", "gpu_of", "knob", "knobs_of", "load", "own",
+    "pool",
+]  # fmt: skip
 
 TABLE = Path(__file__).with_name("measured_world.json")
 GPUS = ("H200", "H100")
@@ -68,6 +78,19 @@ def family(cell) -> tuple[str, str, str]:
     """(PEFT mode, offload, optimizer kind) of a cell (a bench.matrix.cells.Cell or a record's cell dict)."""
     get = cell.get if isinstance(cell, dict) else lambda k: getattr(cell, k, None)
     return (str(get("peft") or "none"), str(get("offload") or "none"), optimizer_kind(str(get("optimizer"))))
+
+
+FAMILY_AXES = ("peft", "offload", "ds_config")
+"""Axes a cell's family holds (or, a user's DeepSpeed file, that no knob effect describes)."""
+
+
+def knobs_of(cell) -> dict[str, object]:
+    """A cell's knobs: every axis but its family's, micro-batch and accumulation as one ("batch": the pair, as a
+    matrix with a fixed batch moves both at once). The optimizer is one: its kind is the family's, the name within
+    it (adamw, fusedadam) a knob."""
+    out = {a.name: getattr(cell, a.name, None) for a in AXES if a.name not in FAMILY_AXES}
+    out["batch"] = (out.pop("micro_batch"), out.pop("grad_accum"))
+    return out
 
 
 def _key(fam: tuple[str, ...]) -> str:
@@ -177,31 +200,62 @@ def derive(paths: list[str]) -> dict:
             continue
         step: dict = collections.defaultdict(list)
         fixed: dict = collections.defaultdict(list)
-        alike: dict = collections.defaultdict(list)  # (family, machine, model): [(residual, its noise's variance)]
+        alike: dict = collections.defaultdict(list)  # (family, machine, model): [(residual, noise variance, knobs)]
         for (fam, machine, _), rs in sorted(_by_cell(rows).items()):
             x = statistics.fmean(math.log(r.typical / r.case.step_s) for r in rs)
             step[fam].append(round(x, 4))
             noise = statistics.fmean(r.case.noise**2 for r in rs) / len(rs)  # the mean of len(rs) measurements'
-            alike[(fam, machine, rs[0].case.cell.model)].append((x, noise))
+            c = rs[0].case.cell
+            alike[(fam, machine, (c.model, c.seq_len, c.gpus, c.nodes))].append((x, noise, knobs_of(c)))
             got = [f for r in rs if (f := _fixed(r.case)) is not None]
             if got:
                 fixed[fam].append(round(statistics.fmean(got), 4))
         flags, template = _flags(paths, gpu)
-        gpus[gpu] = {"step": dict(step), "own": _own(alike), "fixed": dict(fixed), "flags": flags, "template": template}
+        gpus[gpu] = {
+            "step": dict(step), "own": _own(alike), "knobs": _knobs(alike), "fixed": dict(fixed), "flags": flags,
+            "template": template,
+        }  # fmt: skip
     return {"made_from": sorted(os.path.basename(p) for p in paths), "min_family": MIN_FAMILY, "gpus": gpus}
 
 
+def _main_effects(knobs: list[dict]) -> np.ndarray:
+    """The design of a level and one effect per value of each knob that varies (its first value the reference)."""
+    cols = [np.ones(len(knobs))]
+    for axis in knobs[0]:
+        values = sorted({repr(k[axis]) for k in knobs})
+        cols += [np.array([float(repr(k[axis]) == v) for k in knobs]) for v in values[1:]]
+    return np.array(cols).T
+
+
 def _own(alike: dict) -> dict:
-    """Per family, [deviation, its noise's variance] of each cell from the mean of its family's cells measured on its
-    machine, of its model (groups of two or more; times sqrt(n / (n - 1)), the spread about the true mean): a cell's
-    own miss where neither the machine nor the model differs, with the measurement's noise still in it (`own` takes
-    that out)."""
+    """Per family, [residual, its noise's variance] of each cell after a level and its knobs' main effects fitted
+    to its family's cells on its machine, of its model (least squares; groups with a residual degree of freedom left;
+    times sqrt(n / df), the spread about the truth): a cell's own miss where neither the machine, the model nor a
+    knob it shares explains it, with the measurement's noise still in it (`own` takes that out)."""
     out: dict = collections.defaultdict(list)
-    for (fam, _, _), xs in sorted(alike.items()):
-        if len(xs) > 1:
-            mean, k = statistics.fmean(x for x, _ in xs), math.sqrt(len(xs) / (len(xs) - 1))
-            out[fam] += [[round((x - mean) * k, 4), round(v, 6)] for x, v in xs]
+    for (fam, _, _), xs in sorted(alike.items(), key=lambda kv: repr(kv[0])):
+        X = _main_effects([k for *_, k in xs] if len(xs[0]) > 2 else [{} for _ in xs])
+        y = np.array([x[0] for x in xs])
+        beta, _, rank, _ = np.linalg.lstsq(X, y, rcond=None)
+        df = len(xs) - rank
+        if df > 0:
+            k = math.sqrt(len(xs) / df)
+            out[fam] += [[round(float(r) * k, 4), round(x[1], 6)] for r, x in zip(y - X @ beta, xs)]
     return dict(out)
+
+
+def _knobs(alike: dict) -> dict:
+    """Per PEFT mode and knob, [half the difference, half its noise's variance] of every pair of cells of one family,
+    machine and model that differ in that knob alone: a draw of one value's effect less another's, over sqrt(2)."""
+    out: dict = collections.defaultdict(lambda: collections.defaultdict(list))
+    for (fam, _, _), xs in sorted(alike.items(), key=lambda kv: repr(kv[0])):
+        for i, (x1, v1, k1) in enumerate(xs):
+            for x2, v2, k2 in xs[i + 1 :]:
+                differ = [a for a in k1 if k1[a] != k2[a]]
+                if len(differ) == 1:
+                    d = (x1 - x2) / math.sqrt(2)
+                    out[fam.split("/")[0]][differ[0]].append([round(d, 4), round((v1 + v2) / 2, 6)])
+    return {peft: dict(axes) for peft, axes in out.items()}
 
 
 def own(table: dict, fam: tuple[str, str, str]) -> list[float]:
@@ -211,6 +265,20 @@ def own(table: dict, fam: tuple[str, str, str]) -> list[float]:
     deviation within its noise says nothing of the cell beyond it (0); a record's far miss keeps its size, tails
     and all. The simulated measurement adds its own noise."""
     return [math.copysign(math.sqrt(max(d * d - v, 0.0)), d) for d, v in pool(table, fam)] or [0.0]
+
+
+def knob(table: dict, peft: str, axis: str, own_var: float) -> list[float]:
+    """How far one value of a knob moves a cell of this PEFT mode: `_knobs`' entries of that mode and knob, else of
+    that knob in any mode with MIN_FAMILY of them, else every knob's of the GPU; each half-difference e, whose noise
+    has variance w and whose two cells' own misses variance 2 own_var, as sign(e) sqrt(max(e^2 - w - own_var, 0))
+    (as `own`). Symmetric: a draw's sign is the draw's own."""
+    mode = table.get(peft, {}).get(axis, [])
+    anywhere = [e for axes in table.values() for e in axes.get(axis, [])]
+    entries = next(
+        (xs for xs in (mode, anywhere) if len(xs) >= MIN_FAMILY),
+        [e for axes in table.values() for xs in axes.values() for e in xs],
+    )
+    return [math.copysign(math.sqrt(max(e * e - w - own_var, 0.0)), e) for e, w in entries] or [0.0]
 
 
 def _by_cell(rows: list) -> dict:

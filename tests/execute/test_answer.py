@@ -115,6 +115,31 @@ def test_a_setting_only_some_cells_have_stays_in_the_model():
     assert predicted(kept) > predicted([{k: v for k, v in f.items() if k != "lora_r"} for f in kept])
 
 
+def test_a_knobs_effect_in_one_family_speaks_less_surely_of_another_with_family_pairs():
+    """With family_pair_sd, an optimizer's effect measured on LoRA cells leaves a full fine-tune's wider than a
+    LoRA cell's, and wider than with every pair at pair_sd; a pair of two knobs keeps pair_sd."""
+    cells = [{"peft": p, "optimizer": o, "micro_batch": mb} for p in ("none", "lora") for o in ("adamw", "paged")
+             for mb in (1, 2)]  # fmt: skip
+
+    def online(family: float) -> Online:
+        on = Online(prior_sd=0.05, offset_sd=0.5, noise_sd=0.01, misfit_sd=0.01, pair_sd=0.01,
+                    family_axes=("peft",), family_pair_sd=family)  # fmt: skip
+        on.declare(cells)
+        for f in cells:
+            if f["peft"] == "lora":
+                on.observe(f, 0.0, 0.1 if f["optimizer"] == "paged" else 0.0)
+        return on
+
+    full = next(f for f in cells if f["peft"] == "none" and f["optimizer"] == "paged" and f["micro_batch"] == 1)
+    lora = next(f for f in cells if f["peft"] == "lora" and f["optimizer"] == "paged" and f["micro_batch"] == 1)
+    narrow, wide = online(0.0), online(0.1)
+    assert wide.predict(full, 0.0)[1] > 2 * narrow.predict(full, 0.0)[1]
+    assert wide.predict(full, 0.0)[1] > 2 * wide.predict(lora, 0.0)[1]
+    sds = {t: wide._term_sd(t) for t in wide._terms}
+    assert sds[(("optimizer", "paged"), ("peft", "none"))] == 0.1
+    assert sds[(("micro_batch", 1), ("optimizer", "paged"))] == 0.01 and sds[("optimizer", "paged")] == 0.05
+
+
 def test_rung_zero_is_the_short_schedule_and_rung_one_the_matrixs():
     fixed = Cell(matrix="m", model="llama-tiny", measured_steps=8)
     assert answer.rung_cell(fixed, 0).measured_steps == 4 and answer.rung_cell(fixed, 1) == fixed

@@ -69,7 +69,10 @@ class Online:
     cell's true value, where observe() is not told its own; misfit_sd: the least interaction left after the
     effects (learn_misfit: the prior guess of it); pair_sd: how far one pair of axis values may be off (0: no
     pair effects); host_sd: how far a block's host may be from the typical host's, the term a cell takes times its
-    host share (0: no host terms); misfit_floor: the least misfit learn_misfit may learn."""
+    host share (0: no host terms); misfit_floor: the least misfit learn_misfit may learn; family_axes and
+    family_pair_sd: a pair with a value of one of these axes (what a cell family is: PEFT mode, offload) may be
+    off by family_pair_sd instead: a knob's effect differs from one family to another far more than from one
+    knob's value to another's."""
 
     prior_sd: float
     offset_sd: float
@@ -79,6 +82,8 @@ class Online:
     learn_misfit: bool = False
     host_sd: float = 0.0
     misfit_floor: float = 0.0
+    family_axes: tuple[str, ...] = ()
+    family_pair_sd: float = 0.0
     _terms: list[tuple] = field(default_factory=list)  # (axis, value) or a pair of them, in column order
     _index: dict[tuple, int] = field(default_factory=dict)  # term -> its column (the intercept is column 0)
     _codes: dict[int, tuple] = field(default_factory=dict)  # id(features) -> (features, columns)
@@ -182,10 +187,16 @@ class Online:
         """The anchors' estimate of a block's offset, which its parameter is measured from."""
         return self._anchored.get(block, (0.0, 0.0))[0] if block != self.ref else 0.0
 
+    def _term_sd(self, t: tuple) -> float:
+        if not isinstance(t[0], tuple):
+            return self.prior_sd
+        family = self.family_pair_sd and (t[0][0] in self.family_axes or t[1][0] in self.family_axes)
+        return self.family_pair_sd if family else self.pair_sd
+
     def _prior_var(self) -> np.ndarray:
         """Each parameter's prior variance: the machine, each term (an axis value, a pair), each block, each
         block's host."""
-        terms = [(self.pair_sd if isinstance(t[0], tuple) else self.prior_sd) ** 2 for t in self._terms]
+        terms = [self._term_sd(t) ** 2 for t in self._terms]
         blocks = [max(self._anchored.get(b, (0.0, self.offset_sd**2))[1], 1e-12) for b in self._free()]
         return np.array([self.offset_sd**2] + terms + blocks + [self.host_sd**2] * len(self._hosts()))
 
