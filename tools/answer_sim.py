@@ -19,10 +19,13 @@ made from the committed results files and the H200 and H100 answers' records, pe
 - a cell's speed on the first machine: the step-time model's prediction missed by its family's held-out residual
   (the family: PEFT mode, offload, optimizer kind; the residual: ln measured over a prediction by constants not
   fitted on that record), bootstrapped (World._measured_miss): the family's mean residual, moved by how well its
-  records pin it, plus a cell's own miss: a draw of how far the cells of a family measured on one machine, of one
-  model, lie from their mean, each less its measurement's noise (tools.worlds.own: the simulated measurement adds
-  noise of its own, and the machines' offsets are drawn apart), tails and all. The first machine's offset is in the
-  residuals; the second's host differs from it by the difference of two of HOST_OFFSETS;
+  records pin it; plus one effect per knob value, drawn once per trial for each PEFT mode and offload (the same for
+  every cell of them that holds the value) from the half-differences of cells one knob apart on one machine
+  (tools.worlds.knob); plus a cell's own miss, drawn from what is left of cells of one family, machine and model
+  after their knobs' main effects (tools.worlds.own); each less its measurements' noise (the simulated
+  measurement adds noise of its own, and the machines' offsets are drawn apart), tails and all. The first
+  machine's offset is in the residuals; the second's host differs from it by the difference of two of
+  HOST_OFFSETS;
 - a measurement is flagged with its family's share of flagged records on that GPU;
 - a cell's start and setup: the prediction times a draw of its family's ln(measured over predicted).
 
@@ -150,9 +153,18 @@ class World:
     """One trial's truth. errors: "measured" draws the step-time model's misses, the fixed costs and the flags from
     the records (tools.worlds' table, for the GPU `gpu`); "model" from the model's own prediction moved by effects."""
 
-    def __init__(self, seed: int, hw, template: dict, optimizers: list[str], errors: str = "measured", table=None):
+    def __init__(
+        self, seed: int, hw, template: dict, optimizers: list[str], errors: str = "measured", table=None, cells=()
+    ):
         self.seed, self.hw, self.errors = seed, hw, errors
         self.table = table  # the GPU's section of tools.worlds' table (measured)
+        # Each knob's values among the matrix's cells (`cells`): a knob's effects are drawn about their mean over them,
+        # since only a value's effect against another's is what the records show (a level is the family's).
+        self.knob_values: dict[str, list[str]] = collections.defaultdict(list)
+        for c in cells:
+            for axis, value in worlds.knobs_of(c).items():
+                if repr(value) not in self.knob_values[axis]:
+                    self.knob_values[axis].append(repr(value))
         rng = np.random.default_rng(seed)
         offsets = [HOST_OFFSETS[i] for i in rng.choice(len(HOST_OFFSETS), size=2, replace=False)]
         if errors == "measured":  # the first machine's own offset is in the residuals: the second differs by two's
@@ -162,6 +174,7 @@ class World:
         self.diverges, self.rejected = (picked + [None, None])[:2]  # a matrix of fewer optimizers: fewer failures
         self._base: dict[str, tuple] = {}
         self._shift: dict[tuple, float] = {}
+        self._knobs: dict[tuple, float] = {}
 
     @staticmethod
     def _machine(k: int, host: float, template: dict) -> Machine:
@@ -197,8 +210,9 @@ class World:
     def _measured_miss(self, cell) -> float:
         """The cell's held-out residual, bootstrapped: its family's mean residual (the structural miss) moved by the
         mean of as many draws of the family's spread as the mean rests on (at least one: how well the records pin
-        it; once per family and trial), plus a draw of its own miss (tools.worlds.own: how far cells of its family
-        measured on one machine, of one model, lie apart, the measurements' noise taken out, tails and all)."""
+        it; once per family and trial), plus each of its knob values' effect (tools.worlds.knob: once per trial, PEFT
+        mode and offload, a random sign), plus a draw of its own miss (tools.worlds.own), the measurements' noise
+        taken out of both, tails and all."""
         table, fam = self.table["step"], worlds.family(cell)
         devs = worlds.deviations(table, fam)
         if fam not in self._shift:
@@ -207,12 +221,22 @@ class World:
             self._shift[fam] = mean + statistics.fmean(again)
         mine = worlds.own(self.table["own"], fam)
         own_var = statistics.fmean(x * x for x in mine)
-        knobs = 0.0
-        for axis, value in worlds.knobs_of(cell).items():
-            got = worlds.knob(self.table.get("knobs", {}), fam[0], axis, own_var)
-            sign = 1.0 if _draw(self.seed, "knob sign", fam[:2], axis, repr(value)) > 0 else -1.0
-            knobs += sign * got[_index(self.seed, len(got), "knob", fam[:2], axis, repr(value))]
+        knobs = sum(
+            self._knob(fam, axis, repr(value), own_var) - statistics.fmean(
+                self._knob(fam, axis, v, own_var) for v in self.knob_values.get(axis) or [repr(value)]
+            )
+            for axis, value in worlds.knobs_of(cell).items()
+        )  # fmt: skip
         return self._shift[fam] + knobs + mine[_index(self.seed, len(mine), "step", cell.hash)]
+
+    def _knob(self, fam: tuple, axis: str, value: str, own_var: float) -> float:
+        """One knob value's effect for the cell's PEFT mode and offload (tools.worlds.knob), a random sign."""
+        key = (fam, axis, value)
+        if key not in self._knobs:
+            got = worlds.knob(self.table.get("knobs", {}), fam[0], axis, own_var)
+            sign = 1.0 if _draw(self.seed, "knob sign", fam[:2], axis, value) > 0 else -1.0
+            self._knobs[key] = sign * got[_index(self.seed, len(got), "knob", fam[:2], axis, value)]
+        return self._knobs[key]
 
     def speed(self, cell, m: Machine) -> float:
         """True log tokens/s of the cell on machine m."""
@@ -441,7 +465,7 @@ def trial(
     items = _runnable(matrix, platform, hw)
     optimizers = sorted({it.cell.optimizer for it in items} - {"adamw", "fusedadam"})
     table = worlds.load()["gpus"][gpu] if errors == "measured" else None
-    world = World(seed, hw, ok, optimizers, errors, table)
+    world = World(seed, hw, ok, optimizers, errors, table, [it.cell for it in items])
     sim = SimRecording(world, ok, failed, oom)
     path = workdir / f"trial-{seed}.jsonl"
     printed = _call(matrix, path, sim, first_s, resume=False, settle=settle, collapse=collapse, asked=asked)

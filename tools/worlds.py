@@ -55,8 +55,8 @@ from bench.records.status import Status
 from bench.records.store import read
 
 __all__ = [
-    "GPUS", "MIN_FAMILY", "TABLE", "center", "deviations", "derive", "family", "gpu_of", "knob", "knobs_of", "load", "own",
-    "pool",
+    "GPUS", "MIN_FAMILY", "TABLE", "center", "deviations", "derive", "family", "gpu_of", "knob", "knobs_of", "load",
+    "own", "pool",
 ]  # fmt: skip
 
 TABLE = Path(__file__).with_name("measured_world.json")

@@ -164,6 +164,24 @@ def _add_answer(r: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--pairs", type=positive, metavar="N", help="with --answer: measured pairs per knob value (default 1)"
     )
+    r.add_argument(
+        "--screen",
+        type=positive,
+        metavar="N",
+        help="with --answer: once each group has its leader, first measure N pairs for every knob value, in the "
+        "cheapest cells that pair (default: no screen)",
+    )
+    r.add_argument(
+        "--collapse",
+        action="store_true",
+        help="with --answer: treat a knob's values as one within a group where its measured pairs put the effect "
+        "inside the minimum effect either way (the answer names each value it collapses)",
+    )
+    r.add_argument(
+        "--no-frontier",
+        action="store_true",
+        help="with --answer: settle who leads alone; the memory/speed frontier is given as measured, not settled",
+    )
 
 
 def _add_outputs(r: argparse.ArgumentParser) -> None:

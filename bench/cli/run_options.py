@@ -56,7 +56,13 @@ def settings_of(args) -> RunSettings:
 
 def _answer_settings(args) -> AnswerSettings | None:
     """--answer and its options; None without --answer."""
-    options = (("--budget", args.budget), ("--group-by", args.group_by), ("--pairs", args.pairs))
+    options = (
+        ("--budget", args.budget),
+        ("--group-by", args.group_by),
+        ("--pairs", args.pairs),
+        ("--screen", args.screen),
+    )
+    options += tuple((f, True) for f, on in (("--collapse", args.collapse), ("--no-frontier", args.no_frontier)) if on)
     given = [f for f, v in (*options, ("--settle", args.settle)) if v is not None]  # "" is given too: refused below
     if not args.answer:
         if given:
@@ -79,6 +85,9 @@ def _answer_settings(args) -> AnswerSettings | None:
         budget_s=_duration(args.budget) if args.budget is not None else None,
         pairs=args.pairs or AnswerSettings.pairs,
         settle=chance_level(args.settle) if args.settle is not None else AnswerSettings.settle,
+        screen=args.screen or 0,
+        collapse=args.collapse,
+        frontier=not args.no_frontier,
     )
 
 

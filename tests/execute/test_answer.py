@@ -170,6 +170,8 @@ def test_rung_zero_is_the_short_schedule_and_rung_one_the_matrixs():
         (["--dry-run", "--answer", "--settle", "0.9"], "--settle 0.9: a chance from 0.1% to 50%"),
         (["--dry-run", "--answer", "--settle", ""], "--settle : a chance from 0.1% to 50%"),
         (["--answer", "--repeats", "2"], "--repeats with --answer"),
+        (["--collapse", "--no-frontier"], "--collapse, --no-frontier only with --answer"),
+        (["--screen", "3"], "--screen only with --answer"),
         (["--executor", "replay"], "--executor replay needs the results files"),
     ],
 )
@@ -177,6 +179,17 @@ def test_answer_options_are_checked_before_anything_runs(tmp_path, capsys, argv,
     code = cli(["run", "matrices/compare-h200.yaml", "--results", str(tmp_path / "r.jsonl"), "--no-report", *argv])
     assert code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_the_screen_the_collapse_and_the_lead_question_alone_are_options_of_the_run():
+    from bench.cli import parser
+    from bench.cli.run_options import _answer_settings
+
+    args = parser().parse_args(["run", "matrices/7b.yaml", "--answer", "--screen", "3", "--collapse", "--no-frontier"])
+    got = _answer_settings(args)
+    assert (got.screen, got.collapse, got.frontier) == (3, True, False)
+    plain = _answer_settings(parser().parse_args(["run", "matrices/7b.yaml", "--answer"]))
+    assert (plain.screen, plain.collapse, plain.frontier) == (0, False, True)
 
 
 def test_answer_mode_refuses_a_searched_micro_batch(tmp_path, capsys):

@@ -170,7 +170,7 @@ def test_the_measured_world_moves_a_family_by_what_its_records_show():
         mean, n = worlds.center(table["step"], fam)
         assert n >= 3
         for seed in range(3):
-            measured = answer_sim.World(seed, hw, ok, ["paged_adamw"], "measured", table)
+            measured = answer_sim.World(seed, hw, ok, ["paged_adamw"], "measured", table, [it.cell for it in items])
             misses = [measured.base(c)[0] - answer_sim._model(c, hw)[0] for c in paged]
             # About the family's mean, spread by the knobs' effects and the cells' own (sd about 0.1).
             assert abs(sum(misses) / len(misses) - mean) < 0.1 and max(misses) - min(misses) < 0.6, misses
