@@ -372,7 +372,7 @@ def test_an_answer_does_not_claim_settled_over_cells_no_anchor_ties_to_it(tmp_pa
     assert cli(["run", "matrices/1b.yaml", "--answer", "--replay", *GRIDS["1b"], "--results", out, "--no-report",
                 "--no-progress"]) == 0  # fmt: skip
     printed = capsys.readouterr().out
-    settled = next(ln for ln in printed.splitlines() if ln.startswith("  settled: "))
+    settled = next(ln for ln in printed.splitlines() if ln.startswith("  not settled: "))
     assert "not compared with it (no block or anchor ties theirs to its)" in printed
     assert "both below); not settled against the 3 measured cell(s) of B2, B3, which no anchor ties to B1" in settled
     # One block: every measured cell compares, nothing is left out.

@@ -23,12 +23,16 @@ class Ending:
         """m measured faster than c, where a block or anchors tie them (never raw across untied blocks)."""
         return self.comparable(m, c) and self.gap(m, c)[0] > 0
 
-    def left_s(self) -> float:
-        """Predicted cell seconds of what could still be measured (each open cell that could change the
-        answer, once, on the short schedule), within the budget left."""
+    def needed_s(self) -> float:
+        """Predicted cell seconds of measuring, once each on the short schedule, every open cell that could still
+        change the answer."""
         if "left" not in self._memo:  # asked at every record (the ETA); it changes only with an outcome
             self._memo["left"] = sum(self.cost_s(c, 0) for c in self.open() + self.parked() if self.needed(c))
-        left = self._memo["left"]
+        return self._memo["left"]
+
+    def left_s(self) -> float:
+        """needed_s, within the budget left."""
+        left = self.needed_s()
         return left if self.s.budget_s is None else min(left, max(0.0, self.s.budget_s - self.spent_s))
 
     def full_run_s(self, cells: Iterable[Candidate]) -> float:

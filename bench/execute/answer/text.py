@@ -31,6 +31,7 @@ def summary(s: Search) -> list[str]:
         f"answer (95% intervals; {len(s.candidates)} runnable cells, grouped by {', '.join(s.s.group_by)}; "
         f"measured in {len(names)} block(s), each one run part on one machine):"
     ]
+    lines.append(_settled(s))
     lines += _blocks(s, names) if len(names) > 1 else []
     for g in s.groups():
         lines.append(_fastest(s, g, names))
@@ -42,7 +43,6 @@ def summary(s: Search) -> list[str]:
     )
     lines += _effects(s)
     lines += [f"  {collapse.line(s, c)}" for c in collapse.collapses(s)] if s.settings.collapse else []
-    lines.append(_settled(s))
     lines += _flagged(s)
     expected = collections.Counter(s.lessons.expected(c.features) for c in s.candidates if c.state == State.EXPECTED)
     lines += s.lessons.summary(expected)
@@ -58,19 +58,31 @@ def summary(s: Search) -> list[str]:
 
 
 def _settled(s: Search) -> str:
-    """The joint stopping rule's figures (bench.execute.answer.settle): what the cells left unmeasured, and the
-    measured ones that may still beat their leader, could change."""
+    """The verdict, first: settled, or not settled and about how much more cell time would settle it; then the joint
+    stopping rule's figures (bench.execute.answer.settle): what the cells left unmeasured, and the measured ones
+    that may still beat their leader, could change."""
     ch, level = s.chances, s.s.settle
     left = len(s.open() + s.parked())
     rivals = sum(1 for c in s.candidates if c.obs and c.cell.hash in ch.cell_lead)  # bench.execute.answer.settle.rivals
     also = f", or of the {rivals} measured one(s) that may still be measured again," if rivals else ""
     lead, front = s.settled()
+    untied = _untied(s)
+    verdict = "settled" if lead and front and not untied else "not settled"
+    more = "" if verdict == "settled" else _more(s)
     return (
-        f"  settled: the chance that one of the {left} unmeasured cell(s){also} beats its group's fastest by more than "
-        f"{s.s.speed_tolerance:.0%} is {ch.lead:.1%}, that one adds a frontier point {ch.frontier:.1%} "
+        f"  {verdict}: the chance that one of the {left} unmeasured cell(s){also} beats its group's fastest by more "
+        f"than {s.s.speed_tolerance:.0%} is {ch.lead:.1%}, that one adds a frontier point {ch.frontier:.1%} "
         + _stops(s, lead, front, level)
-        + _untied(s)
+        + untied
+        + more
     )
+
+
+def _more(s: Search) -> str:
+    """About how much more cell time measuring, once each, the unmeasured cells that could still change the answer
+    would take (predicted): a floor of what settling it costs, not a promise."""
+    needed = s.needed_s()
+    return f"; to settle, about {needed / 60:.0f} more minutes of cell time (predicted)" if needed else ""
 
 
 def _stops(s: Search, lead: bool, front: bool, level: float) -> str:
