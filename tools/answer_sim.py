@@ -219,8 +219,10 @@ class World:
             mean, n = worlds.center(table, fam)
             again = [devs[_index(self.seed, len(devs), "shift", fam, k)] for k in range(max(n, 1))]
             self._shift[fam] = mean + statistics.fmean(again)
-        mine = worlds.own(self.table["own"], fam)
-        own_var = statistics.fmean(x * x for x in mine)
+        if ("own", fam) not in self._knobs:  # one pool per family: asked for every cell
+            got = worlds.own(self.table["own"], fam)
+            self._knobs[("own", fam)] = (got, statistics.fmean(x * x for x in got))
+        mine, own_var = self._knobs[("own", fam)]
         knobs = sum(
             self._knob(fam, axis, repr(value), own_var) - statistics.fmean(
                 self._knob(fam, axis, v, own_var) for v in self.knob_values.get(axis) or [repr(value)]

@@ -194,7 +194,7 @@ def test_the_measured_h100_world_ends_unsettled_at_the_real_runs_cell_time_as_th
     """The real H100 answer spent its 20-minute budget and did not settle (docs/answer-mode.md). The same search and
     prior in the measured H100 world, with the same budget on one machine, ends so too."""
     done = []
-    for seed in range(3):
+    for seed in range(2):
         (tmp_path / str(seed)).mkdir()
         done.append(
             answer_sim.trial(
@@ -203,7 +203,7 @@ def test_the_measured_h100_world_ends_unsettled_at_the_real_runs_cell_time_as_th
         )
     spent = [t.spent_s for t in done]
     assert all(1000 < x <= 1260 for x in spent) and all(t.calls == 1 for t in done), spent  # the budget, give or take
-    assert sum(not t.settled for t in done) >= 2, done
+    assert not any(t.settled for t in done), done
 
 
 def test_a_trial_whose_answer_states_a_chance_above_the_level_is_not_settled(tmp_path):
