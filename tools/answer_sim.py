@@ -158,13 +158,15 @@ class World:
     ):
         self.seed, self.hw, self.errors = seed, hw, errors
         self.table = table  # the GPU's section of tools.worlds' table (measured)
-        # Each knob's values among the matrix's cells (`cells`): a knob's effects are drawn about their mean over them,
-        # since only a value's effect against another's is what the records show (a level is the family's).
-        self.knob_values: dict[str, list[str]] = collections.defaultdict(list)
+        # Each knob's values among each family's cells of the matrix (`cells`; none: no knob effects): a knob's effects
+        # are drawn about their mean over them, since only a value's effect against another's is what the records
+        # show (a family's level is its own residual's).
+        self.knob_values: dict[tuple, list[str]] = collections.defaultdict(list)
         for c in cells:
             for axis, value in worlds.knobs_of(c).items():
-                if repr(value) not in self.knob_values[axis]:
-                    self.knob_values[axis].append(repr(value))
+                held = self.knob_values[(worlds.family(c), axis)]
+                if repr(value) not in held:
+                    held.append(repr(value))
         rng = np.random.default_rng(seed)
         offsets = [HOST_OFFSETS[i] for i in rng.choice(len(HOST_OFFSETS), size=2, replace=False)]
         if errors == "measured":  # the first machine's own offset is in the residuals: the second differs by two's
@@ -174,7 +176,8 @@ class World:
         self.diverges, self.rejected = (picked + [None, None])[:2]  # a matrix of fewer optimizers: fewer failures
         self._base: dict[str, tuple] = {}
         self._shift: dict[tuple, float] = {}
-        self._knobs: dict[tuple, float] = {}
+        self._knobs: dict[tuple, float] = {}  # (PEFT mode and offload, knob, value) -> its effect
+        self._owns: dict[tuple, list[float]] = {}  # family -> its own misses
 
     @staticmethod
     def _machine(k: int, host: float, template: dict) -> Machine:
@@ -219,25 +222,30 @@ class World:
             mean, n = worlds.center(table, fam)
             again = [devs[_index(self.seed, len(devs), "shift", fam, k)] for k in range(max(n, 1))]
             self._shift[fam] = mean + statistics.fmean(again)
-        if ("own", fam) not in self._knobs:  # one pool per family: asked for every cell
-            got = worlds.own(self.table["own"], fam)
-            self._knobs[("own", fam)] = (got, statistics.fmean(x * x for x in got))
-        mine, own_var = self._knobs[("own", fam)]
+        mine = self._own(fam)
         knobs = sum(
-            self._knob(fam, axis, repr(value), own_var) - statistics.fmean(
-                self._knob(fam, axis, v, own_var) for v in self.knob_values.get(axis) or [repr(value)]
+            self._knob(fam[:2], axis, repr(value)) - statistics.fmean(
+                self._knob(fam[:2], axis, v) for v in self.knob_values.get((fam, axis)) or [repr(value)]
             )
             for axis, value in worlds.knobs_of(cell).items()
         )  # fmt: skip
         return self._shift[fam] + knobs + mine[_index(self.seed, len(mine), "step", cell.hash)]
 
-    def _knob(self, fam: tuple, axis: str, value: str, own_var: float) -> float:
-        """One knob value's effect for the cell's PEFT mode and offload (tools.worlds.knob), a random sign."""
-        key = (fam, axis, value)
+    def _own(self, fam: tuple) -> list[float]:
+        """A family's own misses (tools.worlds.own; asked for every cell, worked out once)."""
+        if fam not in self._owns:
+            self._owns[fam] = worlds.own(self.table["own"], fam)
+        return self._owns[fam]
+
+    def _knob(self, where: tuple[str, str], axis: str, value: str) -> float:
+        """One knob value's effect for a PEFT mode and offload (`where`; tools.worlds.knob, less the own misses of
+        that mode and offload's cells), a random sign: the same for every family of them."""
+        key = (where, axis, value)
         if key not in self._knobs:
-            got = worlds.knob(self.table.get("knobs", {}), fam[0], axis, own_var)
-            sign = 1.0 if _draw(self.seed, "knob sign", fam[:2], axis, value) > 0 else -1.0
-            self._knobs[key] = sign * got[_index(self.seed, len(got), "knob", fam[:2], axis, value)]
+            own = self._own((*where, ""))  # no optimizer kind: the mode and offload's pool (tools.worlds.pool)
+            got = worlds.knob(self.table.get("knobs", {}), where[0], axis, statistics.fmean(x * x for x in own))
+            sign = 1.0 if _draw(self.seed, "knob sign", where, axis, value) > 0 else -1.0
+            self._knobs[key] = sign * got[_index(self.seed, len(got), "knob", where, axis, value)]
         return self._knobs[key]
 
     def speed(self, cell, m: Machine) -> float:
@@ -431,11 +439,12 @@ def _stated(printed: list[str]) -> float | None:
 
 
 def _settled(path: Path, printed: list[str]) -> bool:
-    """Whether the last call settled the answer: its `settled:` line says both chances are below the level, and it
-    left no cell that could still change the answer. Its unmeasured cells alone do not say: a measured cell that may
-    still beat its leader (bench.execute.answer.settle.rivals) keeps the chance up with no unmeasured cell needed."""
+    """Whether the last call settled the answer: its verdict line reads `settled:` (both chances below the level, every
+    measured cell tied; else `not settled:`), and it left no cell that could still change the answer. Its unmeasured
+    cells alone do not say: a measured cell that may still beat its leader (bench.execute.answer.settle.rivals) keeps
+    the chance up with no unmeasured cell needed."""
     found = [line for line in printed if STATED.search(line)]
-    if not found or not (": both below)" in found[-1] or ": below; the frontier is not asked)" in found[-1]):
+    if not found or not found[-1].startswith("  settled: "):  # the console's verdict (else "  not settled: ")
         return False
     recs = [r.to_dict() for r in Store(path).records()]
     last = [r for r in recs if r["run_id"] == recs[-1]["run_id"] and r["status"] == Status.UNMEASURED.value]

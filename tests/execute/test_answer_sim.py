@@ -181,8 +181,8 @@ def test_the_measured_world_moves_a_family_by_what_its_records_show():
 
 @pytest.mark.skipif(not H100_RUN.exists(), reason="the shared records are not beside this checkout")
 def test_the_committed_table_is_what_the_h100_records_give():
-    """The table's H100 part is made from the H100 answer and the H100 files of results/held-out/ (neighbours and
-    repeats on one machine each), as `python -m tools.worlds` made it."""
+    """The table's H100 part is made from the H100 answer and the H100 files of results/held-out/ (neighbour runs,
+    repeats, the ten-cell check), as `python -m tools.worlds` made it."""
     h100 = [str(H100_RUN), *map(str, sorted((ROOT / "results" / "held-out").glob("*h100*.jsonl")))]
     got = worlds.derive(h100)
     assert got["gpus"]["H100"] == worlds.load()["gpus"]["H100"]
@@ -210,13 +210,16 @@ def test_a_trial_whose_answer_states_a_chance_above_the_level_is_not_settled(tmp
     """A measured cell that may still beat its leader keeps the lead chance up while no unmeasured cell is needed:
     the answer's own line says whether it settled."""
     line = (
-        "  settled: the chance that one of the 3 unmeasured cell(s), or of the 1 measured one(s) that may still be "
+        "  {}: the chance that one of the 3 unmeasured cell(s), or of the 1 measured one(s) that may still be "
         "measured again, beats its group's fastest by more than 5% is {}, that one adds a frontier point 0.0% (the "
         "search stops asking each below 5%: {})"
     )
-    assert not answer_sim._settled(tmp_path / "absent.jsonl", [line.format("23.3%", "not both below")])
+    assert not answer_sim._settled(tmp_path / "absent.jsonl", [line.format("not settled", "23.3%", "not both below")])
     assert not answer_sim._settled(tmp_path / "absent.jsonl", [])
-    assert answer_sim.STATED.search(line.format("23.3%", "not both below"))
+    assert answer_sim.STATED.search(line.format("not settled", "23.3%", "not both below"))
+    # Both chances below, yet a block no anchor ties: the console's verdict says not settled, and so does the trial.
+    untied = line.format("not settled", "0.1%", "both below") + "; not settled against the 2 measured cell(s) of B2"
+    assert not answer_sim._settled(tmp_path / "absent.jsonl", [untied])
 
 
 def test_a_trial_without_the_frontier_is_settled_by_who_leads_alone(tmp_path):
@@ -224,12 +227,12 @@ def test_a_trial_without_the_frontier_is_settled_by_who_leads_alone(tmp_path):
     s = tmp_path / "a.jsonl"
     s.write_text(Path("results/compare-h200-a1.jsonl").read_text())  # a run that left no cell unmeasured
     line = (
-        "  settled: the chance that one of the 3 unmeasured cell(s) beats its group's fastest by more than 5% is {}, "
+        "  {}: the chance that one of the 3 unmeasured cell(s) beats its group's fastest by more than 5% is {}, "
         "that one adds a frontier point 40.0% (the search stops asking who leads below 5%: {}; the frontier is not "
         "asked)"
     )
-    assert not answer_sim._settled(s, [line.format("23.3%", "not below")])
-    assert answer_sim._settled(s, [line.format("2.0%", "below")])
+    assert not answer_sim._settled(s, [line.format("not settled", "23.3%", "not below")])
+    assert answer_sim._settled(s, [line.format("settled", "2.0%", "below")])
 
 
 def test_misses_split_into_the_knobs_main_effects_and_each_cells_own():

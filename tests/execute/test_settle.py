@@ -149,4 +149,4 @@ def test_without_the_frontier_the_search_asks_only_who_leads_and_says_the_fronti
     line = lines[1]  # the verdict leads, under the header
     assert line.startswith("  not settled: the chance that one of the"), lines
     assert "(the search stops asking who leads below 5%: not below; the frontier is not asked)" in line, line
-    assert re.search(r"; to settle, about \d+ more minutes of cell time \(predicted\)$", line), line
+    assert re.search(r"; to settle, about \d+ more (minutes|seconds) of cell time \(predicted\)$", line), line

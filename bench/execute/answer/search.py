@@ -34,9 +34,10 @@ PAIR_SD = 0.01
 MISFIT_GUESS = 0.02
 FAMILY_PAIR_SD = 0.05
 FAMILY_AXES = ("peft", "offload")
-"""A knob's effect in one cell family (PEFT mode x offload) against another's: pairs of cells that differ in one knob,
-measured on one machine, move by it alike within a family and differently across families (ZeRO 2 -> 3: -0.24 in
-full fine-tunes without offload, +0.16 with the optimizer offloaded; docs/answer-mode.md, "The measured world")."""
+"""A knob's effect in one cell family (PEFT mode x offload) against another's, on the step-time model's GPUs: pairs of
+cells that differ in one knob, measured on one machine, move by it alike within a family and differently across
+families (docs/answer-mode.md, "The measured world"). On a CPU host, which the GPU records say nothing of, every pair
+keeps pair_sd."""
 CPU_WIDE = 4.0
 HOST_SD = 0.1
 """How far a machine's host may be from the typical host's (log host seconds), on the step-time model's GPUs: about
@@ -83,7 +84,7 @@ class Search(Knowledge, Outcomes, Judging, Picking, Ending):
             prior_sd=MAIN_SD * wide, offset_sd=band if cuda else 3.0, noise_sd=self.noise,
             misfit_sd=MISFIT_GUESS * wide, pair_sd=PAIR_SD * wide, learn_misfit=True,
             host_sd=HOST_SD if cuda else 0.0, misfit_floor=MISFIT_GUESS if cuda else 0.0,
-            family_axes=FAMILY_AXES, family_pair_sd=FAMILY_PAIR_SD * wide,
+            family_axes=FAMILY_AXES, family_pair_sd=FAMILY_PAIR_SD if cuda else 0.0,
         )  # fmt: skip
         m = MEMORY_SD if cuda else MEMORY_SD_CPU
         self.memory = Online(

@@ -82,7 +82,10 @@ def _more(s: Search) -> str:
     """About how much more cell time measuring, once each, the unmeasured cells that could still change the answer
     would take (predicted): a floor of what settling it costs, not a promise."""
     needed = s.needed_s()
-    return f"; to settle, about {needed / 60:.0f} more minutes of cell time (predicted)" if needed else ""
+    if not needed:
+        return ""
+    amount = f"{needed / 60:.0f} more minutes" if needed >= 90 else f"{needed:.0f} more seconds"
+    return f"; to settle, about {amount} of cell time (predicted)"
 
 
 def _stops(s: Search, lead: bool, front: bool, level: float) -> str:
