@@ -158,7 +158,11 @@ class World:
     ):
         self.seed, self.hw, self.errors = seed, hw, errors
         self.table = table  # the GPU's section of tools.worlds' table (measured)
-        # Each knob's values among each family's cells of the matrix (`cells`; none: no knob effects): a knob's effects
+        if errors == "measured" and not cells:
+            raise ValueError(
+                "the measured world needs the matrix's runnable cells (its knob effects are drawn on them)"
+            )
+        # Each knob's values among each family's cells of the matrix (`cells`): a knob's effects
         # are drawn about their mean over them, since only a value's effect against another's is what the records
         # show (a family's level is its own residual's).
         self.knob_values: dict[tuple, list[str]] = collections.defaultdict(list)

@@ -234,7 +234,7 @@ def _own(alike: dict) -> dict:
     knob it shares explains it, with the measurement's noise still in it (`own` takes that out)."""
     out: dict = collections.defaultdict(list)
     for (fam, _, _), xs in sorted(alike.items(), key=lambda kv: repr(kv[0])):
-        X = _main_effects([k for *_, k in xs] if len(xs[0]) > 2 else [{} for _ in xs])
+        X = _main_effects([k for *_, k in xs])
         y = np.array([x[0] for x in xs])
         beta, _, rank, _ = np.linalg.lstsq(X, y, rcond=None)
         df = len(xs) - rank

@@ -107,10 +107,11 @@ def test_a_family_takes_its_own_residuals_and_a_coarser_familys_where_it_has_too
 def test_a_cells_own_miss_is_its_spread_on_one_machine_less_its_measurements_noise():
     """The truth's own miss leaves out what the simulator adds itself: the machines' offsets (deviations are taken
     within one machine and model) and the measurement's noise (each deviation's square less its noise's variance)."""
+    k = {"zero_stage": 0}  # one knob value throughout: the fit is the level alone
     alike = {
-        ("lora/none/adam", "m1", "llama-7b"): [(0.10, 0.0025), (0.10, 0.0025), (-0.20, 0.0025)],
-        ("lora/none/adam", "m2", "llama-7b"): [(0.50, 0.0007)],  # alone on its machine: no deviation to take
-        ("lora/none/adam", "m1", "llama-1b"): [(0.02, 0.001), (-0.02, 0.001)],
+        ("lora/none/adam", "m1", "llama-7b"): [(0.10, 0.0025, k), (0.10, 0.0025, k), (-0.20, 0.0025, k)],
+        ("lora/none/adam", "m2", "llama-7b"): [(0.50, 0.0007, k)],  # alone on its machine: no deviation to take
+        ("lora/none/adam", "m1", "llama-1b"): [(0.02, 0.001, k), (-0.02, 0.001, k)],
     }
     own = worlds._own(alike)["lora/none/adam"]  # the groups in order: the 1b's, then the 7b's on m1
     k3, k2 = math.sqrt(3 / 2), math.sqrt(2)
