@@ -140,7 +140,10 @@ deepspeed.init_distributed(dist_backend="gloo")
 model = models.build(cell.model, cell.attn, torch.bfloat16, torch.device("cpu"), cfg)
 deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
 print(json.dumps({n: [p.ds_numel, p.ds_tensor.final_location == OffloadDeviceEnum.nvme]
-                  for n, p in model.named_parameters()}))
+                  for n, p in model.named_parameters()}), flush=True)
+# DeepSpeed's async-I/O threads are not joined at interpreter exit, which at times aborts the process
+# (std::terminate); the forkserver ends a cell with os._exit for the same reason.
+import os; os._exit(0)
 """
 
 
