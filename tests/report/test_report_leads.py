@@ -136,6 +136,13 @@ def test_a_settled_answer_says_settled():
     assert _answer_verdict(0, (0.2, 0.03, 0.05), 0.0)[0] == "not settled"
 
 
+def test_measured_cells_no_anchor_ties_keep_the_answer_open_as_on_the_console():
+    # Chances below the level and nothing left to measure, but two measured cells compare with no leader: the
+    # console says "not settled" for them (bench.execute.answer.text), and so must the report.
+    verdict, why = _answer_verdict(0, (0.012, 0.03, 0.05), 0.0, apart=2)
+    assert verdict == "not settled" and "2 measured cell(s) of blocks no anchor ties" in why
+
+
 def test_the_answer_table_has_each_fastest_cells_peak_memory(held_out):
     a, md = held_out
     table = md.split("## What answer mode found", 1)[1].split("\n\n")[2]

@@ -40,9 +40,11 @@ def _answer(cells: pd.DataFrame, attempts: pd.DataFrame) -> dict | None:
     left = cells[cells["status"] == Status.UNMEASURED.value]
     needed = left[left["answer_needed"].eq(True)]
     chances = _answer_chances(left)
+    judged = _answer_judged(measured, left)
+    apart = sum(len(g["apart"]) for g in judged["groups"])
     return {
-        **_answer_judged(measured, left),
-        "verdict": _answer_verdict(len(needed), chances, _wall_s(needed)),
+        **judged,
+        "verdict": _answer_verdict(len(needed), chances, _wall_s(needed), apart),
         "measured": int(measured.loc[measured["status"] == Status.OK.value, "cell_hash"].nunique()),
         "attempts": len(measured),
         "cost_s": {str(k): float(v) for k, v in measured.groupby("answer_role")["wall_s"].sum().items()},
@@ -82,26 +84,35 @@ def _wall_s(cells: pd.DataFrame) -> float:
     return float(pd.to_numeric(cells["answer_predicted_wall_s"], errors="coerce").sum())
 
 
-def _answer_verdict(needed: int, chances: tuple[float, float, float] | None, needed_s: float) -> tuple[str, str]:
-    """What the answer's reader needs first: settled or not settled, and why, in words (the verdict, the rest)."""
-    if needed == 0 and (chances is None or max(chances[:2]) < chances[2]):
+def _answer_verdict(
+    needed: int, chances: tuple[float, float, float] | None, needed_s: float, apart: int = 0
+) -> tuple[str, str]:
+    """What the answer's reader needs first: settled or not settled, and why, in words (the verdict, the rest).
+    apart: measured cells no block or anchor ties to their group's fastest; no chance counts them, so an answer with
+    any is not settled, as the console says."""
+    lead = "the chance that an unmeasured cell beats its group's fastest by more than the minimum effect is "
+    if needed == 0 and not apart and (chances is None or max(chances[:2]) < chances[2]):
         said = (
-            f"the chance that an unmeasured cell beats its group's fastest by more than the minimum effect is "
-            f"{chances[0]:.1%}, that one adds a frontier point {chances[1]:.1%}, each below {chances[2]:.0%}"
+            f"{lead}{chances[0]:.1%}, that one adds a frontier point {chances[1]:.1%}, each below {chances[2]:.0%}"
             if chances
             else "no unmeasured cell could still change it"
         )
         return "settled", said
     chance = (
-        f"the chance that an unmeasured cell beats its group's fastest by more than the minimum effect is "
-        f"{chances[0]:.1%}, that one adds a frontier point {chances[1]:.1%} (settled means each below "
+        f"{lead}{chances[0]:.1%}, that one adds a frontier point {chances[1]:.1%} (settled means each below "
         f"{chances[2]:.0%}); "
         if chances
         else ""
     )
+    untied = (
+        f"{apart} measured cell(s) of blocks no anchor ties to their group's fastest compare with it at no chance "
+        "(a cell measured in both blocks would tie them); "
+        if apart
+        else ""
+    )
     return "not settled", (
-        f"{chance}{needed} unmeasured cells could still change the answer; measuring each once would take about "
-        f"{needed_s / 60:.0f} min of cell time (predicted)"
+        f"{chance}{untied}{needed} unmeasured cells could still change the answer; measuring each once would take "
+        f"about {needed_s / 60:.0f} min of cell time (predicted)"
     )
 
 
