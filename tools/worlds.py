@@ -80,8 +80,9 @@ def family(cell) -> tuple[str, str, str]:
     return (str(get("peft") or "none"), str(get("offload") or "none"), optimizer_kind(str(get("optimizer"))))
 
 
-FAMILY_AXES = ("peft", "offload", "ds_config")
-"""Axes a cell's family holds (or, a user's DeepSpeed file, that no knob effect describes)."""
+FAMILY_AXES = ("peft", "offload")
+"""Axes a cell's family holds. A user's DeepSpeed file is a knob like the others: two cells of one ZeRO stage with and
+without one (its bucket sizes) differ by the file's settings, which a fit without it would count as their own."""
 
 
 def knobs_of(cell) -> dict[str, object]:
