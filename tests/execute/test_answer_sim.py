@@ -154,6 +154,19 @@ def test_a_knobs_effect_is_what_cells_that_differ_in_it_alone_show_less_their_no
     assert worlds.knobs_of(Cell(micro_batch=2, grad_accum=2))["batch"] == (2, 2)
 
 
+def test_a_users_deepspeed_file_is_a_knob_not_a_cells_own():
+    """Two ZeRO stages, each with and without a DeepSpeed file of other bucket sizes, on one machine: the file moves
+    both stages alike, so the main effects hold it and nothing is left as the cells' own (as a family axis it was
+    their own: +-0.05 each, the file's 0.1 apart split between them, times sqrt(4 / 2))."""
+    cells = [Cell(zero_stage=z, ds_config=f) for z in (1, 2) for f in (None, "buckets.json")]
+    knobs = [worlds.knobs_of(c) for c in cells]
+    assert [k["ds_config"] for k in knobs] == [None, "buckets.json", None, "buckets.json"]
+    miss = {(1, None): 0.0, (1, "buckets.json"): 0.1, (2, None): 0.2, (2, "buckets.json"): 0.3}
+    alike = {("none/none/adam", "m1", "1b"): [(miss[c.zero_stage, c.ds_config], 0.0, k) for c, k in zip(cells, knobs)]}
+    assert all(abs(d) < 1e-9 for d, _ in worlds._own(alike)["none/none/adam"])
+    assert sorted(worlds._knobs(alike)["none"]) == ["ds_config", "zero_stage"]
+
+
 def test_the_measured_world_moves_a_family_by_what_its_records_show():
     """The H100's paged AdamW full fine-tunes: the measured world draws each cell's miss about its family's mean
     held-out residual on that GPU, within the family's spread; a table whose records showed that family missing by
