@@ -247,7 +247,9 @@ def _own(alike: dict) -> dict:
 
 def _knobs(alike: dict) -> dict:
     """Per PEFT mode and knob, [half the difference, half its noise's variance] of every pair of cells of one family,
-    machine and model that differ in that knob alone: a draw of one value's effect less another's, over sqrt(2)."""
+    machine and model that differ in that knob alone: a draw of one value's effect less another's, over sqrt(2). Every
+    two values pair, not each against a reference as the answer's effects pair them (bench.judge.effects.knob_pairs):
+    each half-difference is one draw of how far a knob moves a cell."""
     out: dict = collections.defaultdict(lambda: collections.defaultdict(list))
     for (fam, _, _), xs in sorted(alike.items(), key=lambda kv: repr(kv[0])):
         for i, (x1, v1, k1) in enumerate(xs):
